@@ -1,0 +1,42 @@
+"""Settings, one small group per component, read from the environment (prefix `AGL_`).
+
+Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...); entry
+points build the group they need and let command-line flags override fields. Every field
+says its unit and why its default is what it is. There is deliberately no global config
+file that collects every flag of every component.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StoreSettings(BaseSettings):
+    """Where rollouts, calls, events and model versions are kept (`AGL_STORE_*`)."""
+
+    model_config = SettingsConfigDict(env_prefix="AGL_STORE_", extra="forbid")
+
+    url: str = Field(
+        "sqlite:///agl.db",
+        description="SQLAlchemy URL. SQLite (WAL) is the embedded default; use "
+        "postgresql+psycopg://... for real deployments.",
+    )
+    max_batch: int = Field(
+        256,
+        ge=1,
+        description="Writes committed together by the writer thread (count). Group commit "
+        "amortizes one fsync over many writes; 256 keeps a batch well under a second.",
+    )
+    max_tokens_per_array: int = Field(
+        4_194_304,
+        ge=1,
+        description="Largest token or logprob array accepted (tokens). 4M is far beyond any "
+        "context window and stops a runaway harness from filling the disk in one call.",
+    )
+    sqlite_synchronous: str = Field(
+        "FULL",
+        pattern="^(OFF|NORMAL|FULL|EXTRA)$",
+        description="SQLite PRAGMA synchronous. FULL makes an acknowledged write survive a "
+        "power loss, not only a process crash; group commit keeps it cheap.",
+    )

@@ -1,0 +1,861 @@
+"""The durable store: rollouts, calls, events and model versions (DESIGN.md section 2).
+
+Owns the schema (SQLAlchemy Core tables, changed only through the Alembic migrations in
+`agl/migrations/`), the rollout state machine, and the binary layout of token arrays
+(little-endian int32 IDs, float32 logprobs).
+
+All writes go through one writer thread that commits them in groups (group commit): a
+write returns, or its future resolves, only after its transaction committed, so an
+acknowledged write is durable. Each write runs in its own savepoint, so a write that fails
+(unknown rollout, illegal transition, bad array) changes nothing and does not disturb the
+others in its group. Reads run on the caller's thread with their own connections. Async
+callers use `store.aio`, whose coroutines never block the event loop.
+
+It does not authenticate anyone (it only keeps token hashes), speak HTTP, or decide
+policy such as when to retry; those belong to the gateway and the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import queue
+import secrets
+import sys
+import threading
+import time
+import uuid
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from agl.settings import StoreSettings
+from agl.types import (
+    JSON,
+    TERMINAL,
+    TRANSITIONS,
+    Call,
+    Event,
+    FailureKind,
+    Mode,
+    ModelVersion,
+    Rollout,
+    Status,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_Outcome = tuple[bool, Any]  # (committed, result) or (False, the exception to raise)
+
+
+class StoreError(Exception):
+    """Base of the store's errors."""
+
+
+class NotFound(StoreError):
+    """A rollout (or other record) that does not exist."""
+
+
+class IllegalTransition(StoreError):
+    """A status change the rollout state machine does not allow, or a write to an ended rollout."""
+
+
+class InvalidData(StoreError):
+    """A malformed, oversized or inconsistent record; nothing was written."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was migrated by a newer agl than this one."""
+
+
+# --------------------------------------------------------------------------- schema
+
+metadata = sa.MetaData()
+
+rollouts = sa.Table(
+    "rollouts",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("task", sa.JSON, nullable=False),
+    sa.Column("group_id", sa.String(255), nullable=False, index=True),
+    sa.Column("mode", sa.String(16), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, index=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("reward", sa.Float, nullable=True),
+    sa.Column("failure_kind", sa.String(16), nullable=True),
+    sa.Column("metadata", sa.JSON, nullable=False),
+    sa.Column("agent_token_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("grader_token_hash", sa.String(64), nullable=True, unique=True),
+    sa.Column("n_calls", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=True),
+    sa.Column("ended_at", sa.Float, nullable=True),
+    sa.Column("end_seq", sa.Integer, nullable=True, unique=True),
+)
+
+calls = sa.Table(
+    "calls",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("rollout_id", sa.String(64), sa.ForeignKey("rollouts.id"), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("agent", sa.String(255), nullable=False),
+    sa.Column("model_version", sa.Integer, nullable=False),
+    sa.Column("request", sa.JSON, nullable=False),
+    sa.Column("response", sa.JSON, nullable=False),
+    sa.Column("prompt_ids", sa.LargeBinary, nullable=False),
+    sa.Column("response_ids", sa.LargeBinary, nullable=False),
+    sa.Column("logprobs", sa.LargeBinary, nullable=False),
+    sa.Column("finish_reason", sa.String(32), nullable=False),
+    sa.Column("latency_ms", sa.Float, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
+)
+
+events = sa.Table(
+    "events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("rollout_id", sa.String(64), sa.ForeignKey("rollouts.id"), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("data", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Index("ix_events_rollout", "rollout_id", "id"),
+)
+
+models = sa.Table(
+    "models",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("path", sa.Text, nullable=False),
+    sa.Column("endpoints", sa.JSON, nullable=False),
+    sa.Column("metadata", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+# --------------------------------------------------------------------------- token arrays
+
+
+def _array(values: Any, typecode: str, what: str, limit: int) -> array[Any]:
+    if isinstance(values, array) and values.typecode == typecode:
+        arr = values
+    else:
+        try:
+            arr = array(typecode, values)
+        except (TypeError, OverflowError, ValueError) as e:
+            raise InvalidData(f"{what}: not an array of {'int32' if typecode == 'i' else 'float32'}: {e}") from e
+    if len(arr) > limit:
+        raise InvalidData(f"{what}: {len(arr)} entries, more than the limit of {limit}")
+    return arr
+
+
+def encode(arr: array[Any]) -> bytes:
+    """Little-endian bytes of an int32 or float32 array, whatever the host's byte order."""
+    if sys.byteorder == "big":
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def decode(blob: bytes, typecode: str) -> array[Any]:
+    arr = array(typecode)
+    if len(blob) % arr.itemsize:
+        raise StoreError(f"corrupt token array: {len(blob)} bytes is not a multiple of {arr.itemsize}")
+    arr.frombytes(blob)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    return arr
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- row conversion
+
+
+def _rollout(row: Any) -> Rollout:
+    return Rollout(
+        id=row.id,
+        task=row.task,
+        group=row.group_id,
+        mode=Mode(row.mode),
+        status=Status(row.status),
+        attempt=row.attempt,
+        reward=row.reward,
+        failure_kind=FailureKind(row.failure_kind) if row.failure_kind else None,
+        has_grader=row.grader_token_hash is not None,
+        metadata=row.metadata,
+        created_at=row.created_at,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        end_seq=row.end_seq,
+    )
+
+
+def _call(row: Any) -> Call:
+    return Call(
+        id=row.id,
+        rollout_id=row.rollout_id,
+        attempt=row.attempt,
+        seq=row.seq,
+        agent=row.agent,
+        model_version=row.model_version,
+        request=row.request,
+        response=row.response,
+        prompt_ids=decode(row.prompt_ids, "i"),
+        response_ids=decode(row.response_ids, "i"),
+        logprobs=decode(row.logprobs, "f"),
+        finish_reason=row.finish_reason,
+        latency_ms=row.latency_ms,
+        created_at=row.created_at,
+    )
+
+
+def _event(row: Any) -> Event:
+    return Event(
+        id=row.id,
+        rollout_id=row.rollout_id,
+        attempt=row.attempt,
+        kind=row.kind,
+        data=row.data,
+        created_at=row.created_at,
+    )
+
+
+def _model(row: Any) -> ModelVersion:
+    return ModelVersion(
+        version=row.version,
+        path=row.path,
+        endpoints=list(row.endpoints),
+        metadata=row.metadata,
+        created_at=row.created_at,
+    )
+
+
+# --------------------------------------------------------------------------- write operations
+# Each runs on the writer thread inside its own savepoint and raises to undo itself.
+
+
+def _rollout_row(conn: Connection, rollout_id: str) -> Any:
+    row = conn.execute(sa.select(rollouts).where(rollouts.c.id == rollout_id)).first()
+    if row is None:
+        raise NotFound(f"unknown rollout {rollout_id!r}")
+    return row
+
+
+def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
+    now = time.time()
+    result = conn.execute(
+        events.insert().values(rollout_id=rollout_id, attempt=attempt, kind=kind, data=data, created_at=now)
+    )
+    (event_id,) = result.inserted_primary_key or (None,)
+    return Event(rollout_id, kind, data, attempt, event_id, now)
+
+
+def _op_create_rollout(conn: Connection, values: dict[str, Any]) -> Rollout:
+    conn.execute(rollouts.insert().values(**values))
+    _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
+    return _rollout(_rollout_row(conn, values["id"]))
+
+
+def _op_transition(
+    conn: Connection,
+    rollout_id: str,
+    to: Status,
+    failure_kind: FailureKind | None,
+    reason: str,
+    attempt: int | None,
+) -> Rollout:
+    row = _rollout_row(conn, rollout_id)
+    current = Status(row.status)
+    if attempt is not None and attempt != row.attempt:
+        raise IllegalTransition(f"rollout {rollout_id}: attempt {attempt} is stale (current attempt {row.attempt})")
+    if to not in TRANSITIONS[current]:
+        raise IllegalTransition(f"rollout {rollout_id}: {current.value} -> {to.value} is not allowed")
+    if to is Status.QUEUED and failure_kind is not FailureKind.INFRA:
+        raise IllegalTransition(f"rollout {rollout_id}: only an infra failure is retried (back to queued)")
+    if to is Status.FAILED and failure_kind is None:
+        raise IllegalTransition(f"rollout {rollout_id}: a failure needs a failure kind (task or infra)")
+    if to in (Status.SUCCEEDED, Status.CANCELLED) and failure_kind is not None:
+        raise IllegalTransition(f"rollout {rollout_id}: {to.value} takes no failure kind")
+    if to is Status.TIMED_OUT:
+        failure_kind = FailureKind.TASK
+    now = time.time()
+    values: dict[str, Any] = {"status": to.value, "failure_kind": failure_kind.value if failure_kind else None}
+    new_attempt = row.attempt + 1 if to is Status.QUEUED else row.attempt
+    if to is Status.QUEUED:
+        values.update(attempt=new_attempt, started_at=None, failure_kind=None)
+    elif to is Status.RUNNING:
+        values["started_at"] = now
+    data: JSON = {"from": current.value, "to": to.value, "attempt": new_attempt}
+    if failure_kind:
+        data["failure_kind"] = failure_kind.value
+    if reason:
+        data["reason"] = reason
+    event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
+    if to in TERMINAL:
+        values.update(ended_at=now, end_seq=event.id)
+    conn.execute(rollouts.update().where(rollouts.c.id == rollout_id).values(**values))
+    return _rollout(_rollout_row(conn, rollout_id))
+
+
+def _bulk_append_calls(conn: Connection, items: list[tuple[Call, tuple[bytes, bytes, bytes]]]) -> list[_Outcome]:
+    """Record many calls with one query per table: the hot path, batched across writers."""
+    wanted = {call.rollout_id for call, _ in items}
+    columns = (rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls)
+    rows = {row.id: row for row in conn.execute(sa.select(*columns).where(rollouts.c.id.in_(wanted)))}
+    outcomes: list[_Outcome] = []
+    inserts: list[dict[str, Any]] = []
+    next_seq: dict[str, int] = {}
+    now = time.time()
+    for call, (prompt, response, logprobs) in items:
+        row = rows.get(call.rollout_id)
+        if row is None:
+            outcomes.append((False, NotFound(f"unknown rollout {call.rollout_id!r}")))
+            continue
+        if Status(row.status).terminal:
+            outcomes.append((False, IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")))
+            continue
+        seq = next_seq.get(row.id, row.n_calls)
+        next_seq[row.id] = seq + 1
+        inserts.append(
+            {
+                "rollout_id": row.id,
+                "attempt": row.attempt,
+                "seq": seq,
+                "agent": call.agent,
+                "model_version": call.model_version,
+                "request": call.request,
+                "response": call.response,
+                "prompt_ids": prompt,
+                "response_ids": response,
+                "logprobs": logprobs,
+                "finish_reason": call.finish_reason,
+                "latency_ms": call.latency_ms,
+                "created_at": now,
+            }
+        )
+        outcomes.append((True, replace(call, attempt=row.attempt, seq=seq, created_at=now)))
+    if inserts:
+        ids = conn.execute(calls.insert().returning(calls.c.id, sort_by_parameter_order=True), inserts).scalars()
+        update = rollouts.update().where(rollouts.c.id == sa.bindparam("rid")).values(n_calls=sa.bindparam("n"))
+        conn.execute(update, [{"rid": rid, "n": n} for rid, n in next_seq.items()])
+        stored = iter(ids.all())
+        outcomes = [(ok, replace(value, id=next(stored)) if ok else value) for ok, value in outcomes]
+    return outcomes
+
+
+def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON) -> Event:
+    row = _rollout_row(conn, rollout_id)
+    return _insert_event(conn, rollout_id, row.attempt, kind, data)
+
+
+def _op_set_reward(conn: Connection, rollout_id: str, reward: float, data: JSON) -> Event:
+    row = _rollout_row(conn, rollout_id)
+    if data["final"]:
+        conn.execute(rollouts.update().where(rollouts.c.id == rollout_id).values(reward=reward))
+    return _insert_event(conn, rollout_id, row.attempt, "reward", data)
+
+
+def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
+    latest = conn.execute(sa.select(sa.func.max(models.c.version))).scalar()
+    if latest is not None and model.version <= latest:
+        raise InvalidData(f"model version {model.version} is not newer than the latest, {latest}")
+    conn.execute(
+        models.insert().values(
+            version=model.version,
+            path=model.path,
+            endpoints=list(model.endpoints),
+            metadata=dict(model.metadata),
+            created_at=model.created_at,
+        )
+    )
+    return model
+
+
+# --------------------------------------------------------------------------- engines and migrations
+
+
+def _normalize_url(url: str) -> str:
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True, pool_size=1 if writer else 8)
+    if url in ("sqlite://", "sqlite:///:memory:"):
+        raise StoreError("an in-memory SQLite store cannot be shared between threads; use a file URL")
+    engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below own transactions
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+
+    return engine
+
+
+def _migrate(engine: Engine) -> None:
+    """Bring the schema to this code's head revision; refuse a database that is ahead of it."""
+    from alembic import command
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    known = {script.revision for script in ScriptDirectory.from_config(cfg).walk_revisions()}
+    with engine.begin() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current is not None and current not in known:
+            raise SchemaTooNew(
+                f"the database's schema revision {current!r} is newer than this agl knows "
+                f"({', '.join(sorted(known))}); upgrade agl to open it"
+            )
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@dataclass(frozen=True)
+class Created:
+    """A new rollout and its plaintext credentials (only their hashes are stored)."""
+
+    rollout: Rollout
+    agent_token: str
+    grader_token: str | None
+
+
+def _failure(e: Exception) -> _Outcome:
+    if isinstance(e, sa.exc.IntegrityError):
+        return False, InvalidData(f"rejected by the database: {e.orig}")
+    return False, e
+
+
+_Op = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
+# Writes whose operation takes the argument tuples of a whole run of such writes and
+# returns one outcome per write: consecutive ones are executed together.
+_BULK: frozenset[Callable[..., Any]] = frozenset({_bulk_append_calls})
+_STOP = object()
+
+
+class Store:
+    """Thread-safe handle on one database. `Store(url)` migrates it and starts the writer."""
+
+    def __init__(self, url: str | None = None, settings: StoreSettings | None = None) -> None:
+        self.settings = settings or StoreSettings()
+        self.url = _normalize_url(url or self.settings.url)
+        self._write_engine = _make_engine(self.url, self.settings, writer=True)
+        self._read_engine = _make_engine(self.url, self.settings, writer=False)
+        try:
+            _migrate(self._write_engine)
+        except BaseException:
+            self._write_engine.dispose()
+            self._read_engine.dispose()
+            raise
+        self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
+        self._writer.start()
+        self.aio = AsyncStore(self)
+
+    # ---- lifecycle
+
+    def close(self) -> None:
+        """Commit what is queued, stop the writer, release connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._writer.join()
+        self._write_engine.dispose()
+        self._read_engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the writer thread
+
+    def submit(self, op: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Queue a write; the future resolves once it is committed (or raises, undone)."""
+        if self._closed:
+            raise StoreError("store is closed")
+        future: Future[Any] = Future()
+        self._queue.put((op, args, future))
+        return future
+
+    def _write_loop(self) -> None:
+        stop = False
+        while not stop:
+            batch: list[_Op] = []
+            item = self._queue.get()
+            while True:
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)  # type: ignore[arg-type]
+                if len(batch) >= self.settings.max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._commit(batch)
+
+    def _commit(self, batch: list[_Op]) -> None:
+        outcomes: list[_Outcome] = []
+        try:
+            with self._write_engine.begin() as conn:
+                i = 0
+                while i < len(batch):
+                    op, args, _ = batch[i]
+                    if op not in _BULK:
+                        outcomes.append(self._run_in_savepoint(conn, op, args))
+                        i += 1
+                        continue
+                    run = [args]
+                    while i + len(run) < len(batch) and batch[i + len(run)][0] is op:
+                        run.append(batch[i + len(run)][1])
+                    outcomes.extend(self._run_bulk(conn, op, run))
+                    i += len(run)
+        except Exception as e:  # noqa: BLE001 - the commit itself failed: retry each write alone
+            if len(batch) > 1:
+                log.warning("group commit of %d writes failed (%s); retrying one by one", len(batch), e)
+                for single in batch:
+                    self._commit([single])
+                return
+            outcomes = [(False, StoreError(f"commit failed: {e}"))]
+            outcomes[0][1].__cause__ = e
+        for (_, _, future), (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    @classmethod
+    def _run_bulk(cls, conn: Connection, op: Callable[..., Any], run: list[tuple[Any, ...]]) -> list[_Outcome]:
+        """A run of bulk writes together; if the database rejects the run, each one alone."""
+        try:
+            with conn.begin_nested():
+                return list(op(conn, run))
+        except Exception as e:  # noqa: BLE001 - isolate the write at fault
+            if len(run) == 1:
+                return [_failure(e)]
+            return [outcome for args in run for outcome in cls._run_bulk(conn, op, [args])]
+
+    @staticmethod
+    def _run_in_savepoint(conn: Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> _Outcome:
+        try:
+            with conn.begin_nested():
+                return True, op(conn, *args)
+        except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
+            return _failure(e)
+
+    # ---- writes (each returns once committed)
+
+    def create_rollout(
+        self,
+        task: JSON,
+        group: str,
+        mode: Mode | str = Mode.TRAIN,
+        *,
+        grader: bool = False,
+        metadata: JSON | None = None,
+    ) -> Created:
+        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata)
+        rollout = self.submit(_op_create_rollout, values).result()
+        return Created(rollout, agent_token, grader_token)
+
+    def transition(
+        self,
+        rollout_id: str,
+        to: Status | str,
+        *,
+        failure_kind: FailureKind | str | None = None,
+        reason: str = "",
+        attempt: int | None = None,
+    ) -> Rollout:
+        """Move a rollout along the state machine (`types.TRANSITIONS`); illegal moves raise.
+
+        `to=queued` is a retry after an infra failure: it starts attempt + 1. `attempt`, when
+        given, must be the current attempt, so that a stale controller cannot end a new attempt.
+        """
+        return self.submit(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt).result()
+
+    def append_call(self, call: Call) -> Call:
+        """Record a model call under its rollout's current attempt; returns it with id and seq."""
+        return self.submit(_bulk_append_calls, call, self._blobs(call)).result()
+
+    def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
+        return self.submit(_op_append_event, rollout_id, *_event_args(kind, data)).result()
+
+    def set_reward(
+        self,
+        rollout_id: str,
+        reward: float,
+        *,
+        source: str = "harness",
+        final: bool = True,
+        call_seq: int | None = None,
+    ) -> Event:
+        """Record a reward event; a final reward also becomes the rollout's reward."""
+        return self.submit(_op_set_reward, rollout_id, *_reward_args(reward, source, final, call_seq)).result()
+
+    def register_model(self, model: ModelVersion) -> ModelVersion:
+        """Add a policy version; versions only grow."""
+        return self.submit(_op_register_model, _model_args(model)).result()
+
+    def _blobs(self, call: Call) -> tuple[bytes, bytes, bytes]:
+        """Validate a call's arrays on the caller's thread and encode them."""
+        limit = self.settings.max_tokens_per_array
+        where = f"rollout {call.rollout_id}"
+        prompt = _array(call.prompt_ids, "i", f"{where}: prompt_ids", limit)
+        response = _array(call.response_ids, "i", f"{where}: response_ids", limit)
+        logprobs = _array(call.logprobs, "f", f"{where}: logprobs", limit)
+        if len(logprobs) != len(response):
+            raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
+        if (prompt and min(prompt) < 0) or (response and min(response) < 0):
+            raise InvalidData(f"{where}: negative token id")
+        if logprobs and not (math.isfinite(sum(logprobs)) and max(logprobs) <= 1e-3):
+            raise InvalidData(f"{where}: logprobs must be finite and at most 0")
+        return encode(prompt), encode(response), encode(logprobs)
+
+    # ---- reads
+
+    def _read(self, statement: sa.Executable) -> list[Any]:
+        with self._read_engine.connect() as conn:
+            return list(conn.execute(statement))
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        rows = self._read(sa.select(rollouts).where(rollouts.c.id == rollout_id))
+        if not rows:
+            raise NotFound(f"unknown rollout {rollout_id!r}")
+        return _rollout(rows[0])
+
+    def rollout_for_token(self, token: str) -> tuple[Rollout, str] | None:
+        """The rollout a token belongs to and the token's role, `agent` or `grader`."""
+        digest = hash_token(token)
+        rows = self._read(
+            sa.select(rollouts).where(
+                sa.or_(rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest)
+            )
+        )
+        if not rows:
+            return None
+        return _rollout(rows[0]), "agent" if rows[0].agent_token_hash == digest else "grader"
+
+    def list_rollouts(
+        self,
+        *,
+        status: Status | str | None = None,
+        group: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        query = sa.select(rollouts).order_by(rollouts.c.created_at, rollouts.c.id).limit(limit).offset(offset)
+        if status is not None:
+            query = query.where(rollouts.c.status == Status(status).value)
+        if group is not None:
+            query = query.where(rollouts.c.group_id == group)
+        return [_rollout(row) for row in self._read(query)]
+
+    def terminal_after(self, cursor: int = 0, limit: int = 1000) -> list[Rollout]:
+        """Rollouts that ended after `cursor`, in the order they ended.
+
+        The next cursor is the last rollout's `end_seq`; ends are numbered by the single
+        writer, so a reader that pages this way sees every ended rollout exactly once.
+        """
+        query = sa.select(rollouts).where(rollouts.c.end_seq > cursor).order_by(rollouts.c.end_seq).limit(limit)
+        return [_rollout(row) for row in self._read(query)]
+
+    def calls_for(self, rollout_ids: Iterable[str], *, all_attempts: bool = False) -> dict[str, list[Call]]:
+        """The calls of many rollouts at once, in order; by default only each one's last attempt."""
+        ids = list(dict.fromkeys(rollout_ids))
+        result: dict[str, list[Call]] = {rid: [] for rid in ids}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            query = sa.select(calls).where(calls.c.rollout_id.in_(chunk)).order_by(calls.c.rollout_id, calls.c.seq)
+            if not all_attempts:
+                query = query.join(
+                    rollouts, sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
+                )
+            for row in self._read(query):
+                result[row.rollout_id].append(_call(row))
+        return result
+
+    def events(self, rollout_id: str, *, after: int = 0, kind: str | None = None) -> list[Event]:
+        query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)
+        if kind is not None:
+            query = query.where(events.c.kind == kind)
+        return [_event(row) for row in self._read(query)]
+
+    def group_counts(self, groups: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """For each group: (rollouts, terminal rollouts)."""
+        terminal = sa.func.sum(sa.case((rollouts.c.status.in_([s.value for s in TERMINAL]), 1), else_=0))
+        query = (
+            sa.select(rollouts.c.group_id, sa.func.count(), terminal)
+            .where(rollouts.c.group_id.in_(list(groups)))
+            .group_by(rollouts.c.group_id)
+        )
+        counts = {group: (0, 0) for group in groups}
+        counts.update({row[0]: (int(row[1]), int(row[2])) for row in self._read(query)})
+        return counts
+
+    def group_complete(self, group: str) -> bool:
+        """True when the group has rollouts and every one of them has ended."""
+        total, ended = self.group_counts([group])[group]
+        return total > 0 and total == ended
+
+    def models(self) -> list[ModelVersion]:
+        return [_model(row) for row in self._read(sa.select(models).order_by(models.c.version))]
+
+    def latest_model(self) -> ModelVersion | None:
+        rows = self._read(sa.select(models).order_by(models.c.version.desc()).limit(1))
+        return _model(rows[0]) if rows else None
+
+
+# --------------------------------------------------------------------------- argument checks
+# Shared by the sync and async faces; they run on the caller's thread, before anything is queued.
+
+
+def _new_rollout(
+    task: JSON, group: str, mode: Mode | str, grader: bool, metadata: JSON | None
+) -> tuple[dict[str, Any], str, str | None]:
+    if not isinstance(task, dict):
+        raise InvalidData("task must be a JSON object")
+    if not isinstance(group, str) or not 0 < len(group) <= 255:
+        raise InvalidData("group must be a non-empty string of at most 255 characters")
+    try:
+        mode = Mode(mode)
+    except ValueError as e:
+        raise InvalidData(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from e
+    agent_token = secrets.token_urlsafe(32)
+    grader_token = secrets.token_urlsafe(32) if grader else None
+    values = {
+        "id": uuid.uuid4().hex,
+        "task": task,
+        "group_id": group,
+        "mode": mode.value,
+        "status": Status.QUEUED.value,
+        "attempt": 1,
+        "metadata": metadata or {},
+        "agent_token_hash": hash_token(agent_token),
+        "grader_token_hash": hash_token(grader_token) if grader_token else None,
+        "n_calls": 0,
+        "created_at": time.time(),
+    }
+    return values, agent_token, grader_token
+
+
+def _transition_args(to: Status | str, failure_kind: FailureKind | str | None) -> tuple[Status, FailureKind | None]:
+    try:
+        return Status(to), FailureKind(failure_kind) if failure_kind is not None else None
+    except ValueError as e:
+        raise IllegalTransition(str(e)) from e
+
+
+def _event_args(kind: str, data: JSON | None) -> tuple[str, JSON]:
+    if not isinstance(kind, str) or not 0 < len(kind) <= 32:
+        raise InvalidData("event kind must be a non-empty string of at most 32 characters")
+    if data is not None and not isinstance(data, dict):
+        raise InvalidData("event data must be a JSON object")
+    return kind, data or {}
+
+
+def _reward_args(reward: float, source: str, final: bool, call_seq: int | None) -> tuple[float, JSON]:
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        raise InvalidData(f"reward must be a finite number, not {reward!r}")
+    return float(reward), {"value": float(reward), "source": source, "final": final, "call_seq": call_seq}
+
+
+def _model_args(model: ModelVersion) -> ModelVersion:
+    if model.version < 0:
+        raise InvalidData("model version must be >= 0")
+    return model if model.created_at else replace(model, created_at=time.time())
+
+
+class AsyncStore:
+    """The store's operations as coroutines: writes await their commit, reads run in a thread."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def _write(self, op: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.wrap_future(self.store.submit(op, *args))
+
+    async def create_rollout(
+        self,
+        task: JSON,
+        group: str,
+        mode: Mode | str = Mode.TRAIN,
+        *,
+        grader: bool = False,
+        metadata: JSON | None = None,
+    ) -> Created:
+        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata)
+        return Created(await self._write(_op_create_rollout, values), agent_token, grader_token)
+
+    async def transition(
+        self,
+        rollout_id: str,
+        to: Status | str,
+        *,
+        failure_kind: FailureKind | str | None = None,
+        reason: str = "",
+        attempt: int | None = None,
+    ) -> Rollout:
+        return await self._write(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt)
+
+    async def append_call(self, call: Call) -> Call:
+        return await self._write(_bulk_append_calls, call, self.store._blobs(call))
+
+    async def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
+        return await self._write(_op_append_event, rollout_id, *_event_args(kind, data))
+
+    async def set_reward(
+        self,
+        rollout_id: str,
+        reward: float,
+        *,
+        source: str = "harness",
+        final: bool = True,
+        call_seq: int | None = None,
+    ) -> Event:
+        return await self._write(_op_set_reward, rollout_id, *_reward_args(reward, source, final, call_seq))
+
+    async def register_model(self, model: ModelVersion) -> ModelVersion:
+        return await self._write(_op_register_model, _model_args(model))
+
+    async def read(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one of the store's read methods in a worker thread: `await aio.read(store.get_rollout, id)`."""
+        return await asyncio.to_thread(method, *args, **kwargs)

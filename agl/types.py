@@ -1,0 +1,155 @@
+"""Domain records shared by every agl component: rollouts, calls, events, model versions, samples.
+
+Standard library only, so that any module (and any harness-side helper) can import it cheaply.
+These are neither wire schemas (pydantic, in the gateway) nor table rows (SQLAlchemy, in
+`agl.store`); those convert to and from these records explicitly.
+
+Token arrays are `array.array`: 'i' (int32) for token IDs and 'f' (float32) for logprobs,
+the same compact layout the store writes to disk. numpy views them without a copy
+(`numpy.frombuffer(ids, dtype=numpy.int32)`).
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+JSON = dict[str, Any]
+
+
+class Status(enum.StrEnum):
+    """Lifecycle of a rollout: queued -> running -> succeeded | failed | timed_out | cancelled."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED})
+
+# The rollout state machine. `queued` is reachable again only as a retry after an infra
+# failure (a new attempt of the same rollout); terminal states are final.
+TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.QUEUED: frozenset({Status.QUEUED, Status.RUNNING, Status.FAILED, Status.CANCELLED}),
+    Status.RUNNING: frozenset({Status.QUEUED, Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED}),
+    Status.SUCCEEDED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.TIMED_OUT: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+
+
+class FailureKind(enum.StrEnum):
+    """Why a rollout failed: `task` is a real RL outcome; `infra` is never trained on."""
+
+    TASK = "task"
+    INFRA = "infra"
+
+
+class Mode(enum.StrEnum):
+    TRAIN = "train"
+    VAL = "val"
+
+
+def token_ids(values: Any = ()) -> array[int]:
+    """An int32 token-ID array."""
+    return array("i", values)
+
+
+def logprob_array(values: Any = ()) -> array[float]:
+    """A float32 logprob array."""
+    return array("f", values)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One harness run on one task. `attempt` counts from 1; only the last attempt's calls count."""
+
+    id: str
+    task: JSON
+    group: str
+    mode: Mode
+    status: Status
+    attempt: int = 1
+    reward: float | None = None
+    failure_kind: FailureKind | None = None
+    has_grader: bool = False
+    metadata: JSON = field(default_factory=dict)
+    created_at: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    end_seq: int | None = None  # position in the order rollouts ended; cursor for the trainer
+
+
+@dataclass(frozen=True)
+class Call:
+    """One model call as the engine saw it: the contract between gateway and adapter.
+
+    `prompt_ids` is exactly what was fed, `response_ids` exactly what was sampled, and
+    `logprobs[i]` is the sampling distribution's log-probability of `response_ids[i]`.
+    """
+
+    rollout_id: str
+    prompt_ids: array[int]
+    response_ids: array[int]
+    logprobs: array[float]
+    attempt: int = 1
+    seq: int = -1  # assigned by the store, 0-based within the rollout
+    agent: str = ""
+    model_version: int = 0
+    finish_reason: str = "stop"
+    latency_ms: float = 0.0
+    request: JSON = field(default_factory=dict)
+    response: JSON = field(default_factory=dict)
+    id: int | None = None
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Event:
+    """An append-only log entry of a rollout: lifecycle, reward, harness-posted, flag, error."""
+
+    rollout_id: str
+    kind: str
+    data: JSON = field(default_factory=dict)
+    attempt: int = 1
+    id: int | None = None
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """A version of the policy that the engines serve."""
+
+    version: int
+    path: str = ""
+    endpoints: list[str] = field(default_factory=list)
+    metadata: JSON = field(default_factory=dict)
+    created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence built from one or more calls of one rollout (see adapters/).
+
+    `input_ids` is the full token sequence; `loss_mask[i]` is 1 where token i was sampled by
+    the policy (and is trained on) and 0 for prompt, tool output and other fed tokens;
+    `logprobs[i]` is the behaviour log-probability where `loss_mask[i]` is 1, else 0.
+    """
+
+    rollout_id: str
+    input_ids: array[int]
+    loss_mask: array[int]
+    logprobs: array[float]
+    call_seqs: tuple[int, ...] = ()
+    agent: str = ""
+    min_model_version: int = 0

@@ -1,0 +1,117 @@
+"""Store write throughput: calls of 4,096 prompt + 512 response tokens from 32 concurrent writers.
+
+Baseline, in the same run: the same bytes written with plain `sqlite3` `executemany` in
+transactions of 256 rows, with the same pragmas (WAL, synchronous=FULL). Prints both rates;
+the last line is `store_calls_per_s=N baseline_ratio=R`. Targets: N >= 1000, R >= 0.5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import tempfile
+import threading
+import time
+from array import array
+from pathlib import Path
+
+from agl.settings import StoreSettings
+from agl.store import Store, encode
+from agl.types import Call, Status
+
+PROMPT, RESPONSE = 4096, 512
+
+
+def make_call(rollout_id: str, k: int) -> Call:
+    return Call(
+        rollout_id=rollout_id,
+        prompt_ids=array("i", [(k + i) % 151_000 for i in range(PROMPT)]),
+        response_ids=array("i", [(k * 7 + i) % 151_000 for i in range(RESPONSE)]),
+        logprobs=array("f", [-(i % 50) / 10 for i in range(RESPONSE)]),
+        agent="bench",
+        request={"messages": [{"role": "user", "content": "x" * 200}]},
+        response={"choices": [{"message": {"content": "y" * 200}}]},
+    )
+
+
+def bench_store(path: Path, writers: int, per_writer: int) -> float:
+    with Store(f"sqlite:///{path}") as store:
+        rollouts = []
+        for _ in range(writers):
+            rid = store.create_rollout({}, "bench").rollout.id
+            store.transition(rid, Status.RUNNING)
+            rollouts.append(rid)
+        calls = [[make_call(rid, k) for k in range(per_writer)] for rid in rollouts]
+        start = threading.Barrier(writers + 1)
+
+        def writer(mine: list[Call]) -> None:
+            start.wait()
+            for call in mine:
+                store.append_call(call)
+
+        threads = [threading.Thread(target=writer, args=(mine,)) for mine in calls]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        assert sum(len(v) for v in store.calls_for(rollouts).values()) == writers * per_writer
+    return writers * per_writer / elapsed
+
+
+def bench_baseline(path: Path, n: int) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={StoreSettings().sqlite_synchronous}")
+    conn.execute(
+        "CREATE TABLE calls (id INTEGER PRIMARY KEY, rollout_id TEXT, seq INT, request TEXT, response TEXT, "
+        "prompt_ids BLOB, response_ids BLOB, logprobs BLOB)"
+    )
+    rows = []
+    for k in range(n):
+        c = make_call("r", k)
+        rows.append(
+            (
+                "r",
+                k,
+                json.dumps(c.request),
+                json.dumps(c.response),
+                encode(c.prompt_ids),
+                encode(c.response_ids),
+                encode(c.logprobs),
+            )
+        )
+    t0 = time.perf_counter()
+    for i in range(0, n, 256):
+        conn.execute("BEGIN")
+        conn.executemany(
+            "INSERT INTO calls (rollout_id, seq, request, response, prompt_ids, response_ids, logprobs) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            rows[i : i + 256],
+        )
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return n / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--writers", type=int, default=32)
+    parser.add_argument("--per-writer", type=int, default=125)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        n = args.writers * args.per_writer
+        baseline = bench_baseline(Path(tmp) / "baseline.db", n)
+        rate = bench_store(Path(tmp) / "store.db", args.writers, args.per_writer)
+    print(f"calls: {n} from {args.writers} writers, {PROMPT}+{RESPONSE} tokens each")
+    print(f"agl store: {rate:,.0f} calls/s")
+    print(f"plain sqlite3 executemany: {baseline:,.0f} calls/s")
+    print(f"store_calls_per_s={rate:.0f} baseline_ratio={rate / baseline:.2f}")
+
+
+if __name__ == "__main__":
+    main()

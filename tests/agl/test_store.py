@@ -1,0 +1,385 @@
+"""The store against real SQLite and PostgreSQL: state machine, token arrays, concurrency, migrations."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from array import array
+
+import pytest
+import sqlalchemy as sa
+
+from agl.store import (
+    IllegalTransition,
+    InvalidData,
+    NotFound,
+    SchemaTooNew,
+    Store,
+    StoreError,
+    calls,
+    events,
+    rollouts,
+)
+from agl.types import TERMINAL, TRANSITIONS, Call, FailureKind, ModelVersion, Status
+
+
+@pytest.fixture
+def store(db_url):
+    with Store(db_url) as s:
+        yield s
+
+
+def make_call(rollout_id: str, n_prompt: int = 5, n_response: int = 3, **kw) -> Call:
+    return Call(
+        rollout_id=rollout_id,
+        prompt_ids=array("i", range(n_prompt)),
+        response_ids=array("i", range(100, 100 + n_response)),
+        logprobs=array("f", [-0.5] * n_response),
+        **kw,
+    )
+
+
+def counts(store: Store) -> tuple[int, int, int]:
+    with store._read_engine.connect() as conn:
+        return tuple(
+            conn.execute(sa.select(sa.func.count()).select_from(t)).scalar() for t in (rollouts, calls, events)
+        )
+
+
+# ------------------------------------------------------------------ rollouts and the state machine
+
+
+def test_create_rollout_returns_tokens_and_stores_only_hashes(store):
+    created = store.create_rollout({"q": "2+2"}, "g1", grader=True, metadata={"k": 1})
+    r = created.rollout
+    assert r.status is Status.QUEUED and r.attempt == 1 and r.has_grader and r.task == {"q": "2+2"}
+    assert created.agent_token and created.grader_token and created.agent_token != created.grader_token
+    assert store.rollout_for_token(created.agent_token) == (r, "agent")
+    assert store.rollout_for_token(created.grader_token) == (r, "grader")
+    assert store.rollout_for_token("nope") is None
+    with store._read_engine.connect() as conn:
+        row = conn.execute(sa.select(rollouts)).one()
+    assert created.agent_token not in str(tuple(row))
+    assert store.get_rollout(r.id) == r
+    assert [e.kind for e in store.events(r.id)] == ["lifecycle"]
+
+
+def _drive_to(store: Store, status: Status) -> str:
+    """A fresh rollout brought to `status` by legal moves."""
+    rid = store.create_rollout({}, "g").rollout.id
+    if status is Status.QUEUED:
+        return rid
+    store.transition(rid, Status.RUNNING)
+    if status is not Status.RUNNING:
+        kind = FailureKind.TASK if status is Status.FAILED else None
+        store.transition(rid, status, failure_kind=kind)
+    return rid
+
+
+def _kind_for(to: Status) -> FailureKind | None:
+    return FailureKind.INFRA if to in (Status.QUEUED, Status.FAILED) else None
+
+
+@pytest.mark.parametrize("start", list(Status))
+@pytest.mark.parametrize("to", list(Status))
+def test_every_transition_is_legal_or_rejected(db_url, start, to):
+    with Store(db_url) as store:
+        rid = _drive_to(store, start)
+        before = (store.get_rollout(rid), counts(store))
+        if to in TRANSITIONS[start]:
+            r = store.transition(rid, to, failure_kind=_kind_for(to), reason="test")
+            assert r.status is to
+            assert (r.ended_at is not None) == (to in TERMINAL)
+            assert r.attempt == (2 if to is Status.QUEUED else 1)
+            assert store.events(rid)[-1].data["to"] == to.value
+        else:
+            with pytest.raises(IllegalTransition):
+                store.transition(rid, to, failure_kind=_kind_for(to))
+            assert (store.get_rollout(rid), counts(store)) == before
+
+
+def test_transition_guards(store):
+    rid = _drive_to(store, Status.RUNNING)
+    with pytest.raises(IllegalTransition, match="only an infra failure"):
+        store.transition(rid, Status.QUEUED, failure_kind=FailureKind.TASK)
+    with pytest.raises(IllegalTransition, match="failure kind"):
+        store.transition(rid, Status.FAILED)
+    with pytest.raises(IllegalTransition, match="takes no failure kind"):
+        store.transition(rid, Status.SUCCEEDED, failure_kind=FailureKind.TASK)
+    with pytest.raises(IllegalTransition, match="stale"):
+        store.transition(rid, Status.SUCCEEDED, attempt=2)
+    with pytest.raises(IllegalTransition):
+        store.transition(rid, "exploded")
+    with pytest.raises(NotFound):
+        store.transition("missing", Status.RUNNING)
+    assert store.transition(rid, Status.TIMED_OUT).failure_kind is FailureKind.TASK
+
+
+def test_retry_starts_a_new_attempt_and_only_its_calls_count(store):
+    rid = _drive_to(store, Status.RUNNING)
+    store.append_call(make_call(rid))
+    store.append_call(make_call(rid))
+    store.transition(rid, Status.QUEUED, failure_kind="infra", reason="pod evicted", attempt=1)
+    store.transition(rid, Status.RUNNING, attempt=2)
+    third = store.append_call(make_call(rid, n_response=7))
+    assert (third.attempt, third.seq) == (2, 2)
+    assert [c.seq for c in store.calls_for([rid])[rid]] == [2]
+    assert [c.attempt for c in store.calls_for([rid], all_attempts=True)[rid]] == [1, 1, 2]
+
+
+# ------------------------------------------------------------------ calls and token arrays
+
+
+@pytest.mark.parametrize("n", [0, 1, 200_000])
+def test_token_arrays_round_trip(store, n):
+    rid = _drive_to(store, Status.RUNNING)
+    prompt = array("i", [(i * 7919) % 151_936 for i in range(n)])
+    response = array("i", [(i * 104_729) % 2_147_483_647 for i in range(n)])
+    logprobs = array("f", [-(i % 1000) / 37.0 for i in range(n)])
+    stored = store.append_call(
+        Call(rid, prompt, response, logprobs, agent="solver", model_version=3, request={"m": [1]})
+    )
+    (got,) = store.calls_for([rid])[rid]
+    assert got.prompt_ids == prompt and got.response_ids == response and got.logprobs == logprobs
+    assert got.prompt_ids.typecode == "i" and got.logprobs.typecode == "f"
+    assert (got.id, got.seq, got.agent, got.model_version, got.request) == (stored.id, 0, "solver", 3, {"m": [1]})
+    with store._read_engine.connect() as conn:
+        blob = conn.execute(sa.select(calls.c.logprobs)).scalar()
+    assert len(blob) == 4 * n  # float32, not JSON
+
+
+def test_lists_are_accepted_and_stored_compactly(store):
+    rid = _drive_to(store, Status.RUNNING)
+    store.append_call(Call(rid, [1, 2, 3], [4], [-0.25]))  # type: ignore[arg-type]
+    (got,) = store.calls_for([rid])[rid]
+    assert list(got.prompt_ids) == [1, 2, 3] and list(got.logprobs) == [-0.25]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response", "logprobs", "message"),
+    [
+        ([1, 2], [3, 4], [-1.0], "2 response_ids but 1 logprobs"),
+        (["a"], [], [], "not an array of int32"),
+        ([1], [2**31], [-1.0], "not an array of int32"),
+        ([-1], [], [], "negative token id"),
+        ([1], [2], [math.nan], "finite"),
+        ([1], [2], [0.5], "at most 0"),
+        ([1] * 11, [], [], "more than the limit"),
+    ],
+)
+def test_bad_arrays_are_rejected_and_nothing_is_written(db_url, prompt, response, logprobs, message):
+    from agl.settings import StoreSettings
+
+    with Store(db_url, StoreSettings(max_tokens_per_array=10)) as store:
+        rid = _drive_to(store, Status.RUNNING)
+        before = counts(store)
+        with pytest.raises(InvalidData, match=message):
+            store.append_call(Call(rid, prompt, response, logprobs))  # type: ignore[arg-type]
+        assert counts(store) == before
+        assert store.get_rollout(rid).status is Status.RUNNING
+
+
+def test_calls_need_a_live_rollout(store):
+    with pytest.raises(NotFound):
+        store.append_call(make_call("missing"))
+    rid = _drive_to(store, Status.SUCCEEDED)
+    before = counts(store)
+    with pytest.raises(IllegalTransition, match="has ended"):
+        store.append_call(make_call(rid))
+    assert counts(store) == before
+
+
+def test_calls_for_many_rollouts_at_once(store):
+    ids = [_drive_to(store, Status.RUNNING) for _ in range(600)]  # more than one query chunk
+    for i, rid in enumerate(ids):
+        for _ in range(i % 3):
+            store.append_call(make_call(rid))
+    got = store.calls_for([*ids, "missing"])
+    assert [len(got[rid]) for rid in ids] == [i % 3 for i in range(600)]
+    assert got["missing"] == []
+    assert all([c.seq for c in cs] == list(range(len(cs))) for cs in got.values())
+
+
+# ------------------------------------------------------------------ events, rewards, models
+
+
+def test_events_and_rewards(store):
+    rid = _drive_to(store, Status.RUNNING)
+    store.append_event(rid, "harness", {"step": 1})
+    store.set_reward(rid, 0.25, source="harness", final=False, call_seq=0)
+    assert store.get_rollout(rid).reward is None
+    store.set_reward(rid, 1.0, source="grader")
+    assert store.get_rollout(rid).reward == 1.0
+    rewards = store.events(rid, kind="reward")
+    assert [(e.data["value"], e.data["final"], e.data["source"]) for e in rewards] == [
+        (0.25, False, "harness"),
+        (1.0, True, "grader"),
+    ]
+    assert [e.kind for e in store.events(rid, after=rewards[0].id)] == ["reward"]
+    before = counts(store)
+    for bad in (math.nan, math.inf, "1", True):
+        with pytest.raises(InvalidData):
+            store.set_reward(rid, bad)  # type: ignore[arg-type]
+    with pytest.raises(NotFound):
+        store.append_event("missing", "harness")
+    with pytest.raises(InvalidData):
+        store.append_event(rid, "", {})
+    with pytest.raises(InvalidData):
+        store.append_event(rid, "x", [1])  # type: ignore[arg-type]
+    assert counts(store) == before
+
+
+def test_model_versions_only_grow(store):
+    assert store.latest_model() is None
+    store.register_model(ModelVersion(0, "/ckpt/0", ["127.0.0.1:30000"]))
+    store.register_model(ModelVersion(1, "/ckpt/1"))
+    with pytest.raises(InvalidData, match="not newer"):
+        store.register_model(ModelVersion(1, "/ckpt/dup"))
+    assert [m.version for m in store.models()] == [0, 1]
+    latest = store.latest_model()
+    assert latest is not None and (latest.version, latest.path) == (1, "/ckpt/1")
+
+
+def test_bad_rollout_input(store):
+    with pytest.raises(InvalidData):
+        store.create_rollout([1], "g")  # type: ignore[arg-type]
+    with pytest.raises(InvalidData):
+        store.create_rollout({}, "")
+    with pytest.raises(InvalidData, match="mode"):
+        store.create_rollout({}, "g", "test")
+    assert counts(store) == (0, 0, 0)
+
+
+# ------------------------------------------------------------------ cursors and groups
+
+
+def test_terminal_rollouts_after_a_cursor_in_end_order(store):
+    a, b, c = (_drive_to(store, Status.RUNNING) for _ in range(3))
+    store.transition(b, Status.SUCCEEDED)
+    store.transition(a, Status.FAILED, failure_kind="task")
+    first = store.terminal_after(0)
+    assert [r.id for r in first] == [b, a]
+    cursor = first[-1].end_seq
+    assert cursor is not None and store.terminal_after(cursor) == []
+    store.transition(c, Status.CANCELLED)
+    assert [r.id for r in store.terminal_after(cursor)] == [c]
+    assert [r.id for r in store.terminal_after(0, limit=1)] == [b]
+
+
+def test_group_completeness(store):
+    ids = [store.create_rollout({}, "g1").rollout.id for _ in range(3)]
+    store.create_rollout({}, "g2")
+    assert not store.group_complete("g1") and not store.group_complete("nothing")
+    for rid in ids:
+        store.transition(rid, Status.RUNNING)
+        store.transition(rid, Status.SUCCEEDED)
+    assert store.group_complete("g1")
+    assert store.group_counts(["g1", "g2", "g3"]) == {"g1": (3, 3), "g2": (1, 0), "g3": (0, 0)}
+    assert {r.id for r in store.list_rollouts(group="g1", status="succeeded")} == set(ids)
+
+
+# ------------------------------------------------------------------ concurrency
+
+
+def test_concurrent_writers_lose_nothing(store):
+    rids = [_drive_to(store, Status.RUNNING) for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def thread_writer(k: int) -> None:
+        try:
+            for i in range(50):
+                store.append_call(make_call(rids[k % 8], n_response=1 + i % 5))
+                store.append_event(rids[k % 8], "harness", {"k": k, "i": i})
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    async def async_writers() -> None:
+        async def one(k: int) -> None:
+            for _ in range(50):
+                await store.aio.append_call(make_call(rids[k % 8]))
+                await store.aio.append_event(rids[k % 8], "harness", {"k": k})
+
+        await asyncio.gather(*(one(k) for k in range(16)))
+
+    threads = [threading.Thread(target=thread_writer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    asyncio.run(async_writers())
+    for t in threads:
+        t.join()
+    assert not errors
+    got = store.calls_for(rids)
+    assert sum(len(v) for v in got.values()) == (8 + 16) * 50
+    for cs in got.values():
+        assert [c.seq for c in cs] == list(range(len(cs)))  # no gaps, no duplicates
+    assert sum(len(store.events(rid, kind="harness")) for rid in rids) == (8 + 16) * 50
+
+
+def test_a_failing_write_does_not_disturb_its_group(store):
+    """Good and bad writes committed in the same group: the bad ones are undone, the rest land."""
+    rid = _drive_to(store, Status.RUNNING)
+
+    async def main() -> list[object]:
+        jobs = []
+        for i in range(200):
+            target = rid if i % 2 else "missing"
+            jobs.append(store.aio.append_call(make_call(target)))
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert sum(isinstance(r, NotFound) for r in results) == 100
+    assert [c.seq for c in store.calls_for([rid])[rid]] == list(range(100))
+
+
+def test_async_reads_and_rollout_creation(store):
+    async def main() -> None:
+        created = await store.aio.create_rollout({"t": 1}, "g", grader=False)
+        r = await store.aio.transition(created.rollout.id, "running")
+        assert r.status is Status.RUNNING
+        assert await store.aio.read(store.get_rollout, r.id) == r
+        await store.aio.set_reward(r.id, 0.5)
+        await store.aio.register_model(ModelVersion(7))
+        assert (await store.aio.read(store.get_rollout, r.id)).reward == 0.5
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ schema and migrations
+
+
+def test_reopening_keeps_data_and_schema_matches_migrations(db_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    from agl.store import metadata
+
+    with Store(db_url) as store:
+        rid = store.create_rollout({}, "g").rollout.id
+    with Store(db_url) as store:
+        assert store.get_rollout(rid).status is Status.QUEUED
+        with store._write_engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_a_newer_schema_is_refused_clearly(db_url):
+    Store(db_url).close()
+    engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999_future'")
+    engine.dispose()
+    with pytest.raises(SchemaTooNew, match="newer than this agl"):
+        Store(db_url)
+
+
+def test_in_memory_sqlite_is_refused():
+    with pytest.raises(StoreError, match="file URL"):
+        Store("sqlite://")
+
+
+def test_closed_store_refuses_writes(db_url):
+    store = Store(db_url)
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.create_rollout({}, "g")

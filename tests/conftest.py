@@ -1,0 +1,44 @@
+"""Shared fixtures: one thread per math library, offline model hub, and store URLs.
+
+`db_url` runs a test against SQLite and, when AGL_TEST_POSTGRES_URL names a server (CI always
+does), against a fresh PostgreSQL database created for that test and dropped after it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import sqlalchemy as sa
+
+POSTGRES_URL = os.environ.get("AGL_TEST_POSTGRES_URL", "")
+
+
+def _postgres_database() -> Iterator[str]:
+    if not POSTGRES_URL:
+        pytest.skip("AGL_TEST_POSTGRES_URL is not set")
+    admin_url = sa.make_url(POSTGRES_URL).set(drivername="postgresql+psycopg")
+    name = f"agl_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'agl.db'}"
+    else:
+        yield from _postgres_database()
