@@ -1,0 +1,288 @@
+"""Rollouts and their calls -> one training batch (DESIGN.md sections 6.3-6.5).
+
+Owns the pipeline around the merge and the estimators: input checks, infra exclusion,
+staleness, missing rewards, rollout-level loss weights (and verl's sample-level modes for
+comparison), whole-rollout mini-batches, token-balanced packing over data-parallel ranks with
+zero-weight padding, truncated importance weights, and the metrics.
+
+The batch is plain numpy, flat per token (samples back to back, `offsets` marks them), so
+nothing is padded to the longest sample here; building verl's `DataProto` (left-padded prompts,
+responses, masks) is the trainer's job. Nothing here imports verl or talks to the store.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from adapters.advantage import rollout_advantages
+from adapters.merge import MISMATCHES, Chain, Segment, merge
+from adapters.settings import AdapterError, AdapterSettings
+from agl.types import Call, FailureKind, Rollout, Sample, Status
+
+# Counted in every batch's metrics, zero or not.
+COUNTS = [
+    *["rollouts_excluded_infra", "rollouts_dropped_stale", "missing_reward_filled", "rollouts_without_tokens"],
+    *["groups", "groups_degenerate", "rollouts_dropped_degenerate"],
+    *["calls", "calls_untrained", "calls_merged", "overlong_samples"],
+    *[f"mismatch_{m}" for m in MISMATCHES],
+]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Samples ordered by (mini-batch, rank); sample i is tokens `offsets[i]:offsets[i + 1]`.
+
+    One optimizer step per mini-batch; its loss is `sum(loss_weights * token_loss)` summed over
+    all its micro-batches and ranks (verl's `token-sum`), which is the same however the samples
+    are split into micro-batches.
+    """
+
+    input_ids: np.ndarray  # int32, per token
+    position_ids: np.ndarray  # int32, per token, from 0 in each sample
+    loss_mask: np.ndarray  # bool, per token: sampled by the policy and trained
+    advantages: np.ndarray  # float32, per token; 0 where loss_mask is False
+    loss_weights: np.ndarray  # float32, per token; the loss is sum(weight * token loss)
+    logprobs: np.ndarray  # float32, per token: behaviour logprobs; 0 where loss_mask is False
+    versions: np.ndarray  # int32, per token: model version of the call it came from; -1 padding
+    offsets: np.ndarray  # int64, n_samples + 1
+    sample_rollout: np.ndarray  # int32, per sample: index into rollout_ids; -1 for padding
+    sample_rank: np.ndarray  # int32, per sample: data-parallel rank
+    sample_minibatch: np.ndarray  # int32, per sample
+    rollout_ids: tuple[str, ...]  # the trained rollouts
+    rollout_advantages: np.ndarray  # float64, per rollout
+    rollout_minibatch: np.ndarray  # int32, per rollout
+    sample_calls: tuple[tuple[int, ...], ...]  # per sample: seqs of the calls merged into it
+    sample_agents: tuple[str, ...]  # per sample
+    metrics: dict[str, float]
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.offsets) - 1
+
+    def sample(self, i: int) -> Sample:
+        """Sample `i` as the domain record (a copy: for inspection and tests, not for training)."""
+        t = slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+        r = int(self.sample_rollout[i])
+        return Sample(
+            rollout_id=self.rollout_ids[r] if r >= 0 else "",
+            input_ids=array("i", self.input_ids[t].tobytes()),
+            loss_mask=array("i", self.loss_mask[t].astype(np.int32).tobytes()),
+            logprobs=array("f", self.logprobs[t].tobytes()),
+            call_seqs=self.sample_calls[i],
+            agent=self.sample_agents[i],
+            min_model_version=int(self.versions[t].min()),
+        )
+
+
+def truncated_is_weights(behaviour: Any, recomputed: Any, mask: Any, cap: float) -> Any:
+    """min(exp(recomputed - behaviour), cap) on trained tokens, 0 elsewhere; numpy arrays or torch tensors."""
+    if isinstance(recomputed, np.ndarray):
+        return np.minimum(np.exp(recomputed - behaviour), cap) * mask
+    return (recomputed - behaviour).detach().exp().clamp(max=cap) * mask
+
+
+def balanced_partitions(lengths: Sequence[int], k: int) -> list[list[int]]:
+    """Indices split into `k` parts of equal count with balanced length sums (sorted within a part).
+
+    Karmarkar-Karp largest differencing, as verl's `get_seqlen_balanced_partitions(lengths, k,
+    equal_size=True)`; `len(lengths)` must be a multiple of `k`.
+    """
+    if len(lengths) % k:
+        raise ValueError(f"{len(lengths)} items do not split into {k} equal parts")
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    heap: list[tuple[int, int, int, list[tuple[int, list[int]]]]] = []
+
+    def push(sets: list[tuple[int, list[int]]], tie: int) -> None:
+        sets.sort(reverse=True)
+        heapq.heappush(heap, (sets[-1][0] - sets[0][0], -sets[0][0], tie, sets))
+
+    for start in range(0, len(order), k):
+        push([(lengths[i], [i]) for i in order[start : start + k]], start)
+    tie = len(order)
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap)[3], heapq.heappop(heap)[3]
+        push([(sa + sb, ia + ib) for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)], tie)
+        tie += 1
+    return [sorted(items) for _, items in heap[0][3]] if heap else [[] for _ in range(k)]
+
+
+def _checked(rollouts: Sequence[Rollout], calls: Mapping[str, Sequence[Call]], extra: Mapping[Any, Any]) -> None:
+    ids = {r.id for r in rollouts}
+    if len(ids) != len(rollouts):
+        raise AdapterError("the same rollout is listed twice")
+    for rid, rcalls in calls.items():
+        if rid not in ids:
+            seq = rcalls[0].seq if rcalls else None
+            raise AdapterError(f"calls reference unknown rollout {rid} (call seq {seq})")
+    for rid, seq in extra:
+        if rid not in ids:
+            raise AdapterError(f"intermediate reward references unknown rollout {rid} (call seq {seq})")
+
+
+def build_batch(
+    rollouts: Sequence[Rollout],
+    calls: Mapping[str, Sequence[Call]],
+    settings: AdapterSettings | None = None,
+    *,
+    version: int | None = None,
+    intermediate_rewards: Mapping[tuple[str, int], float] | None = None,
+) -> Batch:
+    """The training batch of finished rollouts; `calls` as `Store.calls_for` returns them.
+
+    `version` is the model version being trained (needed for `max_staleness`);
+    `intermediate_rewards` maps (rollout ID, call seq) to a per-call reward from gateway events.
+    """
+    s = settings or AdapterSettings()
+    extra = intermediate_rewards or {}
+    _checked(rollouts, calls, extra)
+    stats: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
+    valid: list[tuple[Rollout, float]] = []
+    for r in rollouts:
+        if not r.status.terminal:
+            raise AdapterError(f"rollout {r.id} is {r.status.value}, not finished")
+        if r.failure_kind is FailureKind.INFRA or r.status is Status.CANCELLED:  # not the policy's outcome
+            stats["rollouts_excluded_infra"] += 1
+            continue
+        if s.max_staleness is not None:
+            if version is None:
+                raise ValueError("max_staleness needs the trained version")
+            oldest = min((c.model_version for c in calls.get(r.id, ())), default=version)
+            if version - oldest > s.max_staleness:
+                stats["rollouts_dropped_stale"] += 1
+                continue
+        reward = r.reward
+        if reward is None:
+            if s.missing_reward is None:
+                raise AdapterError(f"rollout {r.id} has no reward")
+            reward = s.missing_reward
+            stats["missing_reward_filled"] += 1
+        valid.append((r, reward))
+
+    rewards = np.array([reward for _, reward in valid], dtype=np.float64)
+    adv, kept = rollout_advantages(rewards, [r.group for r, _ in valid], s, stats)
+    trained: list[tuple[str, float, list[Chain]]] = []
+    for (r, _), a, keep in zip(valid, adv, kept, strict=True):
+        if keep:
+            chains = merge(r.id, calls.get(r.id, ()), s, stats, r.attempt)
+            if sum(c.trained for c in chains):
+                trained.append((r.id, float(a), chains))
+            else:
+                stats["rollouts_without_tokens"] += 1
+    return _assemble(trained, s, extra, stats, len(rollouts))
+
+
+def _reward_to_go(extra: Mapping[tuple[str, int], float]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per rollout: its rewarded call seqs (sorted) and the sums of rewards from each one on."""
+    by_rollout: dict[str, list[tuple[int, float]]] = {}
+    for (rid, seq), reward in extra.items():
+        by_rollout.setdefault(rid, []).append((seq, reward))
+    result = {}
+    for rid, items in by_rollout.items():
+        items.sort()
+        suffix = np.cumsum([r for _, r in reversed(items)])[::-1]
+        result[rid] = (np.array([q for q, _ in items]), np.append(suffix, 0.0))
+    return result
+
+
+def _weights(chains: list[list[Chain]], mode: str) -> list[list[float]]:
+    """The loss weight of each sampled token of each chain of a mini-batch's rollouts."""
+    tokens = [sum(c.trained for c in cs) for cs in chains]
+    if mode == "rollout":
+        return [[1.0 / (len(chains) * t)] * len(cs) for cs, t in zip(chains, tokens, strict=True)]
+    if mode == "token-mean":
+        return [[1.0 / sum(tokens)] * len(cs) for cs in chains]
+    used = sum(1 for cs in chains for c in cs if c.trained)
+    return [[1.0 / (used * c.trained) if c.trained else 0.0 for c in cs] for cs in chains]
+
+
+def _assemble(
+    trained: list[tuple[str, float, list[Chain]]],
+    s: AdapterSettings,
+    extra: Mapping[tuple[str, int], float],
+    stats: Counter[str],
+    n_in: int,
+) -> Batch:
+    n = len(trained)
+    n_mb = min(s.n_minibatches, max(n, 1))
+    rollout_mb = (np.arange(n) * n_mb // max(n, 1)).astype(np.int32)
+    pad = Chain("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1, -1)], length=1)
+    # One entry per sample, in output order: (rollout index or -1, chain, weight, mini-batch, rank).
+    order: list[tuple[int, Chain, float, int, int]] = []
+    for mb in range(n_mb):
+        members = [int(i) for i in np.flatnonzero(rollout_mb == mb)]
+        weights = _weights([trained[i][2] for i in members], s.loss_mode)
+        samples = [
+            (i, c, w) for i, ws in zip(members, weights, strict=True) for c, w in zip(trained[i][2], ws, strict=True)
+        ]
+        samples += [(-1, pad, 0.0)] * (-len(samples) % s.dp_size)
+        for rank, part in enumerate(balanced_partitions([c.length for _, c, _ in samples], s.dp_size)):
+            order.extend((*samples[j], mb, rank) for j in part)
+
+    sample_len = np.array([c.length for _, c, *_ in order], dtype=np.int64)
+    offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sample_len, out=offsets[1:])
+    total = int(offsets[-1])
+    # Preallocate and fill slices: one pass over the output, no per-token Python work.
+    input_ids, versions = np.empty(total, np.int32), np.empty(total, np.int32)
+    position_ids = np.empty(total, np.int32)
+    loss_mask, logprobs = np.zeros(total, bool), np.zeros(total, np.float32)
+    advantages, loss_weights = np.zeros(total, np.float32), np.zeros(total, np.float32)
+    positions = np.arange(int(sample_len.max(initial=0)), dtype=np.int32)
+    rtg = _reward_to_go(extra)
+    for (i, chain, w, _, _), start in zip(order, offsets.tolist(), strict=False):
+        rid, a = trained[i][:2] if i >= 0 else ("", 0.0)
+        position_ids[start : start + chain.length] = positions[: chain.length]
+        for g in chain.segments:
+            end = start + len(g.ids)
+            input_ids[start:end] = g.ids
+            versions[start:end] = g.version
+            if g.logprobs is not None:
+                if rid in rtg:
+                    seqs, suffix = rtg[rid]
+                    advantages[start:end] = a + s.intermediate_coef * float(suffix[np.searchsorted(seqs, g.seq)])
+                else:
+                    advantages[start:end] = a
+                logprobs[start:end] = g.logprobs
+                loss_mask[start:end] = True
+                loss_weights[start:end] = w
+            start = end
+
+    batch = Batch(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        loss_mask=loss_mask,
+        advantages=advantages,
+        loss_weights=loss_weights,
+        logprobs=logprobs,
+        versions=versions,
+        offsets=offsets,
+        sample_rollout=np.array([o[0] for o in order], dtype=np.int32),
+        sample_rank=np.array([o[4] for o in order], dtype=np.int32),
+        sample_minibatch=np.array([o[3] for o in order], dtype=np.int32),
+        rollout_ids=tuple(t[0] for t in trained),
+        rollout_advantages=np.array([t[1] for t in trained], dtype=np.float64),
+        rollout_minibatch=rollout_mb,
+        sample_calls=tuple(tuple(dict.fromkeys(g.seq for g in c.segments if g.seq >= 0)) for _, c, *_ in order),
+        sample_agents=tuple(c.agent for _, c, *_ in order),
+        metrics=dict(stats),
+    )
+    real = sum(1 for o in order if o[0] >= 0)
+    trained_calls = stats["calls"] - stats["calls_untrained"]
+    batch.metrics.update(
+        rollouts=n_in,
+        rollouts_trained=n,
+        samples=real,
+        padding_samples=len(order) - real,
+        samples_per_rollout=real / n if n else 0.0,
+        merge_rate=stats["calls_merged"] / trained_calls if trained_calls else 0.0,
+        tokens=total,
+        trained_tokens=int(loss_mask.sum()),
+    )
+    return batch
