@@ -1,0 +1,233 @@
+"""`agl engine`: the embedded CPU engine's HTTP server, speaking the sglang subset of DESIGN.md section 5.
+
+Owns the wire format (sglang's request and reply shapes), request validation and the mapping of
+engine failures to status codes: malformed or impossible requests get 400 with
+`{"error": {"message": ...}}` and the server keeps serving; `/generate` while the memory is
+released gets 503 (a temporary state, as for an sglang server that is asleep). A client that
+disconnects aborts its request. `--script FILE` (a JSON list of completion texts) is a test
+facility: see `batcher.py`. It does not batch or sample (that is `batcher.py`) nor know model
+names (that is `models.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any, TypeVar
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.embedded import models
+from gateway.embedded.batcher import Engine, EngineReleased, Sampling, ScriptExhausted
+
+M = TypeVar("M", bound=BaseModel)
+DISCONNECT_POLL_S = 0.1  # how often a waiting request checks whether its client is still there
+
+
+class EngineSettings(BaseSettings):
+    """The embedded engine (`AGL_ENGINE_*`); command-line flags override them."""
+
+    model_config = SettingsConfigDict(env_prefix="AGL_ENGINE_", extra="forbid")
+
+    cache_dir: Path = Field(
+        default=Path("~/.cache/agl/models").expanduser(),
+        description="Folder where built models (`tiny`, converted `smollm2`) are kept (path). Built once, "
+        "then reused, so a restart costs no rebuild.",
+    )
+    threads: int = Field(
+        default=1,
+        ge=1,
+        description="torch intra-op threads of the model thread (count). 1 keeps shared CI machines fair; "
+        "batching, not threads, is what makes the engine fast.",
+    )
+    max_batch: int = Field(
+        default=16,
+        ge=1,
+        description="Requests decoded together (count). 16 covers the concurrent rollouts one CPU engine can "
+        "serve; more only grows the KV cache.",
+    )
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(default=128, ge=0)
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=-1, ge=-1)  # -1 or 0: no top-k
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # sglang has many more fields; those that change sampling are above
+
+    input_ids: list[int] = Field(min_length=1)
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    return_logprob: bool = False
+    stream: bool = False
+    rid: str | None = None
+
+
+class UpdateWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model_path: str
+    weight_version: str | None = None
+
+
+class BadRequest(Exception):
+    pass
+
+
+def error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+async def parse(request: Request, schema: type[M]) -> M:
+    raw = await request.body()
+    try:
+        return schema.model_validate(json.loads(raw) if raw.strip() else {})
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"malformed JSON: {e}") from e
+    except ValidationError as e:
+        raise BadRequest("; ".join(f"{'.'.join(map(str, x['loc'])) or 'body'}: {x['msg']}" for x in e.errors())) from e
+
+
+def create_app(engine: Engine) -> FastAPI:
+    app = FastAPI(title="agl embedded engine")
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, e: BadRequest) -> JSONResponse:
+        return error(400, str(e))
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        req = await parse(request, GenerateRequest)
+        p = req.sampling_params
+        bad = [t for t in [*req.input_ids, *p.stop_token_ids] if not 0 <= t < engine.vocab_size]
+        if req.stream:
+            raise BadRequest("stream is not supported by the embedded engine")
+        if bad:
+            raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {engine.vocab_size})")
+        if len(req.input_ids) + p.max_new_tokens > engine.max_context:
+            raise BadRequest(
+                f"{len(req.input_ids)} prompt tokens + max_new_tokens {p.max_new_tokens} exceed the "
+                f"context of {engine.max_context} tokens"
+            )
+        sampling = Sampling(
+            p.max_new_tokens, p.temperature, p.top_p, p.top_k, tuple(p.stop_token_ids), p.ignore_eos, p.sampling_seed
+        )
+        start = time.monotonic()
+        job = engine.submit(req.input_ids, sampling)
+        waiter = asyncio.wrap_future(job.future)
+        while not waiter.done():
+            await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S)
+            if not waiter.done() and await request.is_disconnected():
+                job.cancelled = True
+                return Response(status_code=499)
+        try:
+            result = waiter.result()
+        except EngineReleased as e:
+            return error(503, str(e))
+        except ScriptExhausted as e:
+            return error(400, str(e))
+        meta: dict[str, Any] = {
+            "id": req.rid or uuid.uuid4().hex,
+            "finish_reason": result.finish,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(result.output_ids),
+            "cached_tokens": 0,
+            "weight_version": result.weight_version,
+            "e2e_latency": time.monotonic() - start,
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(result.logprobs, result.output_ids, strict=True)
+            ]
+        text = engine.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        return JSONResponse({"text": text, "output_ids": result.output_ids, "meta_info": meta})
+
+    @app.post("/release_memory_occupation")
+    async def release() -> dict[str, Any]:
+        await asyncio.wrap_future(engine.release())
+        return {"success": True}
+
+    @app.post("/resume_memory_occupation")
+    async def resume() -> dict[str, Any]:
+        await asyncio.wrap_future(engine.resume())
+        return {"success": True}
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(request: Request) -> Response:
+        req = await parse(request, UpdateWeightsRequest)
+        try:
+            await asyncio.wrap_future(engine.update_weights(req.model_path, req.weight_version))
+        except (OSError, ValueError) as e:
+            return JSONResponse({"success": False, "message": f"failed to load {req.model_path}: {e}"}, 400)
+        return JSONResponse({"success": True, "message": "weights updated", "num_paused_requests": 0})
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        await asyncio.wrap_future(engine.command(lambda: None))  # no prefix cache to flush; waits for idle
+        return Response("Cache flushed.\n")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response()
+
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.tokenizer_path,
+            "is_generation": True,
+            "weight_version": engine.weight_version,
+            "max_context_length": engine.max_context,
+            "vocab_size": engine.vocab_size,
+            "eos_token_ids": sorted(engine.eos_ids),
+            "released": engine.model is None,
+        }
+
+    return app
+
+
+def main(argv: list[str]) -> int:
+    settings = EngineSettings()
+    parser = argparse.ArgumentParser(prog="agl engine", description="The embedded CPU engine (sglang's HTTP API).")
+    parser.add_argument("--model", default="tiny", help="tiny | smollm2 | a Hugging Face model folder")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--script", type=Path, help="test facility: a JSON list of completion texts to answer with")
+    parser.add_argument("--max-batch", type=int, default=settings.max_batch, help="requests decoded together")
+    parser.add_argument("--threads", type=int, default=settings.threads, help="torch threads")
+    parser.add_argument("--weight-version", default="0", help="weight version reported until the first update")
+    parser.add_argument("--cache-dir", type=Path, default=settings.cache_dir, help="where built models are kept")
+    args = parser.parse_args(argv)
+    script = json.loads(args.script.read_text()) if args.script else None
+    if script is not None and not (isinstance(script, list) and all(isinstance(s, str) for s in script)):
+        parser.error("--script must name a JSON list of strings")
+    path = models.resolve(args.model, args.cache_dir)
+    engine = Engine(
+        path, max_batch=args.max_batch, threads=args.threads, script=script, weight_version=args.weight_version
+    )
+    try:
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, ws="none", log_level="warning")
+    finally:
+        engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,249 @@
+"""The gateway's client for its engines: sglang's native HTTP API (DESIGN.md section 5), several replicas.
+
+Owns replica choice, retries and the engine's wire format. A rollout sticks to one replica (a
+stable hash of its id, so sglang's prefix cache keeps its conversation) unless that replica is
+marked down, and then goes to the least-loaded replica that is up. Transport errors, timeouts and
+5xx replies mark the replica down for `down_s` and are retried, with jittered exponential backoff,
+up to `attempts` tries in all; 4xx replies are the request's fault and raise `EngineRejected` at
+once. Memory and weight commands go to every replica. The embedded engine and sglang speak the
+same protocol, so this one client serves both.
+
+It does not tokenize, render templates, store calls or map errors to HTTP status codes (the
+gateway does), and it imports no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+log = logging.getLogger(__name__)
+# Failures to reach a replica or to get its whole reply in time: the replica's fault, retried.
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+JSON_HEADERS = {"Content-Type": "application/json"}
+BODY_CUT = 500  # characters of an engine's error body kept in messages and logs
+
+
+class EngineError(Exception):
+    """Base of the engine client's errors; also a reply that breaks the protocol."""
+
+
+class EngineUnavailable(EngineError):
+    """Every attempt failed with a transport error, a timeout or a 5xx reply (temporary: retry later)."""
+
+
+class EngineRejected(EngineError):
+    """The engine answered 4xx: the request itself is wrong (permanent: do not retry it)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"engine rejected the request ({status}): {message}")
+        self.status, self.message = status, message
+
+
+class _ServerError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"engine answered {status}: {message}")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One `/generate` reply: what was sampled, with the logprob of each output token."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: str
+    prompt_tokens: int
+    replica: str
+
+
+@dataclass
+class _Replica:
+    url: str
+    inflight: int = 0
+    down_until: float = 0.0
+
+
+class EngineClient:
+    """Async client for one or more engine replicas. Use as `async with EngineClient([...]) as engines:`."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        timeout_s: float = 600.0,
+        attempts: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        down_s: float = 10.0,
+    ) -> None:
+        """`timeout_s` bounds each HTTP request (a long generation must fit in it); `attempts` counts
+        tries in all; the n-th retry waits `min(max_backoff_s, backoff_s * 2**n)` times a jitter in
+        [0.5, 1]; a failing replica is skipped for `down_s` seconds."""
+        if not urls or attempts < 1:
+            raise ValueError("an engine client needs at least one replica URL and one attempt")
+        self.replicas = [_Replica(u.rstrip("/")) for u in urls]
+        self._attempts, self._backoff_s, self._max_backoff_s, self._down_s = attempts, backoff_s, max_backoff_s, down_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None  # made in the event loop that uses it
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(
+        self, input_ids: Sequence[int], sampling_params: dict[str, Any], *, rollout_id: str | None = None
+    ) -> Generation:
+        """Sample a continuation of `input_ids`, on the rollout's replica when it is up."""
+        body = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
+        replica, reply = await self._call("POST", "/generate", body, rollout_id=rollout_id)
+        try:
+            meta = reply["meta_info"]
+            output_ids = [int(t) for t in reply["output_ids"]]
+            pairs = meta["output_token_logprobs"]
+            logprobs = [float(p[0]) for p in pairs]
+            finish = meta.get("finish_reason") or {"type": "abort"}
+            if [int(p[1]) for p in pairs] != output_ids:
+                raise ValueError("output_token_logprobs do not match output_ids")
+            return Generation(
+                output_ids,
+                logprobs,
+                str(finish["type"] if isinstance(finish, dict) else finish),
+                str(meta.get("weight_version", "")),
+                int(meta.get("prompt_tokens", len(input_ids))),
+                replica.url,
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise EngineError(f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}") from e
+
+    # ------------------------------------------------------------------ memory, weights, status
+
+    async def release_memory(self) -> None:
+        await self._broadcast("POST", "/release_memory_occupation", {})
+
+    async def resume_memory(self) -> None:
+        await self._broadcast("POST", "/resume_memory_occupation", {})
+
+    async def update_weights_from_disk(self, path: str, version: str | int) -> None:
+        await self._broadcast("POST", "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
+
+    async def flush_cache(self) -> None:
+        await self._broadcast("POST", "/flush_cache", None)
+
+    async def health(self) -> dict[str, bool]:
+        """Probe every replica once (no retries) and mark it up or down accordingly."""
+
+        async def probe(r: _Replica) -> bool:
+            try:
+                await self._once(r, "GET", "/health", None)
+            except (EngineError, _ServerError, *TRANSPORT_ERRORS):
+                r.down_until = time.monotonic() + self._down_s
+                return False
+            r.down_until = 0.0
+            return True
+
+        return dict(zip([r.url for r in self.replicas], await asyncio.gather(*map(probe, self.replicas)), strict=True))
+
+    async def model_info(self) -> dict[str, Any]:
+        """`model_path`, `tokenizer_path`, `weight_version`, ... of the first replica that answers."""
+        return (await self._call("GET", "/model_info", None))[1]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def pick(self, rollout_id: str | None = None) -> _Replica:
+        """The rollout's own replica if it is up, else the least-loaded one that is up (or, if
+        none is, the one that failed longest ago)."""
+        now = time.monotonic()
+        up = [r for r in self.replicas if r.down_until <= now]
+        if rollout_id is not None:
+            home = self.replicas[zlib.crc32(rollout_id.encode()) % len(self.replicas)]
+            if home in up:
+                return home
+        if not up:
+            return min(self.replicas, key=lambda r: r.down_until)
+        return min(up, key=lambda r: r.inflight)
+
+    async def _call(
+        self, method: str, path: str, body: Any, *, rollout_id: str | None = None, replica: _Replica | None = None
+    ) -> tuple[_Replica, Any]:
+        last: Exception | None = None
+        for attempt in range(self._attempts):
+            if attempt:
+                delay = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            r = replica or self.pick(rollout_id)
+            r.inflight += 1
+            try:
+                reply = await self._once(r, method, path, body)
+            except (_ServerError, *TRANSPORT_ERRORS) as e:
+                last = e
+                r.down_until = time.monotonic() + self._down_s
+                n = f"{attempt + 1}/{self._attempts}"
+                log.warning("engine %s%s failed (attempt %s) rollout_id=%s: %r", r.url, path, n, rollout_id, e)
+                continue
+            finally:
+                r.inflight -= 1
+            r.down_until = 0.0
+            return r, reply
+        where = replica.url if replica else "any replica"
+        reason = f"{type(last).__name__}: {last}"
+        raise EngineUnavailable(f"{path} failed on {where} after {self._attempts} attempts: {reason}") from last
+
+    async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        data = orjson.dumps(body) if body is not None else None
+        async with self._session.request(method, r.url + path, data=data, headers=JSON_HEADERS) as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                message = _message(text, resp.reason or "")
+                if resp.status >= 500:
+                    raise _ServerError(resp.status, message)
+                raise EngineRejected(resp.status, message)
+            if "json" not in resp.headers.get("content-type", ""):
+                return text
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError as e:
+            raise EngineError(f"{r.url}{path} answered invalid JSON: {text[:BODY_CUT]}") from e
+
+    async def _broadcast(self, method: str, path: str, body: Any) -> None:
+        """Send to every replica, wait for all, and raise the first failure."""
+        results = await asyncio.gather(
+            *(self._call(method, path, body, replica=r) for r in self.replicas), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+
+def _message(text: str, reason: str) -> str:
+    """The error message of an sglang reply (`{"error": {"message"}}`, `{"message"}`) or its body, cut."""
+    try:
+        data = json.loads(text)
+        if isinstance(data, dict):
+            inner = data.get("error")
+            found = inner.get("message") if isinstance(inner, dict) else inner or data.get("message")
+            if found:
+                return str(found)[:BODY_CUT]
+    except ValueError:
+        pass
+    return text[:BODY_CUT] or reason

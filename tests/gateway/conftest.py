@@ -1,0 +1,40 @@
+"""Fixtures for the gateway's tests: real uvicorn servers on 127.0.0.1 and the tiny model."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+
+@contextmanager
+def serve(app: object) -> Iterator[str]:
+    """Run an ASGI app with uvicorn in a thread on a free port; yield its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, ws="none", log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from gateway.embedded import models
+
+    return models.resolve("tiny", tmp_path_factory.mktemp("models"))

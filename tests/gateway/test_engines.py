@@ -1,0 +1,236 @@
+"""The engine client against scripted stand-ins that reply the way sglang does, over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable
+from tests.gateway.conftest import serve
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+def sglang_reply(input_ids: list[int]) -> dict[str, Any]:
+    """What sglang's /generate returns with skip_tokenizer_init and return_logprob."""
+    out = [len(input_ids) + i for i in range(3)]
+    return {
+        "output_ids": out,
+        "meta_info": {
+            "id": "f00",
+            "finish_reason": {"type": "length", "length": 3},
+            "prompt_tokens": len(input_ids),
+            "completion_tokens": 3,
+            "cached_tokens": 0,
+            "output_token_logprobs": [[-0.25 * (i + 1), t, None] for i, t in enumerate(out)],
+            "weight_version": "7",
+            "e2e_latency": 0.01,
+        },
+    }
+
+
+class StandIn:
+    """A replica that replays scripted (status, body, delay) replies, then answers like sglang."""
+
+    def __init__(self) -> None:
+        self.script: list[tuple[int, Any, float]] = []
+        self.requests: list[tuple[str, str, Any]] = []
+        self.app = FastAPI()
+
+        @self.app.api_route("/{path:path}", methods=["GET", "POST"])
+        async def anything(path: str, request: Request) -> Response:
+            raw = await request.body()
+            body = json.loads(raw) if raw else None
+            self.requests.append((request.method, "/" + path, body))
+            status, reply, delay = self.script.pop(0) if self.script else (200, None, 0.0)
+            await asyncio.sleep(delay)
+            if reply is None:
+                reply = sglang_reply(body["input_ids"]) if path == "generate" else ""
+            if isinstance(reply, str):
+                return PlainTextResponse(reply, status)
+            return JSONResponse(reply, status)
+
+    def paths(self) -> list[str]:
+        return [p for _, p, _ in self.requests]
+
+
+@pytest.fixture(scope="module")
+def replicas() -> Iterator[list[tuple[str, StandIn]]]:
+    stand_ins = [StandIn() for _ in range(3)]
+    with serve(stand_ins[0].app) as a, serve(stand_ins[1].app) as b, serve(stand_ins[2].app) as c:
+        yield list(zip([a, b, c], stand_ins, strict=True))
+
+
+@pytest.fixture
+def stand_ins(replicas: list[tuple[str, StandIn]]) -> list[tuple[str, StandIn]]:
+    for _, s in replicas:
+        s.script.clear()
+        s.requests.clear()
+    return replicas
+
+
+def dead_url() -> str:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there: connection refused
+    return f"http://127.0.0.1:{port}"
+
+
+def rollout_homed_at(index: int, n: int) -> str:
+    return next(f"r{i}" for i in range(1000) if zlib.crc32(f"r{i}".encode()) % n == index)
+
+
+def client(urls: list[str], **kw: Any) -> EngineClient:
+    return EngineClient(urls, **{"backoff_s": 0.01, "max_backoff_s": 0.05, **kw})
+
+
+async def test_generate_parses_sglang_reply(stand_ins: list[tuple[str, StandIn]]) -> None:
+    url, s = stand_ins[0]
+    async with client([url]) as engines:
+        g = await engines.generate([5, 6], {"max_new_tokens": 3, "temperature": 0.5})
+    assert (g.output_ids, g.logprobs) == ([2, 3, 4], [-0.25, -0.5, -0.75])
+    assert (g.finish_reason, g.weight_version, g.prompt_tokens, g.replica) == ("length", "7", 2, url)
+    (method, path, body) = s.requests[0]
+    assert (method, path) == ("POST", "/generate")
+    assert body == {
+        "input_ids": [5, 6],
+        "sampling_params": {"max_new_tokens": 3, "temperature": 0.5},
+        "return_logprob": True,
+    }
+
+
+async def test_4xx_is_rejected_at_once_with_the_engines_message(stand_ins: list[tuple[str, StandIn]]) -> None:
+    url, s = stand_ins[0]
+    s.script = [(400, {"error": {"message": "token id 99999 is outside the vocabulary"}}, 0.0)]
+    async with client([url], attempts=3) as engines:
+        with pytest.raises(EngineRejected) as e:
+            await engines.generate([99999], {})
+    assert e.value.status == 400 and "outside the vocabulary" in e.value.message
+    assert len(s.requests) == 1
+
+
+async def test_5xx_is_retried_until_it_succeeds(stand_ins: list[tuple[str, StandIn]]) -> None:
+    url, s = stand_ins[0]
+    s.script = [(503, {"error": {"message": "busy"}}, 0.0), (500, "Internal Server Error", 0.0)]
+    async with client([url], attempts=3) as engines:
+        g = await engines.generate([1], {})
+    assert g.output_ids == [1, 2, 3] and len(s.requests) == 3
+
+
+async def test_attempts_are_bounded_and_the_error_is_typed(stand_ins: list[tuple[str, StandIn]]) -> None:
+    url, s = stand_ins[0]
+    s.script = [(500, {"message": "CUDA out of memory"}, 0.0)] * 5
+    async with client([url], attempts=3) as engines:
+        with pytest.raises(EngineUnavailable, match="CUDA out of memory") as e:
+            await engines.generate([1], {})
+    assert len(s.requests) == 3 and e.value.__cause__ is not None
+
+
+async def test_timeouts_are_retried_and_bounded(stand_ins: list[tuple[str, StandIn]]) -> None:
+    url, s = stand_ins[0]
+    s.script = [(200, None, 1.5)] * 2
+    start = time.monotonic()
+    async with client([url], attempts=2, timeout_s=0.2) as engines:
+        with pytest.raises(EngineUnavailable) as e:
+            await engines.generate([1], {})
+    assert time.monotonic() - start < 1.2
+    assert isinstance(e.value.__cause__, TimeoutError) and len(s.requests) == 2
+
+
+async def test_a_malformed_reply_is_a_protocol_error(stand_ins: list[tuple[str, StandIn]]) -> None:
+    url, s = stand_ins[0]
+    s.script = [(200, {"output_ids": [1, 2], "meta_info": {"output_token_logprobs": [[-1.0, 9, None]]}}, 0.0)]
+    async with client([url]) as engines:
+        with pytest.raises(EngineError, match="malformed") as e:
+            await engines.generate([1], {})
+    assert not isinstance(e.value, EngineUnavailable | EngineRejected)
+
+
+async def test_a_rollout_sticks_to_its_replica(stand_ins: list[tuple[str, StandIn]]) -> None:
+    urls = [u for u, _ in stand_ins]
+    async with client(urls) as engines:
+        homes = {}
+        for i in range(20):
+            for _ in range(3):
+                g = await engines.generate([1], {}, rollout_id=f"rollout-{i}")
+                assert homes.setdefault(i, g.replica) == g.replica
+    assert len(set(homes.values())) == 3  # rollouts spread over the replicas
+
+
+async def test_failover_goes_to_the_least_loaded_replica_that_is_up(stand_ins: list[tuple[str, StandIn]]) -> None:
+    urls = [u for u, _ in stand_ins]
+    (_, a), (_, b), (url_c, _) = stand_ins
+    at_a, at_b = rollout_homed_at(0, 3), rollout_homed_at(1, 3)
+    a.script = [(500, "boom", 0.0)]
+    b.script = [(200, None, 0.5)]
+    async with client(urls, attempts=2, down_s=60) as engines:
+        slow = asyncio.create_task(engines.generate([1], {}, rollout_id=at_b))
+        while not b.requests:
+            await asyncio.sleep(0.01)
+        g = await engines.generate([1], {}, rollout_id=at_a)  # A fails; B is busy; C is idle
+        assert g.replica == url_c and a.paths() == ["/generate"]
+        g = await engines.generate([1], {}, rollout_id=at_a)  # A is still marked down
+        assert g.replica != urls[0] and a.paths() == ["/generate"]
+        await slow
+        assert await engines.health() == dict.fromkeys(urls, True)  # the probe marks A up again
+        assert (await engines.generate([1], {}, rollout_id=at_a)).replica == urls[0]
+
+
+async def test_a_dead_replica_fails_over_and_shows_in_health(stand_ins: list[tuple[str, StandIn]]) -> None:
+    dead, (live, _) = dead_url(), stand_ins[0]
+    async with client([dead, live], attempts=2) as engines:
+        g = await engines.generate([1], {}, rollout_id=rollout_homed_at(0, 2))
+        assert g.replica == live
+        assert await engines.health() == {dead: False, live: True}
+
+
+async def test_a_single_dead_replica_is_unavailable_after_all_attempts() -> None:
+    async with client([dead_url()], attempts=3) as engines:
+        with pytest.raises(EngineUnavailable, match="after 3 attempts") as e:
+            await engines.generate([1], {})
+    assert isinstance(e.value.__cause__, aiohttp.ClientConnectionError)
+
+
+async def test_memory_and_weight_commands_go_to_every_replica(stand_ins: list[tuple[str, StandIn]]) -> None:
+    urls = [u for u, _ in stand_ins]
+    async with client(urls) as engines:
+        await engines.release_memory()
+        await engines.resume_memory()
+        await engines.update_weights_from_disk("/ckpt/step_3", 3)
+        await engines.flush_cache()
+    for _, s in stand_ins:
+        assert s.paths() == [
+            "/release_memory_occupation",
+            "/resume_memory_occupation",
+            "/update_weights_from_disk",
+            "/flush_cache",
+        ]
+        assert s.requests[2][2] == {"model_path": "/ckpt/step_3", "weight_version": "3"}
+
+
+async def test_a_failed_command_on_one_replica_raises(stand_ins: list[tuple[str, StandIn]]) -> None:
+    urls = [u for u, _ in stand_ins]
+    stand_ins[1][1].script = [(400, {"success": False, "message": "no such folder"}, 0.0)]
+    async with client(urls) as engines:
+        with pytest.raises(EngineRejected, match="no such folder"):
+            await engines.update_weights_from_disk("/nowhere", 1)
+    assert all(s.paths() == ["/update_weights_from_disk"] for _, s in stand_ins)
+
+
+async def test_model_info_fails_over(stand_ins: list[tuple[str, StandIn]]) -> None:
+    (url, s) = stand_ins[0]
+    s.script = [(200, {"model_path": "/m", "tokenizer_path": "/t", "weight_version": "2"}, 0.0)]
+    async with client([dead_url(), url], attempts=2) as engines:
+        info = await engines.model_info()
+    assert info["tokenizer_path"] == "/t"
