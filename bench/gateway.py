@@ -1,0 +1,249 @@
+"""Gateway overhead: added latency per call, sustained recorded calls/s, and memory.
+
+An engine stand-in (its own process) answers `/generate` at once with a fixed 64-token reply,
+so what is measured is the gateway's own cost: auth, template rendering and tokenization of a
+2,048-token prompt, the engine round trip, recording the call (committed before the reply) and
+formatting the reply. The baseline, in the same run, is calling the stand-in directly with the
+same token IDs. Then 64 concurrent clients for sustained calls/s, then 1,000 open rollouts with
+32k-token contexts for the gateway's RSS. Last line:
+`gateway_p50_overhead_ms=A gateway_calls_per_s=B gateway_rss_mb=C`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+
+REPLY = list(range(100, 164))
+ADMIN = "bench-admin"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def stand_in(port: int, tokenizer: str) -> None:
+    """The engine stand-in: sglang's /generate shape, answered instantly."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    reply = {
+        "output_ids": REPLY,
+        "meta_info": {
+            "output_token_logprobs": [[-0.5, t, None] for t in REPLY],
+            "finish_reason": {"type": "length"},
+            "weight_version": "0",
+            "prompt_tokens": 0,
+        },
+    }
+
+    @app.post("/generate")
+    async def generate() -> dict:
+        return reply
+
+    @app.get("/model_info")
+    async def model_info() -> dict:
+        return {"model_path": tokenizer, "tokenizer_path": tokenizer, "max_context_length": 65_536}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait(url: str) -> None:
+    for _ in range(600):
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def words(n_tokens: int, tok: object, salt: str) -> str:
+    """Text that the tokenizer turns into about `n_tokens` tokens."""
+    base = f"{salt} the quick brown fox jumps over the lazy dog; print(x + 1) # comment\n"
+    per = len(tok.encode(base, add_special_tokens=False))  # type: ignore[attr-defined]
+    return base * max(1, n_tokens // per)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def post(client: aiohttp.ClientSession, url: str, body: dict, headers: dict) -> dict:
+    async with client.post(url, json=body, headers=headers) as r:
+        r.raise_for_status()
+        return await r.json()
+
+
+class Conversation:
+    """An agent-like harness: a ~1,700-token system prompt and task, then turns of (reply, tool
+    output), re-sending the whole conversation each call as harnesses do; after six turns
+    (~2,400 tokens) it starts over in a new rollout. Prompts average about 2,048 tokens."""
+
+    def __init__(self, client: aiohttp.ClientSession, gateway: str, tok: object, salt: str) -> None:
+        self.client, self.gateway, self.tok, self.salt = client, gateway, tok, salt
+        self.turns = 0
+        self.messages: list[dict] = []
+        self.headers: dict[str, str] = {}
+
+    async def call(self) -> tuple[float, int]:
+        if not self.messages or self.turns == 6:
+            r = await post(self.client, self.gateway + "/api/rollouts", {"group": "bench"}, ADMIN_HEADERS)
+            self.headers = {"Authorization": f"Bearer {r['agent_token']}"}
+            self.messages = [
+                {"role": "system", "content": words(1_650, self.tok, self.salt)},
+                {"role": "user", "content": "Fix the failing test in the repository."},
+            ]
+            self.turns = 0
+        body = {"model": "bench", "messages": self.messages, "max_tokens": 64}
+        t0 = time.perf_counter()
+        reply = await post(self.client, self.gateway + "/v1/chat/completions", body, self.headers)
+        elapsed = time.perf_counter() - t0
+        self.messages.append(reply["choices"][0]["message"])
+        self.messages.append({"role": "user", "content": words(50, self.tok, f"output {self.turns}")})
+        self.turns += 1
+        return elapsed, reply["usage"]["prompt_tokens"]
+
+
+async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: int, rollouts: int) -> dict:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as client:
+        convo = Conversation(client, gateway, tok, "latency")
+        for _ in range(12):  # warm up
+            await convo.call()
+        direct, through, sizes = [], [], []
+        for _ in range(calls):
+            elapsed, prompt_tokens = await convo.call()
+            through.append(elapsed)
+            sizes.append(prompt_tokens)
+            body = {"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 64}}
+            t0 = time.perf_counter()
+            await post(client, engine + "/generate", body | {"return_logprob": True}, {})
+            direct.append(time.perf_counter() - t0)
+        q = statistics.quantiles
+        out = {
+            "prompt_tokens": statistics.mean(sizes),
+            "direct_p50_ms": statistics.median(direct) * 1e3,
+            "gateway_p50_ms": statistics.median(through) * 1e3,
+            "direct_p99_ms": q(direct, n=100)[98] * 1e3,
+            "gateway_p99_ms": q(through, n=100)[98] * 1e3,
+        }
+
+        convos = [Conversation(client, gateway, tok, f"client {i}") for i in range(concurrent)]
+        per_client = max(1, calls // 4)
+
+        async def client_loop(c: Conversation) -> None:
+            for _ in range(per_client):
+                await c.call()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(c) for c in convos))
+        out["calls_per_s"] = concurrent * per_client / (time.perf_counter() - t0)
+
+        big = words(32_000, tok, "memory")
+        sem = asyncio.Semaphore(4)
+
+        async def open_rollout(i: int) -> None:
+            async with sem:
+                r = await post(client, gateway + "/api/rollouts", {"group": "memory"}, ADMIN_HEADERS)
+                body = {"model": "bench", "messages": [{"role": "user", "content": f"{i} {big}"}], "max_tokens": 64}
+                headers = {"Authorization": f"Bearer {r['agent_token']}"}
+                await post(client, gateway + "/v1/chat/completions", body, headers)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(open_rollout(i) for i in range(rollouts)))
+        out["open_rollouts_s"] = time.perf_counter() - t0
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=300, help="sequential calls per path for latency")
+    parser.add_argument("--concurrent", type=int, default=64)
+    parser.add_argument("--rollouts", type=int, default=1000, help="open rollouts of 32k tokens for RSS")
+    parser.add_argument("--stand-in", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.stand_in:
+        return stand_in(args.stand_in, args.tokenizer)
+
+    from transformers import AutoTokenizer
+
+    from gateway.embedded import models
+
+    tokenizer = str(
+        models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())
+    )
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    engine_port, gateway_port = free_port(), free_port()
+    env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port), "--tokenizer", tokenizer],
+                env=env,
+            ),
+        ]
+        engine = f"http://127.0.0.1:{engine_port}"
+        gateway = f"http://127.0.0.1:{gateway_port}"
+        try:
+            wait(engine + "/model_info")
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "agl.cli",
+                        "gateway",
+                        "--engine-url",
+                        engine,
+                        "--port",
+                        str(gateway_port),
+                        "--admin-key",
+                        ADMIN,
+                        "--db",
+                        f"sqlite:///{tmp}/bench.db",
+                    ],
+                    env=env,
+                )
+            )
+            wait(gateway + "/healthz")
+            out = asyncio.run(run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts))
+            out["gateway_rss_mb"] = rss_mb(procs[1].pid)
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait()
+    overhead = out["gateway_p50_ms"] - out["direct_p50_ms"]
+    print(f"prompts: {out['prompt_tokens']:.0f} tokens on average (multi-turn, prefix-preserving); reply: 64 tokens")
+    print(f"direct to the stand-in: p50 {out['direct_p50_ms']:.2f} ms, p99 {out['direct_p99_ms']:.2f} ms")
+    print(f"through the gateway:    p50 {out['gateway_p50_ms']:.2f} ms, p99 {out['gateway_p99_ms']:.2f} ms")
+    print(f"added latency: p50 {overhead:.2f} ms, p99 {out['gateway_p99_ms'] - out['direct_p99_ms']:.2f} ms")
+    print(f"sustained with {args.concurrent} clients: {out['calls_per_s']:.0f} recorded calls/s")
+    opened, rss = out["open_rollouts_s"], out["gateway_rss_mb"]
+    print(f"{args.rollouts} open rollouts of 32k tokens opened in {opened:.1f} s; peak RSS {rss:.0f} MiB")
+    print(
+        f"gateway_p50_overhead_ms={overhead:.2f} gateway_calls_per_s={out['calls_per_s']:.0f} gateway_rss_mb={rss:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,562 @@
+"""`agl gateway`: the HTTP face of the gateway (FastAPI), for harnesses and for the admin API.
+
+Owns: authentication (a rollout's agent token as `Authorization: Bearer`, `x-api-key` or the
+`/r/{token}` path prefix; the grader token; the admin key on `/api`), the routes of DESIGN.md
+section 3 and issue #4, the request size limit, and the mapping of every error to a status
+code in the caller's wire format (Anthropic's on `/v1/messages`, OpenAI's elsewhere), never a
+500 for bad input. A call with bad input leaves only an error event on its rollout.
+
+It does not sample or record (`gateway/proxy.py`), parse wire formats (`gateway/wire.py`) or
+render templates (`gateway/render.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import uvicorn
+import uvloop
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.requests import ClientDisconnect
+
+from agl.store import IllegalTransition, InvalidData, NotFound, Store, StoreError, hash_token
+from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
+from gateway import wire
+from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable
+from gateway.proxy import ContextOverflow, HeldTooLong, Proxy
+from gateway.render import Renderer, RenderError
+
+log = logging.getLogger(__name__)
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+
+
+class GatewaySettings(BaseSettings):
+    """The gateway (`AGL_GATEWAY_*`); command-line flags override them."""
+
+    model_config = SettingsConfigDict(env_prefix="AGL_GATEWAY_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Interface to listen on. Loopback by default: expose it on purpose.")
+    port: int = Field(8000, description="TCP port.")
+    admin_key: str = Field("", description="Key for /api (required). Harness tokens never reach /api's admin routes.")
+    engine_urls: list[str] = Field(["http://127.0.0.1:30000"], description="Engine replicas (sglang or agl engine).")
+    tokenizer: str = Field("", description="Tokenizer folder; default: the engine's /model_info tokenizer_path.")
+    public_url: str = Field("", description="URL harnesses reach the gateway at; default http://host:port.")
+    max_body_bytes: int = Field(32 * 2**20, description="Largest request body (bytes). 32 MiB fits any real context.")
+    max_hold_s: float = Field(600.0, description="Longest a call waits during a pause before a 503 (seconds).")
+    context_length: int = Field(0, description="Context window (tokens); 0: the engine's max_context_length.")
+    default_max_tokens: int = Field(4096, description="Completion budget when a request gives none (tokens).")
+    prefix_preserving: bool = Field(True, description="Reuse sampled IDs of earlier replies (DESIGN.md section 4).")
+    tool_parser: str = Field("hermes", description="Tool-call format of the model family (gateway/render.py).")
+
+
+class AuthError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Admission:
+    """ASGI middleware: moves `/r/{token}/...` tokens into the scope and enforces the body limit."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app, self.max_body_bytes = app, max_body_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path: str = scope["path"]
+        if path.startswith("/r/"):
+            _, _, token, rest = path.split("/", 3) if path.count("/") >= 3 else (*path.split("/"), "")
+            scope = scope | {"path": "/" + rest, "raw_path": ("/" + rest).encode(), "agl_path_token": token}
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            return await _too_large(scope, send, self.max_body_bytes)
+        seen = 0
+
+        async def limited() -> Any:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _BodyTooLarge:
+            await _too_large(scope, send, self.max_body_bytes)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(scope: dict[str, Any], send: Any, limit: int) -> None:
+    message = f"request body is larger than the limit of {limit} bytes"
+    body = _error_body(
+        scope["path"], message, "request_too_large" if "/messages" in scope["path"] else "invalid_request_error"
+    )
+    response = JSONResponse(body, status_code=413)
+    await response({"type": "http"}, None, send)  # type: ignore[arg-type]
+
+
+def _error_body(path: str, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSON:
+    if path.endswith("/v1/messages") or path == "/v1/messages":
+        return wire.anthropic_error(message, kind)
+    return wire.openai_error(message, kind, code)
+
+
+def _jsonable(record: Any) -> JSON:
+    out = dataclasses.asdict(record)
+    for key in ("prompt_ids", "response_ids", "logprobs"):
+        if key in out:
+            out[key] = out[key].tolist()
+    return out
+
+
+class RolloutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: JSON = Field(default_factory=dict)
+    group: str = Field(min_length=1, max_length=255)
+    mode: Mode = Mode.TRAIN
+    grader: Any = None
+    metadata: JSON = Field(default_factory=dict)
+
+
+class StatusIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: Status
+    failure_kind: str | None = None
+    reason: str = ""
+    attempt: int | None = None
+
+
+class RewardIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reward: float = Field(allow_inf_nan=False)
+    final: bool = True
+    call_seq: int | None = None
+    source: str = ""
+
+
+class EventIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str = Field(min_length=1, max_length=32)
+    data: JSON = Field(default_factory=dict)
+
+
+class ModelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    path: str = ""
+    endpoints: list[str] = Field(default_factory=list)
+    metadata: JSON = Field(default_factory=dict)
+
+
+class ResumeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int | None = Field(None, ge=0)
+
+
+def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI:
+    """The gateway's ASGI app over an open store and a ready proxy."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await proxy.engines.aclose()
+
+    app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
+    aio = store.aio
+
+    # ------------------------------------------------------------------ auth
+
+    def presented(request: Request) -> str:
+        token = request.scope.get("agl_path_token") or request.headers.get("x-api-key", "")
+        auth = request.headers.get("authorization", "")
+        if not token and auth.lower().startswith("bearer "):
+            token = auth[7:].strip()
+        return str(token)
+
+    def is_admin(request: Request) -> bool:
+        return bool(settings.admin_key) and hmac.compare_digest(presented(request), settings.admin_key)
+
+    tokens: OrderedDict[str, tuple[Rollout, str]] = OrderedDict()  # token hash -> (rollout, role)
+    hashes: dict[str, set[str]] = {}  # rollout id -> its cached token hashes
+
+    async def lookup(token: str) -> tuple[Rollout, str] | None:
+        """The rollout and role of a token. Cached: this gateway is the store's only writer, and
+        it drops a rollout's entries whenever it changes that rollout's status."""
+        digest = hash_token(token)
+        if digest in tokens:
+            return tokens[digest]
+        found = await aio.read(store.rollout_for_token, token)
+        if found is not None:
+            tokens[digest] = found
+            hashes.setdefault(found[0].id, set()).add(digest)
+            while len(tokens) > 100_000:
+                old, (rollout, _) = tokens.popitem(last=False)
+                hashes.get(rollout.id, set()).discard(old)
+        return found
+
+    def changed(rollout_id: str) -> None:
+        for digest in hashes.pop(rollout_id, ()):
+            tokens.pop(digest, None)
+
+    async def harness(request: Request) -> Rollout:
+        token = presented(request)
+        if not token:
+            raise AuthError(401, "missing API key: use the rollout's agent token")
+        found = await lookup(token)
+        if found is None:
+            raise AuthError(401, "invalid API key")
+        rollout, role = found
+        request.state.rollout = rollout
+        if role != "agent":
+            raise AuthError(403, "the grader token cannot call the model")
+        if rollout.status.terminal:
+            raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})")
+        if rollout.status is Status.QUEUED:
+            changed(rollout.id)
+            try:
+                rollout = await aio.transition(rollout.id, Status.RUNNING, reason="first model call")
+            except IllegalTransition:
+                rollout = await aio.read(store.get_rollout, rollout.id)
+        return rollout
+
+    def admin(request: Request) -> None:
+        if not is_admin(request):
+            raise AuthError(401 if not presented(request) else 403, "the admin key is required")
+
+    async def scoped(request: Request, rollout_id: str, *, reward: bool = False) -> Rollout:
+        """The admin, or a token of this very rollout (for rewards: the grader's, or the agent's
+        when the rollout has no grader)."""
+        if is_admin(request):
+            return await aio.read(store.get_rollout, rollout_id)
+        found = await lookup(presented(request)) if presented(request) else None
+        if found is None:
+            raise AuthError(401, "the admin key or this rollout's token is required")
+        rollout, role = found
+        if rollout.id != rollout_id:
+            raise AuthError(403, "this token belongs to another rollout")
+        if reward and role == "agent" and rollout.has_grader:
+            raise AuthError(403, "this rollout has a grader: only the grader token may post its reward")
+        if rollout.status.terminal:
+            raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})")
+        return rollout
+
+    async def body(request: Request, schema: type[Any]) -> Any:
+        try:
+            raw = await request.json()
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RenderError(f"the request body is not valid JSON: {e}") from e
+        if not isinstance(raw, dict):
+            raise RenderError("the request body must be a JSON object")
+        request.state.body = raw
+        return schema.model_validate(raw)
+
+    # ------------------------------------------------------------------ errors
+
+    async def reply_error(request: Request, status: int, message: str, kind: str, code: str | None = None) -> Response:
+        rollout = getattr(request.state, "rollout", None)
+        if rollout is not None and request.url.path.startswith("/v1"):
+            try:
+                await aio.append_event(rollout.id, "error", {"status": status, "message": message[:2000]})
+            except StoreError:
+                log.warning("rollout_id=%s: could not record an error event", rollout.id)
+        headers = {"Retry-After": "5"} if status == 503 else None
+        return JSONResponse(_error_body(request.url.path, message, kind, code), status_code=status, headers=headers)
+
+    async def on_error(request: Request, e: Exception) -> Response:
+        if isinstance(e, AuthError):
+            kind = "authentication_error" if e.status == 401 else "permission_error"
+            return await reply_error(request, e.status, str(e), kind)
+        if isinstance(e, ContextOverflow):
+            return await reply_error(request, 400, str(e), "invalid_request_error", "context_length_exceeded")
+        if isinstance(e, RenderError | InvalidData | IllegalTransition) or (
+            isinstance(e, EngineRejected) and e.status < 500
+        ):
+            status = 409 if isinstance(e, IllegalTransition) else 400
+            return await reply_error(request, status, str(e), "invalid_request_error")
+        if isinstance(e, ValidationError):
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors())
+            return await reply_error(request, 400, f"invalid request: {problems}", "invalid_request_error")
+        if isinstance(e, NotFound):
+            return await reply_error(request, 404, str(e), "not_found_error")
+        if isinstance(e, HeldTooLong | EngineUnavailable):
+            return await reply_error(
+                request, 503, str(e), "overloaded_error" if "messages" in request.url.path else "server_error"
+            )
+        if isinstance(e, EngineError | StoreError):
+            log.error("request %s failed: %s", request.url.path, e)
+            return await reply_error(request, 502, f"upstream failure: {e}", "api_error")
+        if isinstance(e, ClientDisconnect):
+            return Response(status_code=499)  # nobody is listening; nothing was recorded
+        log.exception("unexpected error on %s", request.url.path)
+        return await reply_error(request, 500, "internal error", "api_error")
+
+    for expected in (AuthError, RenderError, StoreError, EngineError, HeldTooLong, ValidationError, Exception):
+        app.add_exception_handler(expected, on_error)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, e: RequestValidationError) -> Response:
+        return await reply_error(request, 400, f"invalid request: {e.errors()}", "invalid_request_error")
+
+    # ------------------------------------------------------------------ harness-facing
+
+    def agent_of(request: Request, model: str) -> str:
+        return request.headers.get("x-agl-agent") or model or "default"
+
+    def stream(chunks: Iterator[str]) -> StreamingResponse:
+        return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        rollout = await harness(request)
+        req = await body(request, wire.ChatRequest)
+        messages, tools, params = req.parse()
+        agent = agent_of(request, req.model)
+        completions = await proxy.chat(rollout, agent, "chat", messages, tools, params, req.n, request.state.body)
+        response = wire.chat_response(completions, req.model, req.logprobs)
+        if req.stream:
+            return stream(wire.chat_stream(response, bool((req.stream_options or {}).get("include_usage"))))
+        return response
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        rollout = await harness(request)
+        req = await body(request, wire.CompletionRequest)
+        ids = proxy.renderer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        agent = agent_of(request, req.model)
+        done = await proxy.complete(rollout, agent, ids, req.params(), req.n, request.state.body)
+        response = wire.completion_response(done, req.model)
+        return stream(wire.completion_stream(response)) if req.stream else response
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        rollout = await harness(request)
+        req = await body(request, wire.ResponsesRequest)
+        messages, tools, params = req.parse()
+        (done,) = await proxy.chat(
+            rollout, agent_of(request, req.model), "responses", messages, tools, params, 1, request.state.body
+        )
+        response = wire.responses_response(done, req.model)
+        return stream(wire.responses_stream(response)) if req.stream else response
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        rollout = await harness(request)
+        req = await body(request, wire.AnthropicRequest)
+        msgs, tools, params = req.parse()
+        (done,) = await proxy.chat(
+            rollout, agent_of(request, req.model), "messages", msgs, tools, params, 1, request.state.body
+        )
+        response = wire.anthropic_response(done, req.model)
+        return stream(wire.anthropic_stream(response)) if req.stream else response
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Any:
+        await harness(request)
+        return {"object": "list", "data": [{"id": "agl", "object": "model", "created": 0, "owned_by": "agl"}]}
+
+    # ------------------------------------------------------------------ admin API
+
+    @app.post("/api/rollouts")
+    async def create_rollout(request: Request) -> Any:
+        admin(request)
+        req = await body(request, RolloutIn)
+        metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
+        created = await aio.create_rollout(req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata)
+        public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+        out = {
+            "id": created.rollout.id,
+            "agent_token": created.agent_token,
+            "base_url": public + "/v1",
+            "anthropic_base_url": public,
+        }
+        if created.grader_token:
+            out["grader_token"] = created.grader_token
+        return out
+
+    @app.get("/api/rollouts")
+    async def list_rollouts(
+        request: Request,
+        status: Status | None = None,
+        group: str | None = None,
+        after: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> Any:
+        admin(request)
+        limit = max(1, min(limit, 10_000))
+        if after is not None:
+            found = await aio.read(store.terminal_after, after, limit)
+        else:
+            found = await aio.read(store.list_rollouts, status=status, group=group, limit=limit, offset=offset)
+        return [_jsonable(r) for r in found]
+
+    @app.get("/api/rollouts/{rollout_id}")
+    async def get_rollout(request: Request, rollout_id: str) -> Any:
+        return _jsonable(await scoped(request, rollout_id))
+
+    @app.get("/api/rollouts/{rollout_id}/calls")
+    async def get_calls(request: Request, rollout_id: str, all_attempts: bool = False) -> Any:
+        await scoped(request, rollout_id)
+        found: dict[str, list[Call]] = await aio.read(store.calls_for, [rollout_id], all_attempts=all_attempts)
+        return [_jsonable(c) for c in found[rollout_id]]
+
+    @app.get("/api/rollouts/{rollout_id}/events")
+    async def get_events(request: Request, rollout_id: str, after: int = 0) -> Any:
+        await scoped(request, rollout_id)
+        found: list[Event] = await aio.read(store.events, rollout_id, after=after)
+        return [_jsonable(e) for e in found]
+
+    @app.post("/api/rollouts/{rollout_id}/events")
+    async def post_event(request: Request, rollout_id: str) -> Any:
+        await scoped(request, rollout_id)
+        req = await body(request, EventIn)
+        return _jsonable(await aio.append_event(rollout_id, req.kind, req.data))
+
+    @app.post("/api/rollouts/{rollout_id}/reward")
+    async def post_reward(request: Request, rollout_id: str) -> Any:
+        await scoped(request, rollout_id, reward=True)
+        req = await body(request, RewardIn)
+        source = req.source or ("admin" if is_admin(request) else "rollout token")
+        event = await aio.set_reward(rollout_id, req.reward, source=source, final=req.final, call_seq=req.call_seq)
+        return _jsonable(event)
+
+    @app.post("/api/rollouts/{rollout_id}/status")
+    async def post_status(request: Request, rollout_id: str) -> Any:
+        admin(request)
+        req = await body(request, StatusIn)
+        changed(rollout_id)
+        rollout = await aio.transition(
+            rollout_id, req.status, failure_kind=req.failure_kind, reason=req.reason, attempt=req.attempt
+        )
+        changed(rollout_id)
+        if rollout.status.terminal or rollout.status is Status.QUEUED:
+            proxy.renderer.forget(rollout_id)
+        return _jsonable(rollout)
+
+    @app.post("/api/models")
+    async def register_model(request: Request) -> Any:
+        admin(request)
+        req = await body(request, ModelIn)
+        return _jsonable(await aio.register_model(ModelVersion(req.version, req.path, req.endpoints, req.metadata)))
+
+    @app.post("/api/pause")
+    async def pause(request: Request) -> Any:
+        admin(request)
+        drained_s = await proxy.pause()
+        return {"drained_s": round(drained_s, 4)} | proxy.state()
+
+    @app.post("/api/resume")
+    async def resume(request: Request) -> Any:
+        admin(request)
+        req = await body(request, ResumeIn) if await request.body() else ResumeIn()
+        proxy.resume(req.version)
+        return proxy.state()
+
+    @app.get("/api/state")
+    async def state(request: Request) -> Any:
+        admin(request)
+        latest = await aio.read(store.latest_model)
+        return proxy.state() | {"latest_model": _jsonable(latest) if latest else None}
+
+    @app.get("/healthz")
+    async def healthz() -> Any:
+        return {"ok": True} | proxy.state()
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        for status, count in (await aio.read(store.status_counts)).items():
+            proxy.metrics.rollouts.labels(status).set(count)
+        return Response(generate_latest(proxy.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+async def engine_info(engines: EngineClient, wait_s: float = 600) -> JSON:
+    """The engine's /model_info, waiting for it to come up."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while True:
+        try:
+            return await engines.model_info()
+        except EngineError as e:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            log.info("waiting for the engine: %s", e)
+            await asyncio.sleep(1)
+
+
+def make_app(
+    settings: GatewaySettings, store: Store, engines: EngineClient, info: JSON, tokenizer: Any = None
+) -> ASGIApp:
+    """The gateway over an open store and engine client, given the engine's /model_info."""
+    tokenizer = tokenizer or load_tokenizer(settings.tokenizer or info["tokenizer_path"])
+    latest = store.latest_model()
+    proxy = Proxy(
+        store.aio,
+        engines,
+        Renderer(tokenizer, tool_parser=settings.tool_parser),
+        context_length=settings.context_length or int(info.get("max_context_length", 32768)),
+        default_max_tokens=settings.default_max_tokens,
+        max_hold_s=settings.max_hold_s,
+        prefix_preserving=settings.prefix_preserving,
+        version=latest.version if latest else 0,
+    )
+    return _Admission(create_app(settings, store, proxy), settings.max_body_bytes)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agl gateway", description=__doc__.split("\n")[0])
+    parser.add_argument("--engine-url", help="engine replica URLs, comma-separated")
+    parser.add_argument("--db", help="store URL (default: AGL_STORE_URL or sqlite:///agl.db)")
+    parser.add_argument("--host")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--admin-key")
+    parser.add_argument("--tokenizer")
+    parser.add_argument("--public-url")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if v is not None and k not in ("engine_url", "db")}
+    if args.engine_url:
+        overrides["engine_urls"] = [u.strip() for u in args.engine_url.split(",") if u.strip()]
+    settings = GatewaySettings(**overrides)
+    if not settings.admin_key:
+        parser.error("an admin key is required: --admin-key or AGL_GATEWAY_ADMIN_KEY")
+    store = Store(args.db)
+
+    async def serve() -> None:
+        async with EngineClient(settings.engine_urls) as engines:
+            app = make_app(settings, store, engines, await engine_info(engines))
+            config = uvicorn.Config(
+                app, host=settings.host, port=settings.port, log_level="warning", timeout_keep_alive=120
+            )
+            log.info("gateway on http://%s:%d, engines %s", settings.host, settings.port, settings.engine_urls)
+            await uvicorn.Server(config).serve()
+
+    try:
+        uvloop.run(serve())
+    finally:
+        store.close()
+    return 0

@@ -1,0 +1,54 @@
+"""A real stack on 127.0.0.1 for gateway tests: embedded engine (tiny model), store, gateway.
+
+The engine runs the tiny random model, optionally in scripted mode (completion texts given in
+order, with the model's real teacher-forced logprobs), which is what lets real harnesses reach
+a deterministic end. Everything is real: uvicorn servers, HTTP, SQLite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from agl.store import Store
+from gateway.app import GatewaySettings, make_app
+from gateway.embedded.batcher import Engine
+from gateway.embedded.server import create_app as engine_app
+from gateway.engines import EngineClient
+from tests.gateway.conftest import serve
+
+ADMIN = "admin-secret"
+
+
+@dataclass
+class Stack:
+    url: str  # the gateway
+    engine_url: str
+    engine: Engine
+    store: Store
+    admin: httpx.Client
+
+    def rollout(self, group: str = "g", **body: object) -> dict:
+        reply = self.admin.post("/api/rollouts", json={"task": {"q": 1}, "group": group, **body})
+        reply.raise_for_status()
+        return reply.json()
+
+
+@contextmanager
+def stack(model: Path, tmp: Path, script: list[str] | None = None, **settings: object) -> Iterator[Stack]:
+    with ExitStack() as stack:
+        engine = Engine(model, script=script)
+        stack.callback(engine.close)
+        engine_url = stack.enter_context(serve(engine_app(engine)))
+        store = stack.enter_context(Store(f"sqlite:///{tmp / 'gateway.db'}"))
+        info = httpx.get(engine_url + "/model_info").json()
+        cfg = GatewaySettings(admin_key=ADMIN, engine_urls=[engine_url], **settings)  # type: ignore[arg-type]
+        app = make_app(cfg, store, EngineClient([engine_url], attempts=2, backoff_s=0.05), info)
+        url = stack.enter_context(serve(app))
+        cfg.public_url = url
+        admin = stack.enter_context(httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}))
+        yield Stack(url, engine_url, engine, store, admin)

@@ -1,0 +1,411 @@
+"""The gateway end to end with real clients: openai, litellm, anthropic SDKs against a real
+gateway, store and embedded engine (tiny model) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+import torch
+
+from agl.types import Status
+from tests.gateway.stack import ADMIN, Stack, stack
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "run a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    },
+}
+CALL_TEXT = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call>'
+
+
+@pytest.fixture
+def free(tiny_path: Path, tmp_path: Path):
+    """The tiny model sampling freely."""
+    with stack(tiny_path, tmp_path) as s:
+        yield s
+
+
+def scripted(tiny_path: Path, tmp_path: Path, texts: list[str], **settings: object):
+    return stack(tiny_path, tmp_path, script=texts, **settings)
+
+
+def decoded(s: Stack, ids: list[int]) -> str:
+    return s.engine.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def check_fidelity(s: Stack, rollout_id: str) -> list[dict]:
+    """Every recorded call: as many logprobs as response IDs, and they are the model's own
+    (teacher-forced) log-probabilities of those IDs at temperature 1."""
+    calls = s.admin.get(f"/api/rollouts/{rollout_id}/calls").json()
+    model = s.engine.model
+    for call in calls:
+        prompt, response, logprobs = call["prompt_ids"], call["response_ids"], call["logprobs"]
+        assert len(response) == len(logprobs) > 0
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + response])).logits[0].float()
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(1, torch.tensor(response)[:, None])[:, 0]
+        assert torch.allclose(expected, torch.tensor(logprobs), atol=1e-4), call["seq"]
+    return calls
+
+
+# ------------------------------------------------------------------ OpenAI SDK
+
+
+def test_openai_sync_records_exact_tokens(free: Stack):
+    r = free.rollout()
+    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+    out = client.chat.completions.create(
+        model="solver", messages=[{"role": "user", "content": "hello"}], max_tokens=12, temperature=1.0
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")
+    assert out.usage is not None and out.usage.completion_tokens > 0
+    (call,) = check_fidelity(free, r["id"])
+    assert call["agent"] == "solver" and call["request"]["messages"][0]["content"] == "hello"
+    assert decoded(free, call["response_ids"]).startswith(out.choices[0].message.content or "")
+    rollout = free.admin.get(f"/api/rollouts/{r['id']}").json()
+    assert rollout["status"] == "running"  # the first call started it
+
+
+def test_openai_async_concurrent_and_n(free: Stack):
+    r = free.rollout()
+
+    async def main() -> list:
+        client = openai.AsyncOpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        jobs = [
+            client.chat.completions.create(
+                model="a", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=8, n=2, seed=i
+            )
+            for i in range(4)
+        ]
+        try:
+            return await asyncio.gather(*jobs)
+        finally:
+            await client.close()
+
+    outs = asyncio.run(main())
+    assert all(len(o.choices) == 2 for o in outs)
+    calls = check_fidelity(free, r["id"])
+    assert len(calls) == 8  # each choice is one recorded call
+    assert sorted(c["seq"] for c in calls) == list(range(8))
+
+
+def test_openai_streaming_tool_call_round_trip(tiny_path: Path, tmp_path: Path):
+    with scripted(tiny_path, tmp_path, [CALL_TEXT, "All done."]) as s:
+        r = s.rollout()
+        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        messages: list = [{"role": "system", "content": "You run commands."}, {"role": "user", "content": "list"}]
+        chunks = list(
+            client.chat.completions.create(
+                model="m",
+                messages=messages,
+                tools=[TOOL],
+                stream=True,
+                stream_options={"include_usage": True},
+                max_tokens=64,
+            )
+        )
+        calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("bash", {"cmd": "ls -la"})]
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        assert finish == ["tool_calls"]
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": calls[0].id,
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": calls[0].function.arguments},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "file.txt"})
+        out = client.chat.completions.create(model="m", messages=messages, tools=[TOOL], max_tokens=64)
+        assert out.choices[0].message.content == "All done."
+        first, second = check_fidelity(s, r["id"])
+        assert decoded(s, first["response_ids"]).startswith(CALL_TEXT)
+        # prefix-preserving: the second prompt starts with the first prompt and its sampled reply
+        assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["response_ids"])] == (
+            first["prompt_ids"] + first["response_ids"]
+        )
+        assert 'agl_prefix_total{kind="extended"} 1.0' in s.admin.get("/metrics").text
+
+
+def test_litellm_openai_model(tiny_path: Path, tmp_path: Path):
+    import litellm
+
+    with scripted(tiny_path, tmp_path, ["four"]) as s:
+        r = s.rollout()
+        out = litellm.completion(
+            model="openai/solver",
+            api_base=r["base_url"],
+            api_key=r["agent_token"],
+            messages=[{"role": "user", "content": "2+2?"}],
+            max_tokens=16,
+        )
+        assert out.choices[0].message.content == "four"
+        (call,) = check_fidelity(s, r["id"])
+        assert call["agent"] == "solver"
+
+
+def test_responses_api(tiny_path: Path, tmp_path: Path):
+    with scripted(tiny_path, tmp_path, [CALL_TEXT, "Listed."]) as s:
+        r = s.rollout()
+        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        tool = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
+        first = client.responses.create(model="codex", instructions="be brief", input="list files", tools=[tool])
+        (fc,) = [item for item in first.output if item.type == "function_call"]
+        assert (fc.name, json.loads(fc.arguments)) == ("bash", {"cmd": "ls -la"})
+        events = list(
+            client.responses.create(
+                model="codex",
+                instructions="be brief",
+                input=[
+                    {"role": "user", "content": "list files"},
+                    {"type": "function_call", "call_id": fc.call_id, "name": "bash", "arguments": fc.arguments},
+                    {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt"},
+                ],
+                tools=[tool],
+                stream=True,
+            )
+        )
+        assert events[-1].type == "response.completed"
+        assert events[-1].response.output_text == "Listed."
+        assert len(check_fidelity(s, r["id"])) == 2
+
+
+# ------------------------------------------------------------------ Anthropic SDK
+
+
+def test_anthropic_tool_use_and_streaming(tiny_path: Path, tmp_path: Path):
+    with scripted(tiny_path, tmp_path, [CALL_TEXT, "Here they are."]) as s:
+        r = s.rollout()
+        client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+        tools = [{"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}]
+        first = client.messages.create(
+            model="claude",
+            max_tokens=64,
+            system="You run commands.",
+            tools=tools,
+            messages=[{"role": "user", "content": "list"}],
+        )
+        assert first.stop_reason == "tool_use"
+        (use,) = [b for b in first.content if b.type == "tool_use"]
+        assert (use.name, use.input) == ("bash", {"cmd": "ls -la"})
+        with client.messages.stream(
+            model="claude",
+            max_tokens=64,
+            system="You run commands.",
+            tools=tools,
+            messages=[
+                {"role": "user", "content": "list"},
+                {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}]},
+            ],
+        ) as stream:
+            text = "".join(stream.text_stream)
+            final = stream.get_final_message()
+        assert text == "Here they are." and final.stop_reason == "end_turn"
+        assert final.usage.output_tokens > 0
+        assert len(check_fidelity(s, r["id"])) == 2
+
+
+def test_anthropic_errors_are_in_anthropic_format(free: Stack):
+    r = free.rollout()
+    client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["type"] == "error"  # type: ignore[index]
+    raw = httpx.post(
+        free.url + "/v1/messages", headers={"x-api-key": r["agent_token"]}, json={"model": "c", "messages": []}
+    )
+    assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
+
+
+# ------------------------------------------------------------------ completions, models, path tokens
+
+
+def test_completions_with_text_and_token_prompts_and_path_token(free: Stack):
+    r = free.rollout()
+    base = f"{free.url}/r/{r['agent_token']}/v1"
+    client = openai.OpenAI(base_url=base, api_key="ignored-when-the-path-has-a-token")
+    text = client.completions.create(model="raw", prompt="Once upon", max_tokens=5)
+    ids = client.completions.create(model="raw", prompt=[1, 2, 3], max_tokens=5)
+    assert text.choices[0].finish_reason in ("stop", "length") and ids.usage.prompt_tokens == 3  # type: ignore[union-attr]
+    assert [m.id for m in client.models.list()] == ["agl"]
+    assert len(check_fidelity(free, r["id"])) == 2
+
+
+def test_context_overflow_is_context_length_exceeded(free: Stack):
+    r = free.rollout()
+    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=free.engine.max_context
+        )
+    assert e.value.code == "context_length_exceeded"
+    assert free.admin.get(f"/api/rollouts/{r['id']}/calls").json() == []
+    events = free.admin.get(f"/api/rollouts/{r['id']}/events").json()
+    assert events[-1]["kind"] == "error"
+
+
+def test_stop_strings_cut_the_recorded_tokens_too(tiny_path: Path, tmp_path: Path):
+    with scripted(tiny_path, tmp_path, ["alpha END beta gamma"]) as s:
+        r = s.rollout()
+        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stop=["END"])
+        assert out.choices[0].message.content == "alpha "
+        (call,) = check_fidelity(s, r["id"])
+        assert decoded(s, call["response_ids"]).startswith("alpha END")
+        assert "beta" not in decoded(s, call["response_ids"])
+
+
+# ------------------------------------------------------------------ pause and resume
+
+
+def test_pause_drains_and_no_call_crosses_a_version(free: Stack):
+    """50 calls in flight when the pause starts and 50 arriving during it: all succeed, pause
+    returns only when drained, and every call is recorded under exactly one version."""
+    rollouts = [free.rollout() for _ in range(10)]
+    results: list[object] = []
+    started = threading.Event()
+
+    async def harnesses(count: int, offset: int) -> None:
+        clients = [openai.AsyncOpenAI(base_url=r["base_url"], api_key=r["agent_token"]) for r in rollouts]
+
+        async def one(i: int) -> None:
+            c = clients[(i + offset) % len(clients)]
+            try:
+                await c.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": f"{i}"}], max_tokens=24
+                )
+                results.append("ok")
+            except Exception as e:  # noqa: BLE001 - counted below
+                results.append(e)
+
+        started.set()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        for c in clients:
+            await c.close()
+
+    first = threading.Thread(target=lambda: asyncio.run(harnesses(50, 0)))
+    first.start()
+    started.wait()
+    while free.admin.get("/api/state").json()["inflight"] < 5:
+        pass
+    started.clear()
+    second = threading.Thread(target=lambda: asyncio.run(harnesses(50, 3)))
+    pause = free.admin.post("/api/pause", timeout=120).json()
+    assert pause["paused"] and pause["inflight"] == 0
+    second.start()
+    started.wait()
+    recorded_at_pause = sum(len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) for r in rollouts)
+    while free.admin.get("/api/state").json()["waiting"] < 10:
+        pass
+    assert sum(len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) for r in rollouts) == recorded_at_pause
+    assert free.admin.post("/api/resume", json={"version": 1}).json()["version"] == 1
+    first.join()
+    second.join()
+    assert results.count("ok") == 100, [r for r in results if r != "ok"][:3]
+    calls = [c for r in rollouts for c in free.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
+    versions = sorted(c["model_version"] for c in calls)
+    assert len(calls) == 100 and versions.count(0) == recorded_at_pause and versions.count(1) == 100 - recorded_at_pause
+
+
+def test_pause_hold_limit_ends_in_503(tiny_path: Path, tmp_path: Path):
+    with stack(tiny_path, tmp_path, max_hold_s=0.3) as s:
+        r = s.rollout()
+        s.admin.post("/api/pause")
+        reply = httpx.post(
+            s.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {r['agent_token']}"},
+            json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3},
+        )
+        assert reply.status_code == 503 and reply.headers["retry-after"]
+        assert reply.json()["error"]["message"].startswith("the gateway has been paused")
+        s.admin.post("/api/resume", json={})
+
+
+# ------------------------------------------------------------------ auth and the admin API
+
+
+def test_tokens_are_scoped_to_their_rollout(free: Stack):
+    a, b = free.rollout(), free.rollout(grader={"cmd": "grade.sh"})
+    assert "grader_token" in b and "grader_token" not in a
+    agent_a = {"Authorization": f"Bearer {a['agent_token']}"}
+    agent_b = {"Authorization": f"Bearer {b['agent_token']}"}
+    grader_b = {"x-api-key": b["grader_token"]}
+    rejected = [
+        httpx.get(f"{free.url}/api/rollouts/{b['id']}/calls", headers=agent_a),
+        httpx.get(f"{free.url}/api/rollouts/{b['id']}/events", headers=agent_a),
+        httpx.post(f"{free.url}/api/rollouts/{b['id']}/events", headers=agent_a, json={"kind": "x"}),
+        httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_a, json={"reward": 1}),
+        httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_b, json={"reward": 1}),  # has a grader
+        httpx.post(f"{free.url}/api/rollouts/{a['id']}/status", headers=agent_a, json={"status": "succeeded"}),
+        httpx.get(f"{free.url}/api/rollouts", headers=agent_a),
+        httpx.post(f"{free.url}/api/pause", headers=agent_a),
+        httpx.post(
+            f"{free.url}/v1/chat/completions", headers=grader_b, json={"messages": [{"role": "user", "content": "x"}]}
+        ),
+    ]
+    assert [r.status_code for r in rejected] == [403] * 9
+    assert (
+        httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=grader_b, json={"reward": 0.5}).status_code
+        == 200
+    )
+    assert (
+        httpx.post(f"{free.url}/api/rollouts/{a['id']}/reward", headers=agent_a, json={"reward": 1}).status_code == 200
+    )
+    assert (
+        httpx.post(f"{free.url}/api/rollouts/{a['id']}/events", headers=agent_a, json={"kind": "step"}).status_code
+        == 200
+    )
+    assert free.admin.get(f"/api/rollouts/{b['id']}").json()["reward"] == 0.5
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"x-api-key": ADMIN + "x"}):
+        assert httpx.get(f"{free.url}/api/rollouts", headers=headers).status_code in (401, 403)
+        assert httpx.post(f"{free.url}/api/rollouts", headers=headers, json={"group": "g"}).status_code in (401, 403)
+
+
+def test_token_dies_with_its_rollout(free: Stack):
+    r = free.rollout()
+    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "succeeded"}).raise_for_status()
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) == 1
+
+
+def test_admin_api_lifecycle(free: Stack):
+    r = free.rollout(group="g7", mode="val", metadata={"k": 1})
+    got = free.admin.get(f"/api/rollouts/{r['id']}").json()
+    assert (got["group"], got["mode"], got["status"], got["metadata"]) == ("g7", "val", "queued", {"k": 1})
+    assert free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "running"}).json()["status"] == "running"
+    bad = free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "queued"})
+    assert bad.status_code == 409 and "infra" in bad.json()["error"]["message"]
+    free.admin.post(f"/api/rollouts/{r['id']}/reward", json={"reward": 1.0}).raise_for_status()
+    free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "succeeded"}).raise_for_status()
+    ended = free.admin.get("/api/rollouts", params={"after": 0}).json()
+    assert [x["id"] for x in ended] == [r["id"]] and ended[0]["reward"] == 1.0
+    assert [x["id"] for x in free.admin.get("/api/rollouts", params={"status": "succeeded"}).json()] == [r["id"]]
+    assert free.admin.post("/api/models", json={"version": 1, "path": "/ckpt/1"}).status_code == 200
+    assert free.admin.post("/api/models", json={"version": 1}).status_code == 400
+    assert free.admin.get("/api/state").json()["latest_model"]["version"] == 1
+    assert free.admin.get("/api/rollouts/missing").status_code == 404
+    assert httpx.get(free.url + "/healthz").json()["ok"] is True
+    metrics = free.admin.get("/metrics").text
+    assert 'agl_rollouts{status="succeeded"} 1.0' in metrics and "agl_paused 0.0" in metrics
+    assert Status(got["status"]) is Status.QUEUED

@@ -1,0 +1,143 @@
+"""Rendering, reply parsing and prefix-preserving chains, on Qwen's real vocabulary with ChatML
+templates (one that keeps reasoning, one that strips it from earlier turns)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from gateway.render import Message, Renderer, RenderError, ToolCall, message_from_openai, parse_reply
+from tests.gateway.qwen import CHATML_REASONING, CHATML_TOOLS, qwen_tokenizer
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(params=["tools", "reasoning"])
+def renderer(request: pytest.FixtureRequest) -> Renderer:
+    tok = qwen_tokenizer()
+    tok.chat_template = CHATML_TOOLS if request.param == "tools" else CHATML_REASONING
+    return Renderer(tok)
+
+
+def sampled_reply(r: Renderer, step: int, rng: random.Random) -> list[int]:
+    """What an engine would sample: reasoning, a little text, a tool call, the end-of-turn token."""
+    command = rng.choice(["ls -la", "cat setup.py", "grep -rn 'def main' .", "python -m pytest -x -q"])
+    text = (
+        f"<think>\nStep {step}: I should run `{command}` next.\n</think>\n\nRunning it.\n"
+        f"<tool_call>\n{json.dumps({'name': 'bash', 'arguments': {'command': command}})}\n</tool_call>"
+    )
+    ids = r.encode(text)
+    if rng.random() < 0.9:  # most replies end with the end-of-turn token; some hit max_tokens just before
+        ids.append(r.turn_end)
+    return ids
+
+
+def harness_message(reply: Message, keep_reasoning: bool) -> dict:
+    """The assistant message as an OpenAI-SDK harness sends it back."""
+    out: dict = {"role": "assistant", "content": reply.content}
+    out["tool_calls"] = [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in reply.tool_calls
+    ]
+    if keep_reasoning:
+        out["reasoning_content"] = reply.reasoning
+    return out
+
+
+@pytest.mark.parametrize("keep_reasoning", [False, True])
+def test_multi_turn_tool_calling_conversations_stay_one_sequence(renderer: Renderer, keep_reasoning: bool):
+    """Target of issue #4: at least 99% of consecutive calls extend the previous one."""
+    rng = random.Random(0)
+    extended = later_calls = 0
+    for rollout in range(6):
+        rid = f"r{rollout}"
+        messages = [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Fix the bug."},
+        ]
+        for step in range(20):
+            normalized = [message_from_openai(m) for m in messages]
+            prompt = renderer.prompt(rid, normalized, TOOLS)
+            if step:
+                later_calls += 1
+                extended += prompt.extended
+                assert prompt.extended, (step, prompt.mismatch)
+            response = sampled_reply(renderer, step, rng)
+            reply = parse_reply(renderer.reply_text(response))
+            assert reply.tool_calls and reply.reasoning.startswith(f"Step {step}")
+            renderer.remember(rid, normalized, TOOLS, prompt.ids, response, reply)
+            messages.append(harness_message(reply, keep_reasoning))
+            messages.append({"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": f"output {step}\n" * 3})
+            if step % 7 == 6:  # a new user turn: the reasoning template strips earlier reasoning here
+                messages.append({"role": "user", "content": "Keep going."})
+    assert extended / later_calls >= 0.99
+
+
+def test_extension_reuses_sampled_ids_and_matches_the_template(renderer: Renderer):
+    """With nothing stripped, the extended prompt decodes to exactly what the template renders."""
+    messages = [Message("system", "S"), Message("user", "hi")]
+    first = renderer.prompt("r", messages, TOOLS)
+    response = renderer.encode('Sure.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
+    response.append(renderer.turn_end)
+    reply = parse_reply(renderer.reply_text(response))
+    renderer.remember("r", messages, TOOLS, first.ids, response, reply)
+    following = [*messages, reply, Message("tool", "a.txt", tool_call_id=reply.tool_calls[0].id)]
+    second = renderer.prompt("r", following, TOOLS)
+    assert second.extended and second.ids[: len(first.ids) + len(response)] == first.ids + response
+    assert renderer.decode(second.ids) == renderer.render_text(following, TOOLS, generation_prompt=True)
+
+
+def test_breaks_are_classified(renderer: Renderer):
+    base = [Message("system", "S"), Message("user", "task")]
+    first = renderer.prompt("r", base, TOOLS)
+    assert (first.extended, first.mismatch) == (False, "")
+    reply = Message("assistant", "done")
+    renderer.remember("r", base, TOOLS, first.ids, renderer.encode("done"), reply)
+    summarized = [Message("system", "S"), Message("user", "summary of the work so far")]
+    assert renderer.prompt("r", summarized, TOOLS).mismatch == "context_rewritten"
+    edited = [*base, Message("assistant", "done, edited by the harness"), Message("user", "more")]
+    assert renderer.prompt("r", edited, TOOLS).mismatch == "context_rewritten"
+    sub_agent = [Message("system", "You are a reviewer."), Message("user", "review")]
+    assert renderer.prompt("r", sub_agent, TOOLS).mismatch == "new_chain"
+    assert renderer.prompt("r", [*base, reply, Message("user", "more")], TOOLS).extended
+    assert renderer.prompt("r", [*base, reply, Message("user", "more")], []).mismatch == "context_rewritten"
+
+
+def test_without_prefix_preserving_a_retokenized_boundary_is_detected(renderer: Renderer):
+    base = [Message("user", "hi")]
+    first = renderer.prompt("r", base, [])
+    response = [*renderer.encode("Hel"), *renderer.encode("lo"), renderer.turn_end]  # not how "Hello" tokenizes
+    renderer.remember("r", base, [], first.ids, response, Message("assistant", "Hello"))
+    follow = [*base, Message("assistant", "Hello"), Message("user", "again")]
+    assert renderer.prompt("r", follow, [], preserve=False).mismatch == "retokenized_boundary"
+    assert renderer.prompt("r", follow, []).extended
+
+
+def test_reply_parsing():
+    msg = parse_reply('<think>\nhmm\n</think>\n\nok\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    assert (msg.reasoning, msg.content, [(c.name, json.loads(c.arguments)) for c in msg.tool_calls]) == (
+        "hmm",
+        "ok",
+        [("f", {"x": 1})],
+    )
+    broken = parse_reply("<tool_call>{not json}</tool_call>")
+    assert broken.tool_calls == () and "not json" in broken.content
+    assert parse_reply("plain").content == "plain"
+    assert parse_reply("thought</think>answer").reasoning == "thought"
+
+
+def test_message_validation():
+    with pytest.raises(RenderError, match="role"):
+        message_from_openai({"role": "robot", "content": "x"})
+    with pytest.raises(RenderError, match="only text"):
+        message_from_openai({"role": "user", "content": [{"type": "image_url"}]})
+    msg = message_from_openai(
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "a"}],
+            "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": {"x": 1}}}],
+        }
+    )
+    assert msg.tool_calls == (ToolCall("f", '{"x": 1}', "c1"),) and msg.content == "a"
