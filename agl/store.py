@@ -313,11 +313,18 @@ def _op_transition(
     return _rollout(_rollout_row(conn, rollout_id))
 
 
+# The hot path's statements, built once so that SQLAlchemy's compiled cache is hit directly.
+_CALL_TARGETS = sa.select(rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls).where(
+    rollouts.c.id.in_(sa.bindparam("ids", expanding=True))
+)
+_INSERT_CALLS = calls.insert().returning(calls.c.id, sort_by_parameter_order=True)
+_COUNT_CALLS = rollouts.update().where(rollouts.c.id == sa.bindparam("rid")).values(n_calls=sa.bindparam("n"))
+
+
 def _bulk_append_calls(conn: Connection, items: list[tuple[Call, tuple[bytes, bytes, bytes]]]) -> list[_Outcome]:
     """Record many calls with one query per table: the hot path, batched across writers."""
-    wanted = {call.rollout_id for call, _ in items}
-    columns = (rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls)
-    rows = {row.id: row for row in conn.execute(sa.select(*columns).where(rollouts.c.id.in_(wanted)))}
+    wanted = list({call.rollout_id for call, _ in items})
+    rows = {row.id: row for row in conn.execute(_CALL_TARGETS, {"ids": wanted})}
     outcomes: list[_Outcome] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
@@ -349,13 +356,17 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, tuple[bytes, by
                 "created_at": now,
             }
         )
-        outcomes.append((True, replace(call, attempt=row.attempt, seq=seq, created_at=now)))
+        outcomes.append((True, (call, row.attempt, seq)))
     if inserts:
-        ids = conn.execute(calls.insert().returning(calls.c.id, sort_by_parameter_order=True), inserts).scalars()
-        update = rollouts.update().where(rollouts.c.id == sa.bindparam("rid")).values(n_calls=sa.bindparam("n"))
-        conn.execute(update, [{"rid": rid, "n": n} for rid, n in next_seq.items()])
+        ids = conn.execute(_INSERT_CALLS, inserts).scalars()
+        conn.execute(_COUNT_CALLS, [{"rid": rid, "n": n} for rid, n in next_seq.items()])
         stored = iter(ids.all())
-        outcomes = [(ok, replace(value, id=next(stored)) if ok else value) for ok, value in outcomes]
+        outcomes = [
+            (True, replace(value[0], id=next(stored), attempt=value[1], seq=value[2], created_at=now))
+            if ok
+            else (ok, value)
+            for ok, value in outcomes
+        ]
     return outcomes
 
 
@@ -532,7 +543,10 @@ class Store:
             if batch:
                 self._commit(batch)
 
-    def _commit(self, batch: list[_Op]) -> None:
+    def _commit(self, batch: list[_Op], *, isolated: bool = False) -> None:
+        """Commit a group of writes in one transaction. Plain writes each run in a savepoint; runs
+        of bulk writes run bare (savepoints cost as much as the writes) unless `isolated`, which is
+        how a group is retried when a bulk write fails or the commit itself does."""
         outcomes: list[_Outcome] = []
         try:
             with self._write_engine.begin() as conn:
@@ -546,14 +560,16 @@ class Store:
                     run = [args]
                     while i + len(run) < len(batch) and batch[i + len(run)][0] is op:
                         run.append(batch[i + len(run)][1])
-                    outcomes.extend(self._run_bulk(conn, op, run))
+                    outcomes.extend(self._run_bulk(conn, op, run) if isolated else op(conn, run))
                     i += len(run)
-        except Exception as e:  # noqa: BLE001 - the commit itself failed: retry each write alone
+        except Exception as e:  # noqa: BLE001 - retried below, then handed to the callers
+            if not isolated:
+                return self._commit(batch, isolated=True)
             if len(batch) > 1:
                 log.warning("group commit of %d writes failed (%s); retrying one by one", len(batch), e)
                 for single in batch:
-                    self._commit([single])
-                return
+                    self._commit([single], isolated=True)
+                return None
             outcomes = [(False, StoreError(f"commit failed: {e}"))]
             outcomes[0][1].__cause__ = e
         for (_, _, future), (ok, value) in zip(batch, outcomes, strict=True):
@@ -561,10 +577,11 @@ class Store:
                 future.set_result(value)
             else:
                 future.set_exception(value)
+        return None
 
     @classmethod
     def _run_bulk(cls, conn: Connection, op: Callable[..., Any], run: list[tuple[Any, ...]]) -> list[_Outcome]:
-        """A run of bulk writes together; if the database rejects the run, each one alone."""
+        """A run of bulk writes in a savepoint; if the database rejects the run, each one alone."""
         try:
             with conn.begin_nested():
                 return list(op(conn, run))
@@ -618,6 +635,17 @@ class Store:
 
     def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
         return self.submit(_op_append_event, rollout_id, *_event_args(kind, data)).result()
+
+    def submit_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Future[Event]:
+        """Queue an event without waiting for its commit; a failure is logged, not raised."""
+        future = self.submit(_op_append_event, rollout_id, *_event_args(kind, data))
+
+        def report(done: Future[Event]) -> None:
+            if done.exception() is not None:
+                log.warning("rollout_id=%s: event %s not recorded: %s", rollout_id, kind, done.exception())
+
+        future.add_done_callback(report)
+        return future
 
     def set_reward(
         self,
@@ -730,6 +758,11 @@ class Store:
         counts = {group: (0, 0) for group in groups}
         counts.update({row[0]: (int(row[1]), int(row[2])) for row in self._read(query)})
         return counts
+
+    def status_counts(self) -> dict[str, int]:
+        """Rollouts by status (every status listed)."""
+        rows = self._read(sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status))
+        return {s.value: 0 for s in Status} | {row[0]: int(row[1]) for row in rows}
 
     def group_complete(self, group: str) -> bool:
         """True when the group has rollouts and every one of them has ended."""

@@ -383,3 +383,35 @@ def test_closed_store_refuses_writes(db_url):
     store.close()
     with pytest.raises(StoreError, match="closed"):
         store.create_rollout({}, "g")
+
+
+def test_a_write_the_database_rejects_is_isolated_from_its_group(store):
+    """A bulk run that the database refuses is retried write by write: only the bad one fails."""
+    good, bad = _drive_to(store, Status.RUNNING), _drive_to(store, Status.RUNNING)
+    with store._write_engine.begin() as conn:  # a row the store did not count: seq 0 of `bad` is taken
+        conn.execute(
+            calls.insert().values(
+                rollout_id=bad,
+                attempt=1,
+                seq=0,
+                agent="",
+                model_version=0,
+                request={},
+                response={},
+                prompt_ids=b"",
+                response_ids=b"",
+                logprobs=b"",
+                finish_reason="stop",
+                latency_ms=0.0,
+                created_at=0.0,
+            )
+        )
+
+    async def main() -> list[object]:
+        jobs = [store.aio.append_call(make_call(good if i % 3 else bad)) for i in range(30)]
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, InvalidData) for r in results[::3])
+    assert all(isinstance(r, Call) for i, r in enumerate(results) if i % 3)
+    assert [c.seq for c in store.calls_for([good])[good]] == list(range(20))
