@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: venv
-	$(BIN)/python -m agl.cli demo
+	$(BIN)/python examples/demo.py
 
 test: venv
 	$(BIN)/python -m pytest -q
