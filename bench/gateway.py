@@ -81,6 +81,12 @@ def words(n_tokens: int, tok: object, salt: str) -> str:
     return base * max(1, n_tokens // per)
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -124,7 +130,7 @@ class Conversation:
         return elapsed, reply["usage"]["prompt_tokens"]
 
 
-async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: int, rollouts: int) -> dict:
+async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: int, rollouts: int, pid: int) -> dict:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as client:
         convo = Conversation(client, gateway, tok, "latency")
         for _ in range(12):  # warm up
@@ -154,9 +160,10 @@ async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: in
             for _ in range(per_client):
                 await c.call()
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_s(pid)
         await asyncio.gather(*(client_loop(c) for c in convos))
         out["calls_per_s"] = concurrent * per_client / (time.perf_counter() - t0)
+        out["cpu_ms_per_call"] = (cpu_s(pid) - cpu0) * 1e3 / (concurrent * per_client)
 
         big = words(32_000, tok, "memory")
         sem = asyncio.Semaphore(4)
@@ -226,7 +233,7 @@ def main() -> None:
                 )
             )
             wait(gateway + "/healthz")
-            out = asyncio.run(run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts))
+            out = asyncio.run(run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts, procs[1].pid))
             out["gateway_rss_mb"] = rss_mb(procs[1].pid)
         finally:
             for p in procs:
@@ -237,7 +244,10 @@ def main() -> None:
     print(f"direct to the stand-in: p50 {out['direct_p50_ms']:.2f} ms, p99 {out['direct_p99_ms']:.2f} ms")
     print(f"through the gateway:    p50 {out['gateway_p50_ms']:.2f} ms, p99 {out['gateway_p99_ms']:.2f} ms")
     print(f"added latency: p50 {overhead:.2f} ms, p99 {out['gateway_p99_ms'] - out['direct_p99_ms']:.2f} ms")
-    print(f"sustained with {args.concurrent} clients: {out['calls_per_s']:.0f} recorded calls/s")
+    print(
+        f"sustained with {args.concurrent} clients: {out['calls_per_s']:.0f} recorded calls/s, "
+        f"{out['cpu_ms_per_call']:.2f} ms of gateway CPU per call"
+    )
     opened, rss = out["open_rollouts_s"], out["gateway_rss_mb"]
     print(f"{args.rollouts} open rollouts of 32k tokens opened in {opened:.1f} s; peak RSS {rss:.0f} MiB")
     print(

@@ -15,7 +15,6 @@ the normalized message shape; the gateway's routes map wire formats onto it.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 import uuid
@@ -98,11 +97,10 @@ class Message:
             out["name"] = self.name
         return out
 
-    def key(self) -> str:
+    def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
         """What identifies the message for prefix matching: reasoning and call ids are left out,
         since harnesses often drop the first and may rename the second."""
-        calls = [(c.name, _canonical_json(c.arguments)) for c in self.tool_calls]
-        return json.dumps([self.role, self.content.strip(), calls], ensure_ascii=False)
+        return self.role, self.content.strip(), tuple((c.name, _canonical_json(c.arguments)) for c in self.tool_calls)
 
 
 def _canonical_json(text: str) -> str:
@@ -199,13 +197,15 @@ def parse_reply(text: str, tool_parser: str = "hermes") -> Message:
 # ---------------------------------------------------------------------------- rendering and chains
 
 
-def _digest(previous: str, message: Message) -> str:
-    return hashlib.blake2b((previous + message.key()).encode(), digest_size=16).hexdigest()
+def _digest(previous: int, message: Message) -> int:
+    # Python's own 64-bit string hash: in-process only (chains are never stored), and unlike
+    # hashlib it never releases the GIL mid-call, which let other threads stall the event loop.
+    return hash((previous, message.key()))
 
 
-def prefix_digests(messages: Sequence[Message]) -> list[str]:
+def prefix_digests(messages: Sequence[Message]) -> list[int]:
     """digests[i] identifies messages[:i + 1]."""
-    out, previous = [], ""
+    out, previous = [], 0
     for m in messages:
         previous = _digest(previous, m)
         out.append(previous)
@@ -216,8 +216,8 @@ def prefix_digests(messages: Sequence[Message]) -> list[str]:
 class Chain:
     """The token sequence of one conversation of a rollout, through the last reply returned."""
 
-    digest: str  # of the messages it covers, the returned reply included
-    first: str  # of its first message, to tell a rewritten context from a new conversation
+    digest: int  # of the messages it covers, the returned reply included
+    first: int  # of its first message, to tell a rewritten context from a new conversation
     ids: array[int]
     tools_key: str
 
@@ -227,6 +227,7 @@ class Prompt:
     ids: list[int]
     extended: bool  # built on an earlier call's sampled tokens
     mismatch: str  # "" when extended or first; else the class of the break
+    digests: list[int] = field(default_factory=list)  # prefix_digests of the messages
 
 
 class Renderer:
@@ -285,16 +286,16 @@ class Renderer:
                 continue
             head = self._head(full, messages[: digests.index(chain.digest) + 1], tools)
             if head is None:
-                return Prompt(self.encode(full), False, "template_edit")
+                return Prompt(self.encode(full), False, "template_edit", digests)
             if not preserve:
                 ids = self.encode(full)
                 same = ids[: len(chain.ids)] == chain.ids.tolist()
-                return Prompt(ids, same, "" if same else "retokenized_boundary")
-            return Prompt(chain.ids.tolist() + self.encode(full[len(head) :]), True, "")
+                return Prompt(ids, same, "" if same else "retokenized_boundary", digests)
+            return Prompt(chain.ids.tolist() + self.encode(full[len(head) :]), True, "", digests)
         if not chains:
-            return Prompt(self.encode(full), False, "")
+            return Prompt(self.encode(full), False, "", digests)
         rewritten = any(c.first == digests[0] for c in chains)
-        return Prompt(self.encode(full), False, "context_rewritten" if rewritten else "new_chain")
+        return Prompt(self.encode(full), False, "context_rewritten" if rewritten else "new_chain", digests)
 
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
@@ -308,24 +309,18 @@ class Renderer:
         return None
 
     def remember(
-        self,
-        rollout_id: str,
-        messages: Sequence[Message],
-        tools: list[JSON],
-        prompt_ids: Sequence[int],
-        response_ids: Sequence[int],
-        reply: Message,
+        self, rollout_id: str, prompt: Prompt, tools: list[JSON], response_ids: Sequence[int], reply: Message
     ) -> None:
         """Record the chain a call produced: its prompt, the sampled reply, and the end-of-turn
         token when sampling stopped without one (the template closes the turn with it)."""
-        ids = array("i", prompt_ids)
+        ids = array("i", prompt.ids)
         ids.extend(response_ids)
         if not response_ids or response_ids[-1] not in self.end_ids:
             ids.append(self.turn_end)
-        digests = prefix_digests([*messages, reply])
-        superseded = set(digests)
+        digest = _digest(prompt.digests[-1], reply)
+        superseded = set(prompt.digests)
         chains = [c for c in self.chains.pop(rollout_id, []) if c.digest not in superseded]
-        chains.append(Chain(digests[-1], digests[0], ids, json.dumps(tools, sort_keys=True)))
+        chains.append(Chain(digest, prompt.digests[0], ids, json.dumps(tools, sort_keys=True)))
         self.chains[rollout_id] = chains[-8:]
         while len(self.chains) > self.max_rollouts:
             self.chains.popitem(last=False)
