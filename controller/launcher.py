@@ -1,0 +1,293 @@
+"""The launcher protocol, the credentials a run gets, and the local-process launcher.
+
+A launcher starts one attempt of a rollout, reports how attempts ended, finds the attempts it
+started before a restart, and kills one. It never talks to the gateway: the reconcile loop
+(`controller/loop.py`) turns its outcomes into rollout statuses and retries.
+
+Local runs. Each attempt runs as `sh -c 'cd DIR; "$@"; echo $? > EXIT' EXIT DIR COMMAND...`
+(posix_spawn) in its own session, so its own process group, with stdout and stderr in
+`LOGS/<rollout>/<attempt>/harness.log`. The wrapper writes the exit code to a file, so that a restarted controller
+learns the code of a process it did not spawn. A JSON state file per attempt (pid, process
+start time from /proc, deadline, phase) is written before the process is trusted, and is what
+a restarted controller adopts: pid and start time must both match, or the run counts as lost
+(an infra failure). A timeout kills the whole process group (grandchildren too, unless they
+started their own session). The grader, if any, runs only after the harness exited 0, as its
+own process in the same workspace, with `AGL_GRADER_TOKEN` and without the agent token; the
+harness never sees the grader token. The grader token is kept in the (0600) state file so a
+restarted controller can still start the grader. Processes are polled (`waitpid` for
+children, /proc for adopted ones), not awaited: no thread or watcher per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+from agl.types import JSON, FailureKind, Status
+from controller.spec import Process, Spec
+
+WRAPPER = 'cd "$1" || exit 126; shift; "$@"; c=$?; echo $c > "$0.tmp" && mv "$0.tmp" "$0"; exit $c'
+INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")  # never the admin key
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What one attempt is given: endpoints and tokens (from the gateway's create or rotate reply)."""
+
+    rollout_id: str
+    attempt: int
+    task: JSON
+    gateway_url: str
+    base_url: str
+    anthropic_base_url: str
+    agent_token: str
+    grader_token: str | None = None
+
+    def harness_env(self) -> dict[str, str]:
+        """DESIGN.md section 3; no grader token."""
+        return {
+            "OPENAI_BASE_URL": self.base_url,
+            "OPENAI_API_KEY": self.agent_token,
+            "ANTHROPIC_BASE_URL": self.anthropic_base_url,
+            "ANTHROPIC_API_KEY": self.agent_token,
+        } | self.common_env()
+
+    def grader_env(self) -> dict[str, str]:
+        """The grader's: its own token and where to post the reward; no agent token."""
+        return {"AGL_GRADER_TOKEN": self.grader_token or ""} | self.common_env()
+
+    def common_env(self) -> dict[str, str]:
+        return {
+            "AGL_GATEWAY_URL": self.gateway_url,
+            "AGL_ROLLOUT_ID": self.rollout_id,
+            "AGL_ATTEMPT": str(self.attempt),
+            "AGL_TASK": json.dumps(self.task),
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended. `SUCCEEDED` means it ran to the end; the loop still checks the reward."""
+
+    status: Status
+    failure_kind: FailureKind | None = None
+    reason: str = ""
+
+    @classmethod
+    def infra(cls, reason: str) -> Outcome:
+        return cls(Status.FAILED, FailureKind.INFRA, reason)
+
+    @classmethod
+    def task(cls, reason: str) -> Outcome:
+        return cls(Status.FAILED, FailureKind.TASK, reason)
+
+
+OK = Outcome(Status.SUCCEEDED)
+Key = tuple[str, int]  # (rollout id, attempt)
+
+
+class LaunchError(Exception):
+    """A launch that did not happen. `permanent`: the spec itself is at fault (a task failure)."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+class Launcher(Protocol):
+    async def launch(self, spec: Spec, creds: Credentials) -> str:
+        """Start an attempt; returns where it runs (pid, Job name). Raises `LaunchError`."""
+        ...
+
+    async def adopt(self) -> list[Key]:
+        """The attempts this launcher started earlier (e.g. before a restart); now watched again."""
+        ...
+
+    async def poll(self) -> list[tuple[Key, Outcome]]:
+        """Attempts that ended since the last poll. Reported again until `release`d."""
+        ...
+
+    async def release(self, key: Key) -> None:
+        """The loop recorded this outcome: forget the attempt."""
+        ...
+
+    async def kill(self, key: Key) -> None: ...
+
+    def active(self) -> int:
+        """Attempts being watched (running or ended but not released)."""
+        ...
+
+
+def process_start(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), or None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+@dataclass
+class _Run:
+    """One local attempt, as recorded in its state file."""
+
+    rollout_id: str
+    attempt: int
+    dir: str
+    phase: str  # harness | grader
+    pid: int = 0
+    start: int = 0
+    deadline: float = 0.0
+    grader: JSON | None = None  # command, env, cwd, timeout_s
+    child: bool = field(default=False, repr=False)  # spawned by this process (else adopted): reap it
+
+    @property
+    def key(self) -> Key:
+        return self.rollout_id, self.attempt
+
+    def state(self) -> JSON:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "child"}
+
+
+class LocalLauncher:
+    """Harnesses as local processes; `state_dir` holds one JSON file per attempt, `log_dir` the logs."""
+
+    def __init__(self, state_dir: str | Path, log_dir: str | Path | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.log_dir = Path(log_dir) if log_dir else self.state_dir / "logs"
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.runs: dict[Key, _Run] = {}
+        self.ended: dict[Key, Outcome] = {}
+
+    def _state_file(self, key: Key) -> Path:
+        return self.state_dir / f"{key[0]}.{key[1]}.json"
+
+    def _save(self, run: _Run) -> None:
+        tmp = self._state_file(run.key).with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(run.state(), f)
+        tmp.replace(self._state_file(run.key))
+
+    def _spawn(self, run: _Run, proc: Process, env: dict[str, str], cwd: str) -> None:
+        exe = proc.command[0]
+        found = shutil.which(exe, path=env.get("PATH")) if "/" not in exe else os.path.join(cwd, exe)
+        if not found or not os.access(found, os.X_OK):
+            raise LaunchError(f"{run.phase}: executable {exe!r} not found or not executable")
+        if not os.path.isdir(cwd):
+            raise LaunchError(f"{run.phase}: working directory {cwd!r} does not exist")
+        exit_file = os.path.join(run.dir, f"{run.phase}.exit")
+        log = os.open(os.path.join(run.dir, f"{run.phase}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:  # posix_spawn: a vfork, no Popen object that would outlive (and warn about) an adopted run
+            files: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
+            files += [(os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
+            argv = ["/bin/sh", "-c", WRAPPER, exit_file, cwd, *proc.command]
+            run.pid = os.posix_spawn("/bin/sh", argv, env, file_actions=files, setsid=True)
+        except OSError as e:
+            raise LaunchError(f"{run.phase}: cannot start {exe!r}: {e}") from e
+        finally:
+            os.close(log)
+        run.child, run.start = True, process_start(run.pid) or 0
+        run.deadline = time.time() + proc.timeout_s
+        self._save(run)
+
+    async def launch(self, spec: Spec, creds: Credentials) -> str:
+        run_dir = self.log_dir / creds.rollout_id / str(creds.attempt)
+        workspace = run_dir / "workspace"
+        workspace.mkdir(parents=True, exist_ok=True)
+        run = _Run(creds.rollout_id, creds.attempt, str(run_dir), "harness")
+        base = {k: os.environ[k] for k in INHERITED if k in os.environ}
+        if spec.grader:
+            grader_env = base | spec.grader.env | creds.grader_env()
+            run.grader = {"proc": spec.grader.model_dump(), "env": grader_env, "cwd": spec.grader.cwd or str(workspace)}
+        harness_env = base | spec.harness.env | creds.harness_env()
+        self._spawn(run, spec.harness, harness_env, spec.harness.cwd or str(workspace))
+        self.runs[run.key] = run
+        return f"pid {run.pid}"
+
+    async def adopt(self) -> list[Key]:
+        for path in sorted(self.state_dir.glob("*.json")):
+            try:
+                run = _Run(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                path.unlink(missing_ok=True)  # written by no version of this code we can read
+                continue
+            self.runs[run.key] = run
+        return list(self.runs)
+
+    def _exit_code(self, run: _Run) -> int | None:
+        """None while the current phase runs; its exit code when it ended; -1 if it was lost."""
+        if run.child:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(run.pid, os.WNOHANG)[0] == 0:
+                    return None
+            run.child = False
+        elif run.pid and process_start(run.pid) == run.start:
+            return None
+        try:
+            return int(Path(run.dir, f"{run.phase}.exit").read_text())
+        except (OSError, ValueError):
+            return -1
+
+    def _check(self, run: _Run) -> Outcome | None:
+        code = self._exit_code(run)
+        if code is None:
+            if time.time() < run.deadline:
+                return None
+            self._signal(run, signal.SIGKILL)
+            if run.phase == "harness":
+                return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the harness ran past its timeout")
+            return Outcome.infra("the grader ran past its timeout")
+        if code == -1:
+            return Outcome.infra(f"{run.phase} process {run.pid} was lost (no exit code)")
+        if code != 0:
+            return (
+                Outcome.task(f"harness exited with {code}")
+                if run.phase == "harness"
+                else Outcome.infra(f"grader exited with {code}")
+            )
+        if run.phase == "harness" and run.grader:
+            run.phase = "grader"
+            proc = Process.model_validate(run.grader["proc"])
+            try:
+                self._spawn(run, proc, run.grader["env"], run.grader["cwd"])
+            except LaunchError as e:
+                return Outcome.infra(str(e))
+            return None
+        return OK
+
+    async def poll(self) -> list[tuple[Key, Outcome]]:
+        for key, run in list(self.runs.items()):
+            if key not in self.ended and (outcome := self._check(run)) is not None:
+                self.ended[key] = outcome
+        return list(self.ended.items())
+
+    async def release(self, key: Key) -> None:
+        self.ended.pop(key, None)
+        if (run := self.runs.pop(key, None)) is not None:
+            self._signal(run, signal.SIGKILL)  # nothing of an ended attempt may linger
+        self._state_file(key).unlink(missing_ok=True)
+
+    async def kill(self, key: Key) -> None:
+        if (run := self.runs.get(key)) is not None:
+            self._signal(run, signal.SIGKILL)
+
+    def _signal(self, run: _Run, sig: int) -> None:
+        if run.pid and (run.child or process_start(run.pid) == run.start):
+            with contextlib.suppress(OSError):
+                os.killpg(run.pid, sig)
+        if run.child:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(run.pid, 0)
+            run.child = False
+
+    def active(self) -> int:
+        return len(self.runs)

@@ -1,0 +1,236 @@
+"""`agl controller`: the reconcile loop between the gateway's queued rollouts and a launcher.
+
+Owns which rollout runs when (a concurrency cap, a launch-rate cap, retry backoff), the
+credentials of each attempt, and turning a launcher's outcome into the rollout's status:
+ran to the end with a final reward -> `succeeded`; ran to the end without one -> `failed`
+(task: DESIGN.md section 2); harness exit != 0 -> `failed` (task); timeout -> `timed_out`;
+infra (launch error, lost process, deleted Job, evicted pod, grader failure) -> `queued`
+again as attempt + 1 after a backoff, until `max_attempts`, then `failed` (infra).
+
+Credentials: plaintext tokens exist only in a create reply, so for every attempt the loop asks
+the gateway for fresh ones (`POST /api/rollouts/{id}/tokens`): anyone may create rollouts,
+and a stale attempt's tokens die with it. The one exception is attempt 1 of a rollout whose
+metadata says `"launch": "manifest"` (made by `agl jobs render`): its tokens are in the
+Secret the user applies, and the loop only adopts that Job (by label) when it appears.
+
+What a rollout runs: `metadata.spec` when the rollout carries one, else the controller's
+`--spec`; a rollout with neither is left alone (it is someone else's). Restart safety: on
+start the launcher adopts what it launched before; a running rollout that this launcher
+marked running ("launched by local: pid N") in its current attempt but that has no run is
+an infra failure. Stopping
+the controller leaves runs alive for the next one to adopt; it does not cancel runs of
+rollouts cancelled in the gateway (their calls get 403, which ends a harness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agl.client import GatewayClient, GatewayError
+from agl.types import FailureKind, Rollout, Status
+from controller.launcher import Credentials, Key, Launcher, LaunchError, LocalLauncher, Outcome
+from controller.spec import Spec, SpecError, load_spec, parse_spec
+
+log = logging.getLogger(__name__)
+LAUNCHED = "launched by"  # the reason of the `running` transition: how a restart finds its lost runs
+
+
+class ControllerSettings(BaseSettings):
+    """The controller (`AGL_CONTROLLER_*`); command-line flags override them."""
+
+    model_config = SettingsConfigDict(env_prefix="AGL_CONTROLLER_", extra="forbid")
+
+    gateway: str = Field("http://127.0.0.1:8000", description="Gateway URL (admin API and what runs call).")
+    admin_key: str = Field("", description="The gateway's admin key (required); never passed to runs.")
+    launcher: str = Field("local", pattern="^(local|kubernetes)$", description="Where runs go.")
+    spec: str = Field("", description="Default spec file for rollouts without metadata.spec.")
+    state_dir: str = Field("agl-controller", description="Local launcher: state files and logs (directory).")
+    namespace: str = Field("default", description="Kubernetes namespace watched for this controller's Jobs.")
+    max_running: int = Field(64, ge=1, description="Runs at once (count): what the machine or quota holds.")
+    launch_per_s: float = Field(20.0, gt=0, description="Launch-rate cap (per second): spares the API server.")
+    poll_s: float = Field(0.5, gt=0, description="Reconcile period (seconds): latency of noticing an end.")
+
+
+class Controller:
+    """Reconciles the gateway's queued rollouts with `launcher`'s runs."""
+
+    def __init__(self, gw: GatewayClient, launcher: Launcher, spec: Spec | None, settings: ControllerSettings) -> None:
+        self.gw, self.launcher, self.spec, self.settings = gw, launcher, spec, settings
+        self.not_before: dict[str, float] = {}  # rollout id -> monotonic time its retry may start
+        self.started: set[Key] = set()  # attempts launched or adopted and not yet recorded
+        self.tokens = settings.launch_per_s  # token bucket of the launch-rate cap
+        self.refilled = time.monotonic()
+        self.name = "kubernetes" if settings.launcher == "kubernetes" else "local"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The loop: adopt once, then record ended runs and launch queued rollouts until `stop`."""
+        await self.adopt()
+        while not stop.is_set():
+            try:
+                await asyncio.gather(*(self.record(key, outcome) for key, outcome in await self.launcher.poll()))
+                await self.launch_queued()
+            except GatewayError as e:  # the gateway is down or restarting: retry next tick
+                log.warning("reconcile: %s", e)
+            with_timeout = asyncio.wait_for(stop.wait(), self.settings.poll_s)
+            await asyncio.gather(with_timeout, return_exceptions=True)
+
+    async def adopt(self) -> None:
+        """Watch again what was launched before a restart; runs that vanished are infra failures."""
+        self.started.update(await self.launcher.adopt())
+        adopted = {rid for rid, _ in self.started}
+        for rollout in await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000):
+            if rollout.id in adopted:
+                continue
+            mine = f"{LAUNCHED} {self.name}:"
+            events = [e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt]
+            if any(str(e["data"].get("reason", "")).startswith(mine) for e in events):
+                spec = self.spec_of(rollout)
+                await self.report(rollout, Outcome.infra("the run was not found after a controller restart"), spec)
+
+    def spec_of(self, rollout: Rollout) -> Spec | None:
+        if "spec" in rollout.metadata:
+            return parse_spec(rollout.metadata["spec"], f"rollout {rollout.id} metadata.spec")
+        return self.spec
+
+    def may_launch(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.settings.launch_per_s, self.tokens + (now - self.refilled) * self.settings.launch_per_s)
+        self.refilled = now
+        return self.launcher.active() < self.settings.max_running and self.tokens >= 1
+
+    async def launch_queued(self) -> None:
+        if not self.may_launch():
+            return
+        chosen: list[Rollout] = []
+        for rollout in await self.gw.list_rollouts(status=Status.QUEUED, limit=2 * self.settings.max_running + 100):
+            if (rollout.id, rollout.attempt) in self.started or self.not_before.get(rollout.id, 0) > time.monotonic():
+                continue
+            if rollout.attempt == 1 and rollout.metadata.get("launch") == "manifest":
+                continue  # applied with kubectl; adopted by label when it appears
+            if self.tokens < len(chosen) + 1 or self.launcher.active() + len(chosen) >= self.settings.max_running:
+                break
+            chosen.append(rollout)
+        self.tokens -= len(chosen)
+        await asyncio.gather(*(self.start(r) for r in chosen))
+
+    async def start(self, rollout: Rollout) -> None:
+        key = (rollout.id, rollout.attempt)
+        self.not_before.pop(rollout.id, None)
+        try:
+            spec = self.spec_of(rollout)
+        except SpecError as e:
+            await self.report(rollout, Outcome.task(str(e)), None)
+            return
+        if spec is None:
+            return
+        if spec.grader and not rollout.has_grader:
+            await self.report(rollout, Outcome.task("the spec has a grader but the rollout has no grader token"), None)
+            return
+        try:
+            reply = await self.gw.rotate_tokens(rollout.id, attempt=rollout.attempt)
+        except GatewayError as e:
+            log.warning("rollout_id=%s: no tokens for attempt %d: %s", rollout.id, rollout.attempt, e)
+            return
+        public = reply["anthropic_base_url"]  # the gateway as runs reach it (its public URL)
+        creds = Credentials(
+            rollout.id, rollout.attempt, rollout.task, public, reply["base_url"], public,
+            reply["agent_token"], reply.get("grader_token"),
+        )  # fmt: skip
+        try:
+            where = await self.launcher.launch(spec, creds)
+        except LaunchError as e:
+            log.warning("rollout_id=%s attempt=%d: launch failed: %s", rollout.id, rollout.attempt, e)
+            await self.report(rollout, Outcome.task(str(e)) if e.permanent else Outcome.infra(str(e)), spec)
+            return
+        self.started.add(key)
+        reason = f"{LAUNCHED} {self.name}: {where}"
+        if not await self.set_status(rollout, Status.RUNNING, None, reason):  # its first call came first
+            await self.gw.post_event(rollout.id, "launch", {"reason": reason})
+        log.info("rollout_id=%s attempt=%d: launched (%s)", rollout.id, rollout.attempt, where)
+
+    async def record(self, key: Key, outcome: Outcome) -> None:
+        """Report an ended attempt; release it once the gateway has it (or it is stale)."""
+        try:
+            rollout = await self.gw.get_rollout(key[0])
+        except GatewayError as e:
+            if e.status != 404:
+                raise
+        else:
+            if rollout.attempt == key[1] and not rollout.status.terminal:
+                await self.report(rollout, outcome, self.spec_of(rollout))
+        await self.launcher.release(key)
+        self.started.discard(key)
+
+    async def report(self, rollout: Rollout, outcome: Outcome, spec: Spec | None) -> None:
+        status, kind, reason = outcome.status, outcome.failure_kind, outcome.reason
+        if status is Status.SUCCEEDED and rollout.reward is None:
+            status, kind, reason = Status.FAILED, FailureKind.TASK, "the run ended without a final reward"
+        if kind is FailureKind.INFRA and rollout.attempt < (spec.max_attempts if spec else 1):
+            status = Status.QUEUED
+            backoff = (spec.retry_backoff_s if spec else 0) * 2 ** (rollout.attempt - 1)
+            self.not_before[rollout.id] = time.monotonic() + backoff
+        elif rollout.status is Status.QUEUED and status is not Status.FAILED:
+            await self.set_status(rollout, Status.RUNNING, None, "started by the controller")
+        await self.set_status(rollout, status, kind, reason)
+        log.info("rollout_id=%s attempt=%d: %s %s %s", rollout.id, rollout.attempt, status, kind or "", reason)
+
+    async def set_status(self, r: Rollout, status: Status, kind: FailureKind | None, reason: str) -> bool:
+        try:
+            await self.gw.set_status(r.id, status, failure_kind=kind, reason=reason, attempt=r.attempt)
+        except GatewayError as e:
+            if e.status != 409:  # 409: someone else moved it first (a cancel, the harness's first call)
+                raise
+            log.info("rollout_id=%s: status %s not recorded: %s", r.id, status, e.message)
+            return False
+        return True
+
+
+def make_launcher(settings: ControllerSettings) -> Launcher:
+    if settings.launcher == "kubernetes":
+        from controller.kube import KubeLauncher
+
+        return KubeLauncher(settings.namespace)
+    return LocalLauncher(Path(settings.state_dir) / "runs", Path(settings.state_dir) / "logs")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agl controller", description=__doc__.split("\n")[0])
+    for flag in ("gateway", "admin-key", "launcher", "spec", "state-dir", "namespace"):
+        parser.add_argument(f"--{flag}")
+    parser.add_argument("--max-running", type=int)
+    parser.add_argument("--launch-per-s", type=float)
+    parser.add_argument("--poll-s", type=float)
+    args = parser.parse_args(argv)
+    settings = ControllerSettings(**{k: v for k, v in vars(args).items() if v is not None})
+    if not settings.admin_key:
+        parser.error("an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
+    try:
+        spec = load_spec(settings.spec) if settings.spec else None
+    except SpecError as e:
+        parser.error(str(e))
+    return asyncio.run(serve(settings, spec))
+
+
+async def serve(settings: ControllerSettings, spec: Spec | None) -> int:
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    async with GatewayClient(settings.gateway, settings.admin_key) as gw:
+        log.info("controller: %s launcher, gateway %s", settings.launcher, settings.gateway)
+        await Controller(gw, make_launcher(settings), spec, settings).run(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,136 @@
+"""Kubernetes manifests for one attempt (a Secret and a Job), and how a finished Job is read.
+
+Owns the shape of what is applied, as plain API-shaped dicts (what `kubectl apply` and the
+`kubernetes` client both take), and the mapping from Job and Pod status to an `Outcome`:
+Complete -> ran to the end; DeadlineExceeded -> timed out; harness exit != 0 -> task failure;
+image pull errors, eviction, node loss, container start errors, a grader's failure -> infra.
+It imports no `kubernetes` (that is `controller/kube.py`), so it is tested without a cluster.
+
+One Job per attempt, named `agl-<rollout>-<attempt>` and labelled with both. The tokens live
+only in the Secret of the same name (owned by the Job once it exists, so they are collected
+with it), referenced from each container's env: the harness gets the agent token, the grader
+(when there is one: the harness then runs as an init container, the grader as the main one,
+sharing an emptyDir at `spec.workspace`) only the grader token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from agl.types import JSON, FailureKind, Status
+from controller.launcher import OK, Credentials, Key, Outcome
+from controller.spec import Process, Spec
+
+ROLLOUT_LABEL, ATTEMPT_LABEL = "agl.dev/rollout", "agl.dev/attempt"
+INFRA_WAITING = {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}
+INFRA_POD = {"Evicted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated", "UnexpectedAdmissionError"}
+INFRA_START = {"StartError", "ContainerCannotRun", "CreateContainerError"}
+
+
+def name_of(key: Key) -> str:
+    return f"agl-{key[0][:48].lower()}-{key[1]}"
+
+
+def key_of(obj: JSON) -> Key | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if ROLLOUT_LABEL not in labels or not str(labels.get(ATTEMPT_LABEL, "")).isdigit():
+        return None
+    return labels[ROLLOUT_LABEL], int(labels[ATTEMPT_LABEL])
+
+
+def _container(name: str, proc: Process, env: dict[str, str], secret: str, keys: dict[str, str], ws: str) -> JSON:
+    values = [{"name": k, "value": v} for k, v in (proc.env | env).items()]
+    refs = [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": v}}} for k, v in keys.items()]
+    out: JSON = {"name": name, "image": proc.image, "command": proc.command, "env": values + refs}
+    out |= {"workingDir": proc.cwd or ws, "volumeMounts": [{"name": "workspace", "mountPath": ws}]}
+    wanted = {k: v for k, v in proc.resources.model_dump().items() if v is not None}
+    return out | ({"resources": {"requests": wanted, "limits": wanted}} if wanted else {})
+
+
+def manifests(spec: Spec, creds: Credentials) -> tuple[JSON, JSON]:
+    """The Secret and the Job of one attempt (the Secret's owner is set after the Job exists)."""
+    key = (creds.rollout_id, creds.attempt)
+    name = name_of(key)
+    labels = spec.labels | {ROLLOUT_LABEL: creds.rollout_id, ATTEMPT_LABEL: str(creds.attempt)}
+    meta = {"name": name, "namespace": spec.namespace, "labels": labels}
+    tokens = {"agent-token": creds.agent_token} | ({"grader-token": creds.grader_token} if creds.grader_token else {})
+    secret: JSON = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": dict(meta),
+        "type": "Opaque",
+        "stringData": tokens,
+    }
+    harness_env = {k: v for k, v in creds.harness_env().items() if not k.endswith("_API_KEY")}
+    agent_keys = {"OPENAI_API_KEY": "agent-token", "ANTHROPIC_API_KEY": "agent-token"}
+    harness = _container("harness", spec.harness, harness_env, name, agent_keys, spec.workspace)
+    pod: JSON = {"restartPolicy": "Never", "volumes": [{"name": "workspace", "emptyDir": {}}]}
+    if spec.grader:
+        grader_env = {k: v for k, v in creds.grader_env().items() if k != "AGL_GRADER_TOKEN"}
+        grader_keys = {"AGL_GRADER_TOKEN": "grader-token"}
+        grader = _container("grader", spec.grader, grader_env, name, grader_keys, spec.workspace)
+        pod |= {"initContainers": [harness], "containers": [grader]}
+    else:
+        pod |= {"containers": [harness]}
+    pod |= {"serviceAccountName": spec.service_account} if spec.service_account else {}
+    pod |= {"nodeSelector": spec.node_selector} if spec.node_selector else {}
+    job_spec = {
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": math.ceil(spec.total_timeout_s),
+        "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
+        "template": {"metadata": {"labels": labels}, "spec": pod},
+    }
+    job: JSON = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
+    return secret, job
+
+
+def owner_reference(job: JSON) -> JSON:
+    """Makes the Secret belong to the Job: deleted with it, by the garbage collector."""
+    meta = job["metadata"]
+    return {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+
+
+def _conditions(job: JSON) -> dict[str, JSON]:
+    found = (job.get("status") or {}).get("conditions") or []
+    return {c["type"]: c for c in found if c.get("status") == "True"}
+
+
+def finished(job: JSON) -> bool:
+    return bool({"Complete", "Failed"} & set(_conditions(job)))
+
+
+def job_outcome(job: JSON, pods: list[JSON]) -> Outcome | None:
+    """How a Job ended, from its status and its pods; None while it runs and nothing is wrong."""
+    conditions = _conditions(job)
+    if "Complete" in conditions:
+        return OK
+    if "Failed" not in conditions:
+        found = pod_outcome(pods)
+        return found if found is not None and found.failure_kind is FailureKind.INFRA else None
+    if conditions["Failed"].get("reason") == "DeadlineExceeded":
+        return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the Job ran past activeDeadlineSeconds")
+    found = pod_outcome(pods)
+    failed = conditions["Failed"]
+    return found or Outcome.infra(f"Job failed: {failed.get('reason', '')} {failed.get('message', '')}".strip())
+
+
+def pod_outcome(pods: list[JSON]) -> Outcome | None:
+    """A failure visible on the pods (the newest first), or None."""
+    for pod in sorted(pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")), reverse=True):
+        status: JSON = pod.get("status") or {}
+        if status.get("reason") in INFRA_POD:
+            return Outcome.infra(f"pod {status['reason']}: {status.get('message', '')}".strip())
+        containers: list[Any] = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+        for c in containers:
+            state = c.get("state") or {}
+            waiting, ended = state.get("waiting") or {}, state.get("terminated") or {}
+            if waiting.get("reason") in INFRA_WAITING:
+                return Outcome.infra(f"{c['name']}: {waiting['reason']}: {waiting.get('message', '')}".strip())
+            if ended and ended.get("reason") in INFRA_START:
+                return Outcome.infra(f"{c['name']} did not start: {ended.get('message') or ended['reason']}")
+            if ended and ended.get("exitCode", 0) != 0:
+                if c["name"] == "harness":
+                    return Outcome.task(f"harness exited with {ended['exitCode']}")
+                return Outcome.infra(f"{c['name']} exited with {ended['exitCode']}")
+    return None

@@ -1,0 +1,104 @@
+"""The rollout spec: what to run for one rollout, validated before anything is launched.
+
+Owns the pydantic shape of a spec (YAML or JSON; unknown fields are errors) and the messages
+that name the offending field. The same spec serves both launchers: `command`, `env`, `cwd`,
+`timeout_s` for a local process; `image`, `resources` and the Job fields also for Kubernetes.
+It does not launch anything, and it does not know the injected environment (see
+`controller/launcher.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")  # Kubernetes resource quantity
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+class SpecError(ValueError):
+    """An invalid spec; the message names each bad field (`harness.resources.cpu: ...`)."""
+
+
+class Resources(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cpu: str | None = Field(None, description="Kubernetes quantity, e.g. '500m' or '2'.")
+    memory: str | None = Field(None, description="Kubernetes quantity, e.g. '512Mi'.")
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, value: str | None) -> str | None:
+        if value is not None and not QUANTITY.match(value):
+            raise ValueError(f"{value!r} is not a resource quantity (e.g. '500m', '2', '512Mi')")
+        return value
+
+
+class Process(BaseModel):
+    """One program: the harness, or its grader."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: list[str] = Field(min_length=1, description="argv; no shell unless you name one.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment (the injected keys win).")
+    cwd: str | None = Field(None, description="Working directory; default: a fresh workspace per attempt.")
+    timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit (seconds); then the run is killed.")
+    image: str = Field("python:3.11-slim", min_length=1, description="Container image (Kubernetes only).")
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str]) -> list[str]:
+        if not value[0]:
+            raise ValueError("the program name is empty")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return value
+
+
+class Spec(BaseModel):
+    """How to run every attempt of a rollout."""
+
+    model_config = ConfigDict(extra="forbid")
+    harness: Process
+    grader: Process | None = Field(None, description="Runs after the harness exits 0, with the grader token.")
+    max_attempts: int = Field(3, ge=1, le=100, description="Attempts in all, counting infra failures only.")
+    retry_backoff_s: float = Field(2.0, ge=0, description="Delay before attempt 2; doubles per attempt (seconds).")
+    namespace: str = Field("default", min_length=1, description="Kubernetes namespace of the Jobs and Secrets.")
+    workspace: str = Field("/workspace", description="Where harness and grader share files in a Pod (emptyDir).")
+    ttl_after_finished_s: int = Field(3600, ge=0, description="Kubernetes keeps a finished Job this long (s).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on Jobs and their Pods.")
+    service_account: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def total_timeout_s(self) -> float:
+        return self.harness.timeout_s + (self.grader.timeout_s if self.grader else 0.0)
+
+
+def parse_spec(data: Any, where: str = "spec") -> Spec:
+    """Validate a spec given as a mapping; raise `SpecError` naming the bad fields."""
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'spec'}: {err['msg']}" for err in e.errors())
+        raise SpecError(f"{where}: {problems}") from e
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read a YAML or JSON spec file."""
+    try:
+        text = Path(path).read_text()
+        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise SpecError(f"{path}: cannot read the spec: {e}") from e
+    return parse_spec(data, str(path))

@@ -1,0 +1,202 @@
+"""The Kubernetes launcher against the cluster KUBECONFIG names (CI: kube-local, whose pods are local processes).
+
+End to end: a real gateway, the controller with the Kubernetes launcher, Jobs whose containers run
+Python harness and grader scripts that call the gateway with the injected credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller import jobs
+from tests.controller.conftest import GRADER, controller, harness_spec, reasons, script, wait_status
+from tests.gateway.stack import ADMIN
+
+pytestmark = [
+    pytest.mark.k8s,
+    pytest.mark.skipif(not os.environ.get("KUBECONFIG"), reason="KUBECONFIG names no cluster"),
+]
+
+
+@pytest.fixture
+def namespace() -> Iterator[str]:
+    from kubernetes import client, config
+
+    config.load_kube_config()
+    core = client.CoreV1Api()
+    name = f"agl-test-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    deadline = time.monotonic() + 30
+    while not core.list_namespaced_service_account(name).items:  # pods are refused until it exists
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    yield name
+    core.delete_namespace(name)
+
+
+def kube_launcher(namespace: str):
+    from controller.kube import KubeLauncher
+
+    return KubeLauncher(namespace, pod_check_s=1.0)
+
+
+def graded_spec(tmp_path: Path, namespace: str, **harness_env: str) -> dict:
+    spec = harness_spec(tmp_path, env=harness_env)
+    spec["grader"] = {"command": script(tmp_path, "grader.py", GRADER), "env": {"GRADER_OUT": str(tmp_path / "g")}}
+    return spec | {"namespace": namespace, "workspace": str(tmp_path / "ws"), "retry_backoff_s": 0.1}
+
+
+def test_job_end_to_end_with_grader(gateway, tmp_path: Path, namespace: str) -> None:
+    from kubernetes import client
+
+    rid = gateway.rollout(grader=True)["id"]
+    launcher = kube_launcher(namespace)
+    with controller(gateway, tmp_path, graded_spec(tmp_path, namespace), launcher, launcher="kubernetes"):
+        done = wait_status(gateway, rid, timeout=90)
+        secret = client.CoreV1Api().read_namespaced_secret(f"agl-{rid}-1", namespace)
+    launcher.close()
+    assert done["status"] == "succeeded" and done["reward"] == 0.5, reasons(gateway, rid)
+    assert len(gateway.admin.get(f"/api/rollouts/{rid}/calls").json()) == 1
+    assert secret.metadata.owner_references[0].kind == "Job"  # collected with its Job
+    harness_env = json.loads((tmp_path / "harness.1.env").read_text())
+    grader_env = json.loads((tmp_path / "g").read_text())
+    assert "AGL_GRADER_TOKEN" not in harness_env and "OPENAI_API_KEY" not in grader_env
+    assert harness_env["OPENAI_BASE_URL"] == gateway.url + "/v1" and harness_env["AGL_ROLLOUT_ID"] == rid
+
+
+def test_deleted_job_is_an_infra_failure_and_retried(gateway, tmp_path: Path, namespace: str) -> None:
+    from kubernetes import client
+
+    rid = gateway.rollout(grader=True)["id"]
+    launcher = kube_launcher(namespace)
+    spec = graded_spec(tmp_path, namespace, HARNESS_SLEEP_1="300")
+    with controller(gateway, tmp_path, spec, launcher, launcher="kubernetes"):
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "harness.1.called").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        options = client.V1DeleteOptions(propagation_policy="Background")
+        client.BatchV1Api().delete_namespaced_job(f"agl-{rid}-1", namespace, body=options)
+        done = wait_status(gateway, rid, timeout=90)
+    launcher.close()
+    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 0.5), reasons(gateway, rid)
+    assert any("deleted" in r and "infra" in r for r in reasons(gateway, rid))
+    assert [c["attempt"] for c in gateway.admin.get(f"/api/rollouts/{rid}/calls").json()] == [2]
+
+
+def test_api_422_is_a_task_failure(gateway, tmp_path: Path, namespace: str) -> None:
+    rid = gateway.rollout()["id"]
+    launcher = kube_launcher(namespace)
+    spec = {"harness": {"command": ["true"]}, "namespace": namespace, "labels": {"team": "not a valid value!"}}
+    with controller(gateway, tmp_path, spec, launcher, launcher="kubernetes"):
+        done = wait_status(gateway, rid, timeout=60)
+    launcher.close()
+    assert (done["status"], done["failure_kind"], done["attempt"]) == ("failed", "task", 1)
+    assert any("422" in r for r in reasons(gateway, rid))
+    from kubernetes import client
+
+    assert not client.CoreV1Api().list_namespaced_secret(namespace, label_selector="agl.dev/rollout").items
+
+
+def test_rendered_manifests_validate_apply_and_are_adopted(gateway, tmp_path: Path, namespace: str, capsys) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(graded_spec(tmp_path, namespace)))
+    argv = ["render", "--spec", str(spec_file), "--count", "1", "--group", "manual", "--task", '{"n": 7}']
+    assert jobs.main([*argv, "--gateway", gateway.url, "--admin-key", ADMIN]) == 0
+    rendered = capsys.readouterr().out
+    (tmp_path / "rendered.yaml").write_text(rendered)
+    validate = Path(__file__).parents[2] / ".venv/bin/kubernetes-validate"
+    if validate.exists():
+        checked = subprocess.run([str(validate), "--strict", str(tmp_path / "rendered.yaml")], capture_output=True)
+        assert checked.returncode == 0, checked.stdout
+    (rollout,) = gateway.admin.get("/api/rollouts", params={"group": "manual"}).json()
+    launcher = kube_launcher(namespace)
+    with controller(gateway, tmp_path, None, launcher, launcher="kubernetes"):
+        time.sleep(1.0)  # a running controller does not launch a manifest rollout itself
+        assert gateway.admin.get(f"/api/rollouts/{rollout['id']}").json()["status"] == "queued"
+        applied = subprocess.run([kubectl, "apply", "-f", "-"], input=rendered, capture_output=True, text=True)
+        assert applied.returncode == 0, applied.stderr
+        done = wait_status(gateway, rollout["id"], timeout=90)
+    launcher.close()
+    assert done["status"] == "succeeded" and done["reward"] == 0.5, reasons(gateway, rollout["id"])
+    assert json.loads(json.loads((tmp_path / "harness.1.env").read_text())["AGL_TASK"]) == {"n": 7}
+
+
+def test_pod_outcomes_map_to_failure_kinds(gateway, tmp_path: Path, namespace: str) -> None:
+    base = {"namespace": namespace, "max_attempts": 2, "retry_backoff_s": 0.1, "workspace": str(tmp_path / "ws")}
+    exit3 = base | {"harness": {"command": ["sh", "-c", "exit 3"]}}
+    grader_fails = base | {"harness": {"command": ["true"]}, "grader": {"command": ["false"]}}
+    missing = base | {"harness": {"command": ["/no/such/harness"]}}
+    ids = [
+        gateway.rollout(metadata={"spec": exit3})["id"],
+        gateway.rollout(grader=True, metadata={"spec": grader_fails})["id"],
+        gateway.rollout(metadata={"spec": missing})["id"],
+    ]
+    launcher = kube_launcher(namespace)
+    with controller(gateway, tmp_path, None, launcher, launcher="kubernetes"):
+        done = [wait_status(gateway, rid, timeout=90) for rid in ids]
+    launcher.close()
+    got = [(d["status"], d["failure_kind"], d["attempt"]) for d in done]
+    assert got == [("failed", "task", 1), ("failed", "infra", 2), ("failed", "infra", 2)], [
+        reasons(gateway, i) for i in ids
+    ]
+    assert any("harness exited with 3" in r for r in reasons(gateway, ids[0]))
+    assert any("grader exited with 1" in r for r in reasons(gateway, ids[1]))
+
+
+def test_watch_relists_after_410_gone(namespace: str, monkeypatch) -> None:
+    """A 410 (our resourceVersion was compacted away) cannot be caused on demand, so the first
+    watch answers it; everything else is the real API server."""
+    import asyncio
+
+    from kubernetes.client.rest import ApiException
+
+    from controller import kube
+    from controller.launcher import Credentials
+    from controller.spec import parse_spec
+
+    real, calls = kube.watch.Watch.stream, {"streams": 0, "lists": 0}
+
+    def stream(self, *args, **kwargs):
+        calls["streams"] += 1
+        if calls["streams"] == 1:
+            raise ApiException(status=410, reason="Gone")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(kube.watch.Watch, "stream", stream)
+    launcher = kube_launcher(namespace)
+    relist = launcher._relist
+
+    def counted() -> str:
+        calls["lists"] += 1
+        return relist()
+
+    monkeypatch.setattr(launcher, "_relist", counted)
+    spec = parse_spec({"harness": {"command": ["true"]}, "namespace": namespace})
+    creds = Credentials("f" * 32, 1, {}, "http://127.0.0.1:9", "http://127.0.0.1:9/v1", "http://127.0.0.1:9", "t")
+
+    async def run() -> list:
+        await launcher.adopt()
+        await launcher.launch(spec, creds)
+        for _ in range(300):
+            if ended := await launcher.poll():
+                return ended
+            await asyncio.sleep(0.1)
+        return []
+
+    ended = asyncio.run(run())
+    launcher.close()
+    assert calls["lists"] >= 2 and calls["streams"] >= 2
+    assert [(key, outcome.status.value) for key, outcome in ended] == [(("f" * 32, 1), "succeeded")]
