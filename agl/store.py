@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import math
 import queue
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -298,7 +300,7 @@ def _op_transition(
     values: dict[str, Any] = {"status": to.value, "failure_kind": failure_kind.value if failure_kind else None}
     new_attempt = row.attempt + 1 if to is Status.QUEUED else row.attempt
     if to is Status.QUEUED:
-        values.update(attempt=new_attempt, started_at=None, failure_kind=None)
+        values.update(attempt=new_attempt, started_at=None, failure_kind=None, reward=None)  # a fresh attempt
     elif to is Status.RUNNING:
         values["started_at"] = now
     data: JSON = {"from": current.value, "to": to.value, "attempt": new_attempt}
@@ -317,7 +319,16 @@ def _op_transition(
 _CALL_TARGETS = sa.select(rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls).where(
     rollouts.c.id.in_(sa.bindparam("ids", expanding=True))
 )
-_INSERT_CALLS = calls.insert().returning(calls.c.id, sort_by_parameter_order=True)
+_CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
+
+
+def _insert_sql(conn: Connection) -> str:
+    """The call insert in the driver's own parameter style: executemany without SQLAlchemy's
+    per-row parameter processing, which cost more than the insert itself."""
+    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
+    return f"INSERT INTO calls ({', '.join(_CALL_COLUMNS)}) VALUES ({', '.join([mark] * len(_CALL_COLUMNS))})"
+
+
 _COUNT_CALLS = rollouts.update().where(rollouts.c.id == sa.bindparam("rid")).values(n_calls=sa.bindparam("n"))
 
 
@@ -346,8 +357,8 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, tuple[bytes, by
                 "seq": seq,
                 "agent": call.agent,
                 "model_version": call.model_version,
-                "request": call.request,
-                "response": call.response,
+                "request": json.dumps(call.request),
+                "response": json.dumps(call.response),
                 "prompt_ids": prompt,
                 "response_ids": response,
                 "logprobs": logprobs,
@@ -358,13 +369,10 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, tuple[bytes, by
         )
         outcomes.append((True, (call, row.attempt, seq)))
     if inserts:
-        ids = conn.execute(_INSERT_CALLS, inserts).scalars()
+        conn.exec_driver_sql(_insert_sql(conn), [tuple(row[c] for c in _CALL_COLUMNS) for row in inserts])
         conn.execute(_COUNT_CALLS, [{"rid": rid, "n": n} for rid, n in next_seq.items()])
-        stored = iter(ids.all())
         outcomes = [
-            (True, replace(value[0], id=next(stored), attempt=value[1], seq=value[2], created_at=now))
-            if ok
-            else (ok, value)
+            (True, replace(value[0], attempt=value[1], seq=value[2], created_at=now)) if ok else (ok, value)
             for ok, value in outcomes
         ]
     return outcomes
@@ -380,6 +388,16 @@ def _op_set_reward(conn: Connection, rollout_id: str, reward: float, data: JSON)
     if data["final"]:
         conn.execute(rollouts.update().where(rollouts.c.id == rollout_id).values(reward=reward))
     return _insert_event(conn, rollout_id, row.attempt, "reward", data)
+
+
+def _op_rotate_tokens(conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None) -> Rollout:
+    row = _rollout_row(conn, rollout_id)
+    if Status(row.status).terminal or (attempt is not None and attempt != row.attempt):
+        raise IllegalTransition(f"rollout {rollout_id}: no new tokens ({row.status}, attempt {row.attempt})")
+    values = {"agent_token_hash": agent, "grader_token_hash": grader if row.grader_token_hash is not None else None}
+    conn.execute(rollouts.update().where(rollouts.c.id == rollout_id).values(**values))
+    _insert_event(conn, rollout_id, row.attempt, "tokens", {"rotated": True})
+    return _rollout(_rollout_row(conn, rollout_id))
 
 
 def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
@@ -630,7 +648,8 @@ class Store:
         return self.submit(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt).result()
 
     def append_call(self, call: Call) -> Call:
-        """Record a model call under its rollout's current attempt; returns it with id and seq."""
+        """Record a model call under its rollout's current attempt; returns it with attempt and seq
+        (its row id is read back by `calls_for`)."""
         return self.submit(_bulk_append_calls, call, self._blobs(call)).result()
 
     def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
@@ -659,6 +678,14 @@ class Store:
         """Record a reward event; a final reward also becomes the rollout's reward."""
         return self.submit(_op_set_reward, rollout_id, *_reward_args(reward, source, final, call_seq)).result()
 
+    def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> Created:
+        """New agent (and grader) tokens for a rollout that has not ended; the old ones die.
+
+        How a launcher that did not create the rollout gets credentials for an attempt."""
+        agent, grader = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        rollout = self.submit(_op_rotate_tokens, rollout_id, hash_token(agent), hash_token(grader), attempt).result()
+        return Created(rollout, agent, grader if rollout.has_grader else None)
+
     def register_model(self, model: ModelVersion) -> ModelVersion:
         """Add a policy version; versions only grow."""
         return self.submit(_op_register_model, _model_args(model)).result()
@@ -672,9 +699,12 @@ class Store:
         logprobs = _array(call.logprobs, "f", f"{where}: logprobs", limit)
         if len(logprobs) != len(response):
             raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
-        if (prompt and min(prompt) < 0) or (response and min(response) < 0):
+        if (prompt and np.frombuffer(prompt, np.int32).min() < 0) or (
+            response and np.frombuffer(response, np.int32).min() < 0
+        ):
             raise InvalidData(f"{where}: negative token id")
-        if logprobs and not (math.isfinite(sum(logprobs)) and max(logprobs) <= 1e-3):
+        values = np.frombuffer(logprobs, np.float32)
+        if len(values) and not (np.isfinite(values).all() and values.max() <= 1e-3):
             raise InvalidData(f"{where}: logprobs must be finite and at most 0")
         return encode(prompt), encode(response), encode(logprobs)
 
@@ -888,6 +918,11 @@ class AsyncStore:
 
     async def register_model(self, model: ModelVersion) -> ModelVersion:
         return await self._write(_op_register_model, _model_args(model))
+
+    async def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> Created:
+        agent, grader = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        rollout = await self._write(_op_rotate_tokens, rollout_id, hash_token(agent), hash_token(grader), attempt)
+        return Created(rollout, agent, grader if rollout.has_grader else None)
 
     async def read(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run one of the store's read methods in a worker thread: `await aio.read(store.get_rollout, id)`."""

@@ -1,7 +1,7 @@
 """A process that streams writes into a store and prints each one once it is acknowledged.
 
 Used by test_store_crash.py, which kills it with SIGKILL mid-stream. Each line on stdout is
-`ack <call id> <k>`: call number k (whose arrays are derived from k) was committed.
+`ack <call seq> <k>`: call number k (whose arrays are derived from k) was committed.
 """
 
 import sys
@@ -34,7 +34,7 @@ def main(url: str, threads: int) -> None:
                 k = next(counter)
             call = store.append_call(Call(rid, *payload(k)))
             with lock:
-                sys.stdout.write(f"ack {call.id} {k}\n")
+                sys.stdout.write(f"ack {call.seq} {k}\n")
                 sys.stdout.flush()
 
     for _ in range(threads):

@@ -120,7 +120,9 @@ def test_retry_starts_a_new_attempt_and_only_its_calls_count(store):
     rid = _drive_to(store, Status.RUNNING)
     store.append_call(make_call(rid))
     store.append_call(make_call(rid))
+    store.set_reward(rid, 1.0)
     store.transition(rid, Status.QUEUED, failure_kind="infra", reason="pod evicted", attempt=1)
+    assert store.get_rollout(rid).reward is None  # the failed attempt's reward does not carry over
     store.transition(rid, Status.RUNNING, attempt=2)
     third = store.append_call(make_call(rid, n_response=7))
     assert (third.attempt, third.seq) == (2, 2)
@@ -143,7 +145,8 @@ def test_token_arrays_round_trip(store, n):
     (got,) = store.calls_for([rid])[rid]
     assert got.prompt_ids == prompt and got.response_ids == response and got.logprobs == logprobs
     assert got.prompt_ids.typecode == "i" and got.logprobs.typecode == "f"
-    assert (got.id, got.seq, got.agent, got.model_version, got.request) == (stored.id, 0, "solver", 3, {"m": [1]})
+    assert (got.seq, stored.seq, got.agent, got.model_version, got.request) == (0, 0, "solver", 3, {"m": [1]})
+    assert got.id is not None
     with store._read_engine.connect() as conn:
         blob = conn.execute(sa.select(calls.c.logprobs)).scalar()
     assert len(blob) == 4 * n  # float32, not JSON

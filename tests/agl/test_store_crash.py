@@ -31,14 +31,14 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_write(db_url, acks_before_k
     acked: dict[int, int] = {}
     try:
         for line in proc.stdout:
-            _, call_id, k = line.split()
-            acked[int(call_id)] = int(k)
+            _, seq, k = line.split()
+            acked[int(seq)] = int(k)
             if len(acked) >= acks_before_kill:
                 proc.send_signal(signal.SIGKILL)
                 break
         for line in proc.stdout:  # acknowledgements already written before the kill landed
-            _, call_id, k = line.split()
-            acked[int(call_id)] = int(k)
+            _, seq, k = line.split()
+            acked[int(seq)] = int(k)
     finally:
         proc.kill()
         proc.wait()
@@ -51,10 +51,10 @@ def test_sigkill_mid_stream_keeps_every_acknowledged_write(db_url, acks_before_k
             assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     with Store(db_url) as store:
         (rollout,) = store.list_rollouts(group="crash")
-        stored = {c.id: c for c in store.calls_for([rollout.id])[rollout.id]}
+        stored = {c.seq: c for c in store.calls_for([rollout.id])[rollout.id]}
     assert set(acked) <= set(stored)
-    for call_id, k in acked.items():
+    for seq, k in acked.items():
         prompt, response, logprobs = payload(k)
-        call = stored[call_id]
+        call = stored[seq]
         assert (call.prompt_ids, call.response_ids, call.logprobs) == (prompt, response, logprobs)
     assert sorted(c.seq for c in stored.values()) == list(range(len(stored)))
