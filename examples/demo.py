@@ -1,21 +1,19 @@
-"""`make demo`: the stack on its embedded defaults, and one real rollout through it end to end.
+"""`make demo`: the stack on its embedded defaults, and real rollouts through it end to end.
 
-Starts the embedded engine (SmolLM2-135M-Instruct on the CPU) and the gateway (SQLite store)
-as real processes on 127.0.0.1, creates a rollout, runs an unchanged harness (the calculator
-agent in examples/calculator/, written with the plain openai SDK) with the injected endpoint
-and credentials, records how it ended, and prints what the gateway recorded: every call's
-token counts, its decoded reply, how consecutive calls extended one token sequence, the reward.
+Starts the embedded engine (SmolLM2-135M-Instruct on the CPU), the gateway (SQLite store) and
+the controller (local processes) as real processes on 127.0.0.1, creates a group of rollouts
+whose spec runs an unchanged harness (the calculator agent in examples/calculator/, written
+with the plain openai SDK), waits for the controller to run them to the end, and prints what
+the gateway recorded: every call's token counts and decoded reply, how consecutive calls
+extended one token sequence, and each rollout's status and reward.
 
-Until the controller and the trainer land, this script plays their part for one rollout; it
-grows into the training demo later.
+Until the trainer lands, this is where the demo stops; it grows into the training demo later.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
 import socket
 import subprocess
 import sys
@@ -26,7 +24,12 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_KEY = "demo-admin-key"
-TASK = {"question": "What is 17 * 23 + 4?", "answer": 395}
+TASKS = [
+    {"question": "What is 17 * 23 + 4?", "answer": 395},
+    {"question": "What is 2 + 2?", "answer": 4},
+    {"question": "What is 12 * 12?", "answer": 144},
+    {"question": "What is 100 - 58?", "answer": 42},
+]
 
 
 def free_port() -> int:
@@ -58,6 +61,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a folder")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo", help="store, logs")
+    parser.add_argument("--rollouts", type=int, default=4, help="how many tasks to run (at most 4)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     db = args.out / "agl.db"
@@ -74,50 +78,43 @@ def main() -> int:
         wait_up(gateway_url + "/healthz", procs[-1], "the gateway")
         print(f"engine {engine_url}, gateway {gateway_url}, store {db}")
 
+        controller = ["controller", "--gateway", gateway_url, "--admin-key", ADMIN_KEY, "--launcher", "local"]
+        procs.append(start("controller", [*controller, "--state-dir", str(args.out / "controller")], args.out))
         admin = httpx.Client(base_url=gateway_url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
-        created = admin.post("/api/rollouts", json={"task": TASK, "group": "demo-task-0"}).json()
-        rid = created["id"]
-        env = os.environ | {
-            "OPENAI_BASE_URL": created["base_url"],
-            "OPENAI_API_KEY": created["agent_token"],
-            "ANTHROPIC_BASE_URL": created["anthropic_base_url"],
-            "ANTHROPIC_API_KEY": created["agent_token"],
-            "AGL_GATEWAY_URL": gateway_url,
-            "AGL_ROLLOUT_ID": rid,
-            "AGL_TASK": json.dumps(TASK),
-        }
-        admin.post(f"/api/rollouts/{rid}/status", json={"status": "running"}).raise_for_status()
-        print(f"rollout {rid}: running the calculator harness on {TASK['question']!r}")
         harness = ROOT / "examples" / "calculator" / "harness.py"
-        done = subprocess.run([sys.executable, str(harness)], env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode == 0:
-            end = {"status": "succeeded"}
-        else:
-            end = {"status": "failed", "failure_kind": "task", "reason": f"exit {done.returncode}"}
-        admin.post(f"/api/rollouts/{rid}/status", json=end).raise_for_status()
-
-        rollout = admin.get(f"/api/rollouts/{rid}").json()
-        calls = admin.get(f"/api/rollouts/{rid}/calls").json()
-        print(f"harness output: {done.stdout.strip() or done.stderr.strip()[-500:]}")
-        print(f"rollout {rid}: {rollout['status']}, reward {rollout['reward']}, {len(calls)} calls recorded")
-        for c in calls:
-            text = c["response"]["text"].replace("\n", " ")[:90]
-            print(
-                f"  call {c['seq']}: {len(c['prompt_ids'])} prompt + {len(c['response_ids'])} sampled tokens "
-                f"({len(c['logprobs'])} logprobs, finish {c['finish_reason']}): {text!r}"
-            )
-        for a, b in itertools.pairwise(calls):
-            whole = a["prompt_ids"] + a["response_ids"]
-            kept = b["prompt_ids"][: len(whole)] == whole
-            print(f"  call {b['seq']} {'extends' if kept else 'does not extend'} call {a['seq']}'s token sequence")
+        spec = {"harness": {"command": [sys.executable, str(harness)], "timeout_s": 300}, "max_attempts": 2}
+        ids = []
+        for task in TASKS[: args.rollouts]:
+            body = {"task": task, "group": "demo-" + task["question"], "metadata": {"spec": spec}}
+            ids.append(admin.post("/api/rollouts", json=body).json()["id"])
+        print(f"{len(ids)} rollouts queued; the controller runs the calculator harness for each")
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            rollouts = [admin.get(f"/api/rollouts/{rid}").json() for rid in ids]
+            if all(r["status"] in ("succeeded", "failed", "timed_out", "cancelled") for r in rollouts):
+                break
+            time.sleep(1)
+        ok = True
+        for r in rollouts:
+            calls = admin.get(f"/api/rollouts/{r['id']}/calls").json()
+            ok &= r["status"] in ("succeeded", "failed") and r["failure_kind"] != "infra" and bool(calls)
+            question = r["task"]["question"]
+            print(f"rollout {r['id'][:8]} {question!r}: {r['status']}, reward {r['reward']}, {len(calls)} calls")
+            for c in calls:
+                text = c["response"]["text"].replace("\n", " ")[:80]
+                print(
+                    f"  call {c['seq']}: {len(c['prompt_ids'])} prompt + {len(c['response_ids'])} sampled tokens "
+                    f"({len(c['logprobs'])} logprobs, {c['finish_reason']}): {text!r}"
+                )
+            for a, b in itertools.pairwise(calls):
+                whole = a["prompt_ids"] + a["response_ids"]
+                kept = b["prompt_ids"][: len(whole)] == whole
+                print(f"  call {b['seq']} {'extends' if kept else 'does not extend'} call {a['seq']}'s token sequence")
         metrics = admin.get("/metrics").text
-        print(
-            "  "
-            + "\n  ".join(
-                line for line in metrics.splitlines() if line.startswith(("agl_prefix_total", "agl_calls_total"))
-            )
-        )
-        return 0 if rollout["status"] == "succeeded" and calls else 1
+        shown = [line for line in metrics.splitlines() if line.startswith(("agl_prefix_total", "agl_calls_total"))]
+        print("gateway metrics:\n  " + "\n  ".join(shown))
+        print(f"store: {db}; logs: {args.out}")
+        return 0 if ok else 1
     finally:
         for proc in reversed(procs):
             proc.terminate()
