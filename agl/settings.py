@@ -28,6 +28,12 @@ class StoreSettings(BaseSettings):
         description="Writes committed together by the writer thread (count). Group commit "
         "amortizes one fsync over many writes; 256 keeps a batch well under a second.",
     )
+    group_wait_ms: float = Field(
+        1.0,
+        ge=0,
+        description="Longest the writer waits for the rest of a group (milliseconds), and only while "
+        "fewer writes are queued than the last group held; a lone writer never waits.",
+    )
     max_tokens_per_array: int = Field(
         4_194_304,
         ge=1,

@@ -543,10 +543,15 @@ class Store:
         return future
 
     def _write_loop(self) -> None:
-        stop = False
+        """Take what is queued and commit it together. When fewer writes are queued than recent
+        groups held, wait up to `group_wait_ms` for the rest: the writers of the last group are
+        about to write again, and one commit for all of them beats several small ones. A lone
+        writer (groups of one) never waits."""
+        expected, stop = 1, False
         while not stop:
             batch: list[_Op] = []
-            item = self._queue.get()
+            item: _Op | object = self._queue.get()
+            deadline = time.monotonic() + self.settings.group_wait_ms / 1000
             while True:
                 if item is _STOP:
                     stop = True
@@ -557,9 +562,16 @@ class Store:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    wait = deadline - time.monotonic()
+                    if len(batch) >= expected or wait <= 0:
+                        break
+                    try:
+                        item = self._queue.get(timeout=wait)
+                    except queue.Empty:
+                        break
             if batch:
                 self._commit(batch)
+                expected = max(len(batch), (expected + len(batch)) // 2)  # decays after a burst
 
     def _commit(self, batch: list[_Op], *, isolated: bool = False) -> None:
         """Commit a group of writes in one transaction. Plain writes each run in a savepoint; runs
