@@ -332,7 +332,25 @@ def _insert_sql(conn: Connection) -> str:
 _COUNT_CALLS = rollouts.update().where(rollouts.c.id == sa.bindparam("rid")).values(n_calls=sa.bindparam("n"))
 
 
-def _bulk_append_calls(conn: Connection, items: list[tuple[Call, tuple[bytes, bytes, bytes]]]) -> list[_Outcome]:
+def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
+    """Validate a call's arrays and encode them; `InvalidData` names what is wrong."""
+    where = f"rollout {call.rollout_id}"
+    prompt = _array(call.prompt_ids, "i", f"{where}: prompt_ids", limit)
+    response = _array(call.response_ids, "i", f"{where}: response_ids", limit)
+    logprobs = _array(call.logprobs, "f", f"{where}: logprobs", limit)
+    if len(logprobs) != len(response):
+        raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
+    if (prompt and np.frombuffer(prompt, np.int32).min() < 0) or (
+        response and np.frombuffer(response, np.int32).min() < 0
+    ):
+        raise InvalidData(f"{where}: negative token id")
+    values = np.frombuffer(logprobs, np.float32)
+    if len(values) and not (np.isfinite(values).all() and values.max() <= 1e-3):
+        raise InvalidData(f"{where}: logprobs must be finite and at most 0")
+    return encode(prompt), encode(response), encode(logprobs)
+
+
+def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[_Outcome]:
     """Record many calls with one query per table: the hot path, batched across writers."""
     wanted = list({call.rollout_id for call, _ in items})
     rows = {row.id: row for row in conn.execute(_CALL_TARGETS, {"ids": wanted})}
@@ -340,7 +358,12 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, tuple[bytes, by
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
     now = time.time()
-    for call, (prompt, response, logprobs) in items:
+    for call, limit in items:
+        try:  # here rather than on the callers' threads: one thread, no contention for the GIL
+            prompt, response, logprobs = _encode_call(call, limit)
+        except InvalidData as e:
+            outcomes.append((False, e))
+            continue
         row = rows.get(call.rollout_id)
         if row is None:
             outcomes.append((False, NotFound(f"unknown rollout {call.rollout_id!r}")))
@@ -662,7 +685,7 @@ class Store:
     def append_call(self, call: Call) -> Call:
         """Record a model call under its rollout's current attempt; returns it with attempt and seq
         (its row id is read back by `calls_for`)."""
-        return self.submit(_bulk_append_calls, call, self._blobs(call)).result()
+        return self.submit(_bulk_append_calls, call, self.settings.max_tokens_per_array).result()
 
     def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
         return self.submit(_op_append_event, rollout_id, *_event_args(kind, data)).result()
@@ -701,24 +724,6 @@ class Store:
     def register_model(self, model: ModelVersion) -> ModelVersion:
         """Add a policy version; versions only grow."""
         return self.submit(_op_register_model, _model_args(model)).result()
-
-    def _blobs(self, call: Call) -> tuple[bytes, bytes, bytes]:
-        """Validate a call's arrays on the caller's thread and encode them."""
-        limit = self.settings.max_tokens_per_array
-        where = f"rollout {call.rollout_id}"
-        prompt = _array(call.prompt_ids, "i", f"{where}: prompt_ids", limit)
-        response = _array(call.response_ids, "i", f"{where}: response_ids", limit)
-        logprobs = _array(call.logprobs, "f", f"{where}: logprobs", limit)
-        if len(logprobs) != len(response):
-            raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
-        if (prompt and np.frombuffer(prompt, np.int32).min() < 0) or (
-            response and np.frombuffer(response, np.int32).min() < 0
-        ):
-            raise InvalidData(f"{where}: negative token id")
-        values = np.frombuffer(logprobs, np.float32)
-        if len(values) and not (np.isfinite(values).all() and values.max() <= 1e-3):
-            raise InvalidData(f"{where}: logprobs must be finite and at most 0")
-        return encode(prompt), encode(response), encode(logprobs)
 
     # ---- reads
 
@@ -912,7 +917,7 @@ class AsyncStore:
         return await self._write(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt)
 
     async def append_call(self, call: Call) -> Call:
-        return await self._write(_bulk_append_calls, call, self.store._blobs(call))
+        return await self._write(_bulk_append_calls, call, self.store.settings.max_tokens_per_array)
 
     async def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
         return await self._write(_op_append_event, rollout_id, *_event_args(kind, data))
