@@ -464,9 +464,11 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if writer else "BEGIN")
+    if writer:  # reads run in autocommit: each statement sees the latest commit, no BEGIN round trip
+
+        @sa.event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+import orjson
 import uvicorn
 import uvloop
 from fastapi import FastAPI, Request
@@ -213,7 +214,10 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
                 hashes.get(rollout.id, set()).discard(old)
         return found
 
+    generation: dict[str, int] = {}  # rollout id -> how often its entries were dropped
+
     def changed(rollout_id: str) -> None:
+        generation[rollout_id] = generation.get(rollout_id, 0) + 1
         for digest in hashes.pop(rollout_id, ()):
             tokens.pop(digest, None)
 
@@ -232,10 +236,18 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
             raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})")
         if rollout.status is Status.QUEUED:
             changed(rollout.id)
+            seen = generation[rollout.id]
             try:
                 rollout = await aio.transition(rollout.id, Status.RUNNING, reason="first model call")
-            except IllegalTransition:
+            except IllegalTransition:  # started (or ended) by someone else meanwhile
                 rollout = await aio.read(store.get_rollout, rollout.id)
+                if rollout.status.terminal:
+                    raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})") from None
+                return rollout
+            if generation[rollout.id] == seen:  # nothing changed it since: cache the running rollout
+                digest = hash_token(token)
+                tokens[digest] = (rollout, "agent")
+                hashes.setdefault(rollout.id, set()).add(digest)
         return rollout
 
     def admin(request: Request) -> None:
@@ -321,52 +333,50 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
     def agent_of(request: Request, model: str) -> str:
         return request.headers.get("x-agl-agent") or model or "default"
 
-    def stream(chunks: Iterator[str]) -> StreamingResponse:
-        return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def reply(response: JSON, chunks: Iterator[str] | None = None) -> Response:
+        """The reply as one JSON body, or as server-sent events when the client asked to stream."""
+        if chunks is not None:
+            return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return Response(orjson.dumps(response), media_type="application/json")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Any:
+    async def chat_completions(request: Request) -> Response:
         rollout = await harness(request)
         req = await body(request, wire.ChatRequest)
         messages, tools, params = req.parse()
         agent = agent_of(request, req.model)
         completions = await proxy.chat(rollout, agent, "chat", messages, tools, params, req.n, request.state.body)
         response = wire.chat_response(completions, req.model, req.logprobs)
-        if req.stream:
-            return stream(wire.chat_stream(response, bool((req.stream_options or {}).get("include_usage"))))
-        return response
+        usage = bool((req.stream_options or {}).get("include_usage"))
+        return reply(response, wire.chat_stream(response, usage) if req.stream else None)
 
     @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
+    async def completions(request: Request) -> Response:
         rollout = await harness(request)
         req = await body(request, wire.CompletionRequest)
         ids = proxy.renderer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
         agent = agent_of(request, req.model)
         done = await proxy.complete(rollout, agent, ids, req.params(), req.n, request.state.body)
         response = wire.completion_response(done, req.model)
-        return stream(wire.completion_stream(response)) if req.stream else response
+        return reply(response, wire.completion_stream(response) if req.stream else None)
+
+    async def single(request: Request, schema: Any, api: str, to_wire: Any, to_stream: Any) -> Response:
+        """A one-choice API (Responses, Anthropic Messages): parse, serve, answer in its format."""
+        rollout = await harness(request)
+        req = await body(request, schema)
+        messages, tools, params = req.parse()
+        agent = agent_of(request, req.model)
+        (done,) = await proxy.chat(rollout, agent, api, messages, tools, params, 1, request.state.body)
+        response = to_wire(done, req.model)
+        return reply(response, to_stream(response) if req.stream else None)
 
     @app.post("/v1/responses")
-    async def responses(request: Request) -> Any:
-        rollout = await harness(request)
-        req = await body(request, wire.ResponsesRequest)
-        messages, tools, params = req.parse()
-        (done,) = await proxy.chat(
-            rollout, agent_of(request, req.model), "responses", messages, tools, params, 1, request.state.body
-        )
-        response = wire.responses_response(done, req.model)
-        return stream(wire.responses_stream(response)) if req.stream else response
+    async def responses(request: Request) -> Response:
+        return await single(request, wire.ResponsesRequest, "responses", wire.responses_response, wire.responses_stream)
 
     @app.post("/v1/messages")
-    async def messages(request: Request) -> Any:
-        rollout = await harness(request)
-        req = await body(request, wire.AnthropicRequest)
-        msgs, tools, params = req.parse()
-        (done,) = await proxy.chat(
-            rollout, agent_of(request, req.model), "messages", msgs, tools, params, 1, request.state.body
-        )
-        response = wire.anthropic_response(done, req.model)
-        return stream(wire.anthropic_stream(response)) if req.stream else response
+    async def messages(request: Request) -> Response:
+        return await single(request, wire.AnthropicRequest, "messages", wire.anthropic_response, wire.anthropic_stream)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Any:
@@ -562,7 +572,12 @@ def main(argv: list[str]) -> int:
         async with EngineClient(settings.engine_urls) as engines:
             app = make_app(settings, store, engines, await engine_info(engines))
             config = uvicorn.Config(
-                app, host=settings.host, port=settings.port, log_level="warning", timeout_keep_alive=120
+                app,
+                host=settings.host,
+                port=settings.port,
+                log_level="warning",
+                access_log=False,
+                timeout_keep_alive=120,
             )
             log.info("gateway on http://%s:%d, engines %s", settings.host, settings.port, settings.engine_urls)
             await uvicorn.Server(config).serve()

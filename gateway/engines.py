@@ -209,7 +209,10 @@ class EngineClient:
 
     async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            # Idle connections are dropped before the server's keep-alive (uvicorn's, sglang's: 5 s)
+            # closes them under us; that race showed up as "cannot write request body" retries.
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         data = orjson.dumps(body) if body is not None else None
         async with self._session.request(method, r.url + path, data=data, headers=JSON_HEADERS) as resp:
             text = await resp.text()
