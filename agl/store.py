@@ -18,6 +18,7 @@ policy such as when to retry; those belong to the gateway and the controller.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -189,63 +190,40 @@ def hash_token(token: str) -> str:
 # --------------------------------------------------------------------------- row conversion
 
 
+def _record(cls: Any, row: Any, **computed: Any) -> Any:
+    """A domain record from a table row: fields named like a column are copied, others given."""
+    names = {f.name for f in dataclasses.fields(cls)} - computed.keys()
+    return cls(**{k: v for k, v in row._mapping.items() if k in names}, **computed)
+
+
 def _rollout(row: Any) -> Rollout:
-    return Rollout(
-        id=row.id,
-        task=row.task,
+    return _record(
+        Rollout,
+        row,
         group=row.group_id,
         mode=Mode(row.mode),
         status=Status(row.status),
-        attempt=row.attempt,
-        reward=row.reward,
         failure_kind=FailureKind(row.failure_kind) if row.failure_kind else None,
         has_grader=row.grader_token_hash is not None,
-        metadata=row.metadata,
-        created_at=row.created_at,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        end_seq=row.end_seq,
     )
 
 
 def _call(row: Any) -> Call:
-    return Call(
-        id=row.id,
-        rollout_id=row.rollout_id,
-        attempt=row.attempt,
-        seq=row.seq,
-        agent=row.agent,
-        model_version=row.model_version,
-        request=row.request,
-        response=row.response,
+    return _record(
+        Call,
+        row,
         prompt_ids=decode(row.prompt_ids, "i"),
         response_ids=decode(row.response_ids, "i"),
         logprobs=decode(row.logprobs, "f"),
-        finish_reason=row.finish_reason,
-        latency_ms=row.latency_ms,
-        created_at=row.created_at,
     )
 
 
 def _event(row: Any) -> Event:
-    return Event(
-        id=row.id,
-        rollout_id=row.rollout_id,
-        attempt=row.attempt,
-        kind=row.kind,
-        data=row.data,
-        created_at=row.created_at,
-    )
+    return _record(Event, row)
 
 
 def _model(row: Any) -> ModelVersion:
-    return ModelVersion(
-        version=row.version,
-        path=row.path,
-        endpoints=list(row.endpoints),
-        metadata=row.metadata,
-        created_at=row.created_at,
-    )
+    return _record(ModelVersion, row, endpoints=list(row.endpoints))
 
 
 # --------------------------------------------------------------------------- write operations
