@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.requests import ClientDisconnect
 
-from agl.store import IllegalTransition, InvalidData, NotFound, Store, StoreError, hash_token
+from agl.store import Created, IllegalTransition, InvalidData, NotFound, Store, StoreError, hash_token
 from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
 from gateway import wire
 from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable
@@ -385,22 +385,20 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
 
     # ------------------------------------------------------------------ admin API
 
+    def credentials(created: Created) -> JSON:
+        """What a launcher needs to run an attempt: the tokens and where harnesses call."""
+        public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+        out = {"id": created.rollout.id, "attempt": created.rollout.attempt, "agent_token": created.agent_token}
+        out |= {"base_url": public + "/v1", "anthropic_base_url": public}
+        return out | ({"grader_token": created.grader_token} if created.grader_token else {})
+
     @app.post("/api/rollouts")
     async def create_rollout(request: Request) -> Any:
         admin(request)
         req = await body(request, RolloutIn)
         metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
         created = await aio.create_rollout(req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata)
-        public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
-        out = {
-            "id": created.rollout.id,
-            "agent_token": created.agent_token,
-            "base_url": public + "/v1",
-            "anthropic_base_url": public,
-        }
-        if created.grader_token:
-            out["grader_token"] = created.grader_token
-        return out
+        return credentials(created)
 
     @app.post("/api/rollouts/{rollout_id}/tokens")
     async def rotate_tokens(request: Request, rollout_id: str, attempt: int | None = None) -> Any:
@@ -409,10 +407,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         changed(rollout_id)
         created = await aio.rotate_tokens(rollout_id, attempt=attempt)
         changed(rollout_id)
-        public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
-        out = {"id": rollout_id, "attempt": created.rollout.attempt, "agent_token": created.agent_token}
-        out |= {"base_url": public + "/v1", "anthropic_base_url": public}
-        return out | ({"grader_token": created.grader_token} if created.grader_token else {})
+        return credentials(created)
 
     @app.get("/api/rollouts")
     async def list_rollouts(

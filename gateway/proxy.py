@@ -170,7 +170,7 @@ class Proxy:
             done = await self._sample(rollout, agent, api, prompt.ids, params, i, request, parse=True)
             out.append(done)
             if i == 0:
-                self.renderer.remember(rollout.id, prompt, tools, done[1], done[0].reply)
+                self.renderer.remember(rollout.id, prompt, done[1], done[0].reply)
         return [c for c, _ in out]
 
     async def complete(

@@ -228,6 +228,7 @@ class Prompt:
     extended: bool  # built on an earlier call's sampled tokens
     mismatch: str  # "" when extended or first; else the class of the break
     digests: list[int] = field(default_factory=list)  # prefix_digests of the messages
+    tools_key: str = ""  # the tools, canonical
 
 
 class Renderer:
@@ -286,16 +287,16 @@ class Renderer:
                 continue
             head = self._head(full, messages[: digests.index(chain.digest) + 1], tools)
             if head is None:
-                return Prompt(self.encode(full), False, "template_edit", digests)
+                return Prompt(self.encode(full), False, "template_edit", digests, tools_key)
             if not preserve:
                 ids = self.encode(full)
                 same = ids[: len(chain.ids)] == chain.ids.tolist()
-                return Prompt(ids, same, "" if same else "retokenized_boundary", digests)
-            return Prompt(chain.ids.tolist() + self.encode(full[len(head) :]), True, "", digests)
+                return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key)
+            return Prompt(chain.ids.tolist() + self.encode(full[len(head) :]), True, "", digests, tools_key)
         if not chains:
-            return Prompt(self.encode(full), False, "", digests)
+            return Prompt(self.encode(full), False, "", digests, tools_key)
         rewritten = any(c.first == digests[0] for c in chains)
-        return Prompt(self.encode(full), False, "context_rewritten" if rewritten else "new_chain", digests)
+        return Prompt(self.encode(full), False, "context_rewritten" if rewritten else "new_chain", digests, tools_key)
 
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
@@ -308,9 +309,7 @@ class Renderer:
                 return head
         return None
 
-    def remember(
-        self, rollout_id: str, prompt: Prompt, tools: list[JSON], response_ids: Sequence[int], reply: Message
-    ) -> None:
+    def remember(self, rollout_id: str, prompt: Prompt, response_ids: Sequence[int], reply: Message) -> None:
         """Record the chain a call produced: its prompt, the sampled reply, and the end-of-turn
         token when sampling stopped without one (the template closes the turn with it)."""
         ids = array("i", prompt.ids)
@@ -320,7 +319,7 @@ class Renderer:
         digest = _digest(prompt.digests[-1], reply)
         superseded = set(prompt.digests)
         chains = [c for c in self.chains.pop(rollout_id, []) if c.digest not in superseded]
-        chains.append(Chain(digest, prompt.digests[0], ids, json.dumps(tools, sort_keys=True)))
+        chains.append(Chain(digest, prompt.digests[0], ids, prompt.tools_key))
         self.chains[rollout_id] = chains[-8:]
         while len(self.chains) > self.max_rollouts:
             self.chains.popitem(last=False)

@@ -67,7 +67,7 @@ def test_multi_turn_tool_calling_conversations_stay_one_sequence(renderer: Rende
             response = sampled_reply(renderer, step, rng)
             reply = parse_reply(renderer.reply_text(response))
             assert reply.tool_calls and reply.reasoning.startswith(f"Step {step}")
-            renderer.remember(rid, prompt, TOOLS, response, reply)
+            renderer.remember(rid, prompt, response, reply)
             messages.append(harness_message(reply, keep_reasoning))
             messages.append({"role": "tool", "tool_call_id": reply.tool_calls[0].id, "content": f"output {step}\n" * 3})
             if step % 7 == 6:  # a new user turn: the reasoning template strips earlier reasoning here
@@ -82,7 +82,7 @@ def test_extension_reuses_sampled_ids_and_matches_the_template(renderer: Rendere
     response = renderer.encode('Sure.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
     response.append(renderer.turn_end)
     reply = parse_reply(renderer.reply_text(response))
-    renderer.remember("r", first, TOOLS, response, reply)
+    renderer.remember("r", first, response, reply)
     following = [*messages, reply, Message("tool", "a.txt", tool_call_id=reply.tool_calls[0].id)]
     second = renderer.prompt("r", following, TOOLS)
     assert second.extended and second.ids[: len(first.ids) + len(response)] == first.ids + response
@@ -94,7 +94,7 @@ def test_breaks_are_classified(renderer: Renderer):
     first = renderer.prompt("r", base, TOOLS)
     assert (first.extended, first.mismatch) == (False, "")
     reply = Message("assistant", "done")
-    renderer.remember("r", first, TOOLS, renderer.encode("done"), reply)
+    renderer.remember("r", first, renderer.encode("done"), reply)
     summarized = [Message("system", "S"), Message("user", "summary of the work so far")]
     assert renderer.prompt("r", summarized, TOOLS).mismatch == "context_rewritten"
     edited = [*base, Message("assistant", "done, edited by the harness"), Message("user", "more")]
@@ -109,7 +109,7 @@ def test_without_prefix_preserving_a_retokenized_boundary_is_detected(renderer: 
     base = [Message("user", "hi")]
     first = renderer.prompt("r", base, [])
     response = [*renderer.encode("Hel"), *renderer.encode("lo"), renderer.turn_end]  # not how "Hello" tokenizes
-    renderer.remember("r", first, [], response, Message("assistant", "Hello"))
+    renderer.remember("r", first, response, Message("assistant", "Hello"))
     follow = [*base, Message("assistant", "Hello"), Message("user", "again")]
     assert renderer.prompt("r", follow, [], preserve=False).mismatch == "retokenized_boundary"
     assert renderer.prompt("r", follow, []).extended
