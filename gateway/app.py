@@ -207,12 +207,15 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
             return tokens[digest]
         found = await aio.read(store.rollout_for_token, token)
         if found is not None:
-            tokens[digest] = found
-            hashes.setdefault(found[0].id, set()).add(digest)
-            while len(tokens) > 100_000:
-                old, (rollout, _) = tokens.popitem(last=False)
-                hashes.get(rollout.id, set()).discard(old)
+            cache(digest, found)
         return found
+
+    def cache(digest: str, found: tuple[Rollout, str]) -> None:
+        tokens[digest] = found
+        hashes.setdefault(found[0].id, set()).add(digest)
+        while len(tokens) > 100_000:
+            old, (rollout, _) = tokens.popitem(last=False)
+            hashes.get(rollout.id, set()).discard(old)
 
     generation: dict[str, int] = {}  # rollout id -> how often its entries were dropped
 
@@ -245,9 +248,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
                     raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})") from None
                 return rollout
             if generation[rollout.id] == seen:  # nothing changed it since: cache the running rollout
-                digest = hash_token(token)
-                tokens[digest] = (rollout, "agent")
-                hashes.setdefault(rollout.id, set()).add(digest)
+                cache(hash_token(token), (rollout, "agent"))
         return rollout
 
     def admin(request: Request) -> None:

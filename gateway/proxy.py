@@ -181,21 +181,11 @@ class Proxy:
             raise RenderError("the prompt must not be empty")
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
-        return [
-            (
-                await self._sample(
-                    rollout,
-                    agent,
-                    api="completions",
-                    prompt=prompt_ids,
-                    params=params,
-                    index=i,
-                    request=request,
-                    parse=False,
-                )
-            )[0]
-            for i in range(n)
-        ]
+        out = []
+        for i in range(n):
+            done, _ = await self._sample(rollout, agent, "completions", prompt_ids, params, i, request, parse=False)
+            out.append(done)
+        return out
 
     async def _sample(
         self,
