@@ -1,0 +1,3 @@
+from calc.core import add, sub
+
+__all__ = ["add", "sub"]
