@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from agl.client import GatewayClient
+from controller.launcher import Launcher
 from examples.swe.spec import SpecSettings, create_rollouts
 from examples.swe.tasks import Task
 from tests.controller.conftest import controller, wait_status
@@ -82,9 +83,14 @@ def create(s: Stack, tasks: list[Task], settings: SpecSettings, k: int = 1, pref
 
 
 @contextmanager
-def recipe_stack(tiny: Path, tmp_path: Path, script: list[str], **controller_fields: Any) -> Iterator[Stack]:
-    """Engine (scripted), gateway and a controller (local processes, one run at a time)."""
-    with stack(tiny, tmp_path, script=script) as s, controller(s, tmp_path, None, max_running=1, **controller_fields):
+def recipe_stack(
+    tiny: Path, tmp_path: Path, script: list[str], runner: Launcher | None = None, **controller_fields: Any
+) -> Iterator[Stack]:
+    """Engine (scripted), gateway and a controller (default: local processes), one run at a time."""
+    with (
+        stack(tiny, tmp_path, script=script) as s,
+        controller(s, tmp_path, None, runner, max_running=1, **controller_fields),
+    ):
         yield s
 
 

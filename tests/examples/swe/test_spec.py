@@ -1,0 +1,42 @@
+"""The recipe's per-task spec is a valid controller spec, and its Job and NetworkPolicy validate
+against the Kubernetes schema (offline, with kubernetes-validate)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from controller.launcher import Credentials
+from controller.manifests import manifests
+from controller.spec import parse_spec
+from examples.swe.spec import RECIPE_LABEL, SpecSettings, task_spec
+from examples.swe.tasks import Task
+from tests.examples.swe.conftest import HERE, RECIPE
+
+VALIDATE = Path(__file__).parents[3] / ".venv" / "bin" / "kubernetes-validate"
+
+
+def test_the_spec_runs_the_task_image_with_harness_then_grader(tmp_path: Path) -> None:
+    task = Task.from_record(json.loads((HERE / "toy" / "task.json").read_text()))
+    settings = SpecSettings(shaping={"turn_penalty": 0.01, "free_turns": 20})
+    spec = parse_spec(task_spec(task, settings))
+    assert spec.harness.image == spec.grader.image == task.image_name  # type: ignore[union-attr]
+    assert spec.harness.command[:2] == ["/opt/agl-swe/venv/bin/python", "/opt/agl-swe/recipe/harness.py"]
+    assert spec.grader.command[-4:] == ["--turn-penalty", "0.01", "--free-turns", "20"]  # type: ignore[union-attr]
+    assert spec.labels == RECIPE_LABEL
+    creds = Credentials(
+        "r" * 32, 1, task.rollout_task(), "http://gw:8000", "http://gw:8000/v1", "http://gw:8000", "t", "g"
+    )
+    secret, job = manifests(spec, creds)
+    assert job["spec"]["template"]["metadata"]["labels"]["agl.dev/recipe"] == "swe"
+    assert "patch" not in json.loads(next(e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+                                          if e["name"] == "AGL_TASK"))  # fmt: skip
+    rendered = tmp_path / "job.yaml"
+    rendered.write_text(yaml.safe_dump_all([secret, job]))
+    if VALIDATE.exists():
+        for path in (rendered, RECIPE / "k8s" / "network-policy.yaml"):
+            done = subprocess.run([str(VALIDATE), "--strict", str(path)], capture_output=True, text=True)
+            assert done.returncode == 0, done.stdout + done.stderr
