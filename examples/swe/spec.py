@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from examples.swe.tasks import Task
 
 HERE = Path(__file__).resolve().parent
@@ -46,6 +48,11 @@ class SpecSettings:
     cpu: str | None = "2"
     memory: str | None = "4Gi"
     max_attempts: int = 3
+
+
+def load_settings(path: str | Path) -> SpecSettings:
+    """SpecSettings from a YAML mapping of its fields (e.g. `examples/swe/settings.yaml`)."""
+    return SpecSettings(**(yaml.safe_load(Path(path).read_text()) or {}))
 
 
 def task_spec(task: Task, s: SpecSettings) -> dict[str, Any]:

@@ -5,6 +5,7 @@ given. Everything else is real: git, pytest in the graded checkout, HTTP, SQLite
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -12,12 +13,21 @@ from pathlib import Path
 import pytest
 
 from adapters import AdapterSettings, build_batch
+from agl.client import GatewayClient
+from examples.swe.evaluate import collect
+from examples.swe.tasks import Task
 from tests.controller.conftest import reasons
 from tests.examples.swe.conftest import SUBMIT, events, local_settings, recipe_stack, run_one, tool_call
+from tests.gateway.stack import ADMIN
 
 pytestmark = pytest.mark.slow
 FIX = tool_call("sed -i '2s/a - b/a + b/' calc/core.py")
 WRONG = tool_call("sed -i '2s/a - b/a * b/' calc/core.py")
+
+
+async def preds_of(url: str, task: Task) -> tuple[dict, float]:
+    async with GatewayClient(url, ADMIN) as gw:
+        return await collect(gw, [task], "toy", prefix="swe-")
 
 
 def workspace(tmp_path: Path, rid: str) -> Path:
@@ -38,6 +48,9 @@ def test_correct_fix_earns_1_wrong_fix_0_and_the_adapter_merges_calls(tiny_path:
         assert events(s, good["id"], "flag") == []
         (patch,) = events(s, good["id"], "swe_patch")
         assert "+    return a + b" in patch["model_patch"] and patch["instance_id"] == task.instance_id
+        preds, pass_at_1 = asyncio.run(preds_of(s.url, task))
+        assert preds == {task.instance_id: {"instance_id": task.instance_id, "model_name_or_path": "toy"} | patch}
+        assert pass_at_1 == 0.5
         rollouts = [s.store.get_rollout(r["id"]) for r in (good, bad)]
         calls = s.store.calls_for([r.id for r in rollouts])
     traj = json.loads((workspace(tmp_path, good["id"]) / "traj.json").read_text())

@@ -3,6 +3,7 @@ against the Kubernetes schema (offline, with kubernetes-validate)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -12,7 +13,7 @@ import yaml
 from controller.launcher import Credentials
 from controller.manifests import manifests
 from controller.spec import parse_spec
-from examples.swe.spec import RECIPE_LABEL, SpecSettings, task_spec
+from examples.swe.spec import RECIPE_LABEL, load_settings, task_spec
 from examples.swe.tasks import Task
 from tests.examples.swe.conftest import HERE, RECIPE
 
@@ -21,10 +22,14 @@ VALIDATE = Path(__file__).parents[3] / ".venv" / "bin" / "kubernetes-validate"
 
 def test_the_spec_runs_the_task_image_with_harness_then_grader(tmp_path: Path) -> None:
     task = Task.from_record(json.loads((HERE / "toy" / "task.json").read_text()))
-    settings = SpecSettings(shaping={"turn_penalty": 0.01, "free_turns": 20})
+    settings = dataclasses.replace(
+        load_settings(RECIPE / "settings.yaml"), shaping={"turn_penalty": 0.01, "free_turns": 20}
+    )
     spec = parse_spec(task_spec(task, settings))
-    assert spec.harness.image == spec.grader.image == task.image_name  # type: ignore[union-attr]
+    image = "registry.example.com/agl-swe/" + task.image_name
+    assert spec.harness.image == spec.grader.image == image  # type: ignore[union-attr]
     assert spec.harness.command[:2] == ["/opt/agl-swe/venv/bin/python", "/opt/agl-swe/recipe/harness.py"]
+    assert spec.grader.command[0] == "/opt/miniconda3/envs/testbed/bin/python"  # type: ignore[union-attr]
     assert spec.grader.command[-4:] == ["--turn-penalty", "0.01", "--free-turns", "20"]  # type: ignore[union-attr]
     assert spec.labels == RECIPE_LABEL
     creds = Credentials(
@@ -32,8 +37,8 @@ def test_the_spec_runs_the_task_image_with_harness_then_grader(tmp_path: Path) -
     )
     secret, job = manifests(spec, creds)
     assert job["spec"]["template"]["metadata"]["labels"]["agl.dev/recipe"] == "swe"
-    assert "patch" not in json.loads(next(e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
-                                          if e["name"] == "AGL_TASK"))  # fmt: skip
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "patch" not in json.loads(env["AGL_TASK"])
     rendered = tmp_path / "job.yaml"
     rendered.write_text(yaml.safe_dump_all([secret, job]))
     if VALIDATE.exists():
