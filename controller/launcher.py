@@ -6,10 +6,11 @@ started before a restart, and kills one. It never talks to the gateway: the reco
 
 Local runs. Each attempt runs as `sh -c 'cd DIR; "$@"; echo $? > EXIT' EXIT DIR COMMAND...`
 (posix_spawn) in its own session, so its own process group, with stdout and stderr in
-`LOGS/<rollout>/<attempt>/harness.log`. The wrapper writes the exit code to a file, so that a restarted controller
-learns the code of a process it did not spawn. A JSON state file per attempt (pid, process
-start time from /proc, deadline, phase) is written before the process is trusted, and is what
-a restarted controller adopts: pid and start time must both match, or the run counts as lost
+`LOGS/<rollout>/<attempt>/harness.log`. The wrapper writes the exit code to a file, so that a
+restarted controller learns the code of a process it did not spawn, then kills its process
+group, so that what a run forked dies with it. A JSON state file per attempt (pid, process
+start time from /proc, deadline, phase) is written before the spawn and again after it, and is
+what a restarted controller adopts: pid and start time must both match, or the run counts as lost
 (an infra failure). A timeout kills the whole process group (grandchildren too, unless they
 started their own session). The grader, if any, runs only after the harness exited 0, as its
 own process in the same workspace, with `AGL_GRADER_TOKEN` and without the agent token; the
@@ -33,7 +34,8 @@ from typing import Any, Protocol
 from agl.types import JSON, FailureKind, Status
 from controller.spec import Process, Spec
 
-WRAPPER = 'cd "$1" || exit 126; shift; "$@"; c=$?; echo $c > "$0.tmp" && mv "$0.tmp" "$0"; exit $c'
+# The exit code goes to a file; then the wrapper kills its process group: what the run forked dies with it.
+WRAPPER = 'cd "$1" || exit 126; shift; "$@"; c=$?; echo $c > "$0.tmp" && mv "$0.tmp" "$0"; kill -9 0'
 INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")  # never the admin key
 
 
@@ -186,12 +188,16 @@ class LocalLauncher:
             raise LaunchError(f"{run.phase}: working directory {cwd!r} does not exist")
         exit_file = os.path.join(run.dir, f"{run.phase}.exit")
         log = os.open(os.path.join(run.dir, f"{run.phase}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        run.pid, run.child = 0, False
+        self._save(run)  # before the spawn: a controller killed right after it finds the run (lost: retried)
         try:  # posix_spawn: a vfork, no Popen object that would outlive (and warn about) an adopted run
             files: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
             files += [(os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
             argv = ["/bin/sh", "-c", WRAPPER, exit_file, cwd, *proc.command]
             run.pid = os.posix_spawn("/bin/sh", argv, env, file_actions=files, setsid=True)
         except OSError as e:
+            if run.phase == "harness":
+                self._state_file(run.key).unlink(missing_ok=True)
             raise LaunchError(f"{run.phase}: cannot start {exe!r}: {e}") from e
         finally:
             os.close(log)

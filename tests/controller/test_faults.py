@@ -1,0 +1,68 @@
+"""Controller faults: harnesses that crash or leave children behind, a controller killed with
+SIGKILL mid-launch and restarted (real gateway, real `agl controller` processes, real harnesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from controller.launcher import Credentials, LocalLauncher
+from controller.spec import parse_spec
+from tests.controller.conftest import controller, reasons, script, wait_status
+from tests.controller.test_launcher import _alive
+
+LEAVES_A_CHILD = """
+import os, subprocess, sys, httpx
+child = subprocess.Popen(["sleep", "300"])  # same process group; outlives this harness
+open(sys.argv[1], "w").write(str(child.pid))
+url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"] + "/reward"
+httpx.post(url, json={"reward": 1.0}, headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_children_that_outlive_the_harness_are_killed(gateway, tmp_path: Path, code: int) -> None:
+    rid = gateway.rollout()["id"]
+    pidfile = tmp_path / "child.pid"
+    spec = {"harness": {"command": [*script(tmp_path, "h.py", LEAVES_A_CHILD), str(pidfile), str(code)]}}
+    with controller(gateway, tmp_path, spec):
+        done = wait_status(gateway, rid)
+    want = ("succeeded", None) if code == 0 else ("failed", "task")
+    assert (done["status"], done["failure_kind"]) == want, reasons(gateway, rid)
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child):
+        assert time.monotonic() < deadline, "the harness's child outlived its run"
+        time.sleep(0.05)
+
+
+def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controller(tmp_path: Path, monkeypatch) -> None:
+    """The controller dies between starting a process and recording it. SIGKILL cannot be aimed
+    between two lines, so an exception raised right after the real spawn stands in for it."""
+    real_spawn, spawned = os.posix_spawn, []
+
+    def spawn_then_die(*args, **kwargs):
+        spawned.append(real_spawn(*args, **kwargs))
+        raise KeyboardInterrupt
+
+    spec = parse_spec({"harness": {"command": ["sleep", "300"]}})
+    creds = Credentials("r1", 1, {}, "http://gw", "http://gw/v1", "http://gw", "token")
+    monkeypatch.setattr(os, "posix_spawn", spawn_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(LocalLauncher(tmp_path / "runs", tmp_path / "logs").launch(spec, creds))
+    monkeypatch.undo()
+    try:
+        restarted = LocalLauncher(tmp_path / "runs", tmp_path / "logs")
+        assert asyncio.run(restarted.adopt()) == [("r1", 1)]  # not forgotten: relaunching it would run it twice
+        ((key, outcome),) = asyncio.run(restarted.poll())
+        assert key == ("r1", 1) and outcome.failure_kind == "infra"  # so attempt 2 gets new tokens
+    finally:
+        for pid in spawned:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
