@@ -115,6 +115,8 @@ class Controller:
                 continue
             if rollout.attempt == 1 and rollout.metadata.get("launch") == "manifest":
                 continue  # applied with kubectl; adopted by label when it appears
+            if self.spec is None and "spec" not in rollout.metadata:
+                continue  # someone else's: it must not take the place of one of ours
             if self.tokens < len(chosen) + 1 or self.launcher.active() + len(chosen) >= self.settings.max_running:
                 break
             chosen.append(rollout)

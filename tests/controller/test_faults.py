@@ -66,3 +66,14 @@ def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controlle
         for pid in spawned:
             os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def test_rollouts_that_are_someone_elses_do_not_block_the_queue(gateway, tmp_path: Path) -> None:
+    """Queued rollouts without a spec (another controller's) ahead of this controller's own, more
+    of them than it may run at once: its own still run."""
+    for _ in range(3):
+        gateway.rollout(group="theirs")
+    spec = {"harness": {"command": [*script(tmp_path, "h.py", LEAVES_A_CHILD), str(tmp_path / "pid"), "0"]}}
+    mine = gateway.rollout(group="mine", metadata={"spec": spec})["id"]
+    with controller(gateway, tmp_path, None, max_running=2):
+        assert wait_status(gateway, mine, timeout=30)["status"] == "succeeded", reasons(gateway, mine)
