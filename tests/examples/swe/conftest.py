@@ -26,7 +26,6 @@ from tests.gateway.stack import ADMIN, Stack, stack
 collect_ignore_glob = ["toy/*"]  # the toy task's own tests run only inside the recipe
 HERE = Path(__file__).parent
 RECIPE = HERE.parents[2] / "examples" / "swe"
-SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 GIT = [
     "git",
     "-c",
@@ -38,12 +37,6 @@ GIT = [
     "-c",
     "init.defaultBranch=main",
 ]
-
-
-def tool_call(command: str) -> str:
-    """A scripted reply in the tool-call form the gateway parses (mini.yaml's tool-calling mode)."""
-    call = json.dumps({"name": "bash", "arguments": {"command": command}})
-    return f"I will run a command.\n<tool_call>\n{call}\n</tool_call>"
 
 
 @pytest.fixture

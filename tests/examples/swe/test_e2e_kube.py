@@ -15,8 +15,9 @@ import yaml
 
 from tests.controller.conftest import reasons
 from tests.controller.test_kube import kube_launcher, namespace  # noqa: F401  (the fixture)
-from tests.examples.swe.conftest import RECIPE, SUBMIT, events, local_settings, recipe_stack, run_one, tool_call
+from tests.examples.swe.conftest import RECIPE, events, local_settings, recipe_stack, run_one
 from tests.examples.swe.test_e2e_local import FIX
+from tests.gateway.test_mini_swe_agent import SUBMIT, tool_call
 
 pytestmark = [
     pytest.mark.k8s,

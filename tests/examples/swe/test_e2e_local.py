@@ -17,8 +17,9 @@ from agl.client import GatewayClient
 from examples.swe.evaluate import collect
 from examples.swe.tasks import Task
 from tests.controller.conftest import reasons
-from tests.examples.swe.conftest import SUBMIT, events, local_settings, recipe_stack, run_one, tool_call
+from tests.examples.swe.conftest import events, local_settings, recipe_stack, run_one
 from tests.gateway.stack import ADMIN
+from tests.gateway.test_mini_swe_agent import SUBMIT, tool_call
 
 pytestmark = pytest.mark.slow
 FIX = tool_call("sed -i '2s/a - b/a + b/' calc/core.py")

@@ -12,9 +12,10 @@ import pytest
 from agl.client import GatewayClient
 from examples.swe import tasks
 from examples.swe.probe import probe
-from tests.examples.swe.conftest import SUBMIT, local_settings, recipe_stack, tool_call
+from tests.examples.swe.conftest import local_settings, recipe_stack
 from tests.examples.swe.test_e2e_local import FIX, WRONG
 from tests.gateway.stack import ADMIN
+from tests.gateway.test_mini_swe_agent import SUBMIT, tool_call
 
 pytestmark = pytest.mark.slow
 
