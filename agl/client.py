@@ -10,11 +10,12 @@ cut short). It does not retry, cache, or decide what a failure means: callers do
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import aiohttp
 
-from agl.types import JSON, FailureKind, Mode, Rollout, Status
+from agl.types import JSON, Call, FailureKind, Mode, Rollout, Status
 
 
 class GatewayError(Exception):
@@ -34,6 +35,13 @@ def rollout_from_json(data: JSON) -> Rollout:
     fields["mode"], fields["status"] = Mode(data["mode"]), Status(data["status"])
     fields["failure_kind"] = FailureKind(data["failure_kind"]) if data.get("failure_kind") else None
     return Rollout(**fields)
+
+
+def call_from_json(data: JSON) -> Call:
+    """A call as `GET /api/rollouts/{id}/calls` lists it (token arrays as JSON lists)."""
+    fields = {k: v for k, v in data.items() if k in Call.__dataclass_fields__}
+    fields |= {k: array(t, data[k]) for k, t in (("prompt_ids", "i"), ("response_ids", "i"), ("logprobs", "f"))}
+    return Call(**fields)
 
 
 class GatewayClient:
@@ -130,3 +138,19 @@ class GatewayClient:
     async def calls(self, rollout_id: str, *, all_attempts: bool = False) -> list[JSON]:
         params = {"all_attempts": str(all_attempts).lower()}
         return list(await self._request("GET", f"/api/rollouts/{rollout_id}/calls", params=params))
+
+    async def pause(self) -> JSON:
+        """Hold new harness calls; returns once no call is in flight."""
+        return dict(await self._request("POST", "/api/pause"))
+
+    async def resume(self, version: int | None = None) -> JSON:
+        """Let held calls through, served from now on as model `version`."""
+        return dict(await self._request("POST", "/api/resume", json={"version": version}))
+
+    async def register_model(self, version: int, *, path: str = "", endpoints: list[str] | None = None) -> JSON:
+        body = {"version": version, "path": path, "endpoints": endpoints or []}
+        return dict(await self._request("POST", "/api/models", json=body))
+
+    async def state(self) -> JSON:
+        """Paused or not, the served version, calls in flight and held, the latest registered model."""
+        return dict(await self._request("GET", "/api/state"))

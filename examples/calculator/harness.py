@@ -3,7 +3,8 @@
 It knows nothing about agl. Like any harness it reads its endpoint and key from
 OPENAI_BASE_URL / OPENAI_API_KEY and its task from AGL_TASK ({"question", "answer"}); at the end
 it posts its own reward (1 for the right number, else 0) to AGL_GATEWAY_URL, which agl allows
-for rollouts without a grader. Exit code 0 means it ran to the end, whatever the answer.
+for rollouts without a grader. A reply without a tool call or an "Answer:" line gets one reminder
+turn, so most rollouts are several calls. Exit code 0 means it ran to the end, whatever the answer.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main() -> int:
     task = json.loads(os.environ["AGL_TASK"])
     client = openai.OpenAI(max_retries=2)
     messages: list = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}]
-    answer = None
+    answer, reminded = None, False
     try:
         for _ in range(int(task.get("max_turns", 4))):
             reply = (
@@ -88,8 +89,12 @@ def main() -> int:
             )
             messages.append(reply.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
             if not reply.tool_calls:
-                answer = final_number(reply.content or "")
-                break
+                if "Answer:" in (reply.content or "") or reminded:
+                    answer = final_number(reply.content or "")
+                    break
+                reminded = True  # one more turn to state the result in the asked format
+                messages.append({"role": "user", "content": "State the final result as: Answer: <number>"})
+                continue
             for call in reply.tool_calls:
                 expression = json.loads(call.function.arguments or "{}").get("expression", "")
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})

@@ -1,0 +1,129 @@
+"""The training loop end to end on the CPU backend: gateway, controller, engine, adapter, update, push.
+
+Everything is real and on 127.0.0.1: the embedded engine (tiny model) and the gateway as uvicorn
+servers, a controller running harness processes (the openai SDK, two calls each), and the
+trainer updating the tiny model and pushing its weights back into the engine each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.controller.conftest import controller, script
+from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
+from tests.gateway.stack import ADMIN, Stack, stack
+from trainer.config import load_config
+from trainer.loop import train
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "calculator" / "train.yaml"
+
+# Two calls (the second extends the first), a pause after each, then a reward that depends on
+# the sampled text, so groups have mixed rewards.
+HARNESS = """
+import json, os, time, httpx
+from openai import OpenAI
+task = json.loads(os.environ["AGL_TASK"])
+messages, text = [{"role": "user", "content": task["q"]}], ""
+for _ in range(2):
+    reply = OpenAI().chat.completions.create(model="agent", messages=messages, max_tokens=6, temperature=1.0)
+    content = reply.choices[0].message.content or ""
+    messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "and?"}]
+    text += content
+    time.sleep(float(task.get("sleep", 0)))
+url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"] + "/reward"
+auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+httpx.post(url, json={"reward": float(len(text) % 2)}, headers=auth).raise_for_status()
+"""
+
+
+def overrides(gw: Stack, tmp_path: Path, sleep: float, *extra: str) -> list[str]:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"q": f"count to {i}", "sleep": sleep}) + "\n" for i in range(20)))
+    return [
+        *[f"agl.gateway={gw.url}", f"agl.engine={gw.engine_url}", f"agl.admin_key={ADMIN}", f"agl.tasks={tasks}"],
+        f"agl.spec.harness.command=[{','.join(script(tmp_path, 'harness.py', HARNESS))}]",
+        *["agl.val_tasks=", "agl.n=2", "agl.threads=1", "agl.poll_s=0.1", "trainer.total_training_steps=3"],
+        *[f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[console]", *extra],
+    ]
+
+
+def run_loop(gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0) -> list[dict]:
+    cfg, agl = load_config(DEMO, overrides(gw, tmp_path, sleep, *extra))
+    with controller(gw, tmp_path, None):
+        history = asyncio.run(train(cfg, agl))
+    return [h for h in history if "reward/mean" in h]
+
+
+def check_versions(gw: Stack, steps: int) -> None:
+    """Each step registered a version, the engine serves the last, and the gateway serves it."""
+    assert gw.engine.weight_version == str(steps)
+    state = gw.admin.get("/api/state").json()
+    assert state["version"] == steps and state["latest_model"]["version"] == steps and not state["paused"]
+
+
+def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    with stack(tiny_path, tmp_path) as gw:
+        steps = run_loop(gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2")
+        check_versions(gw, 3)
+        calls = gw.store.calls_for([r.id for r in gw.store.list_rollouts(limit=100)])
+    assert len(steps) == 3
+    assert all(s["staleness/max"] == 0 and s["groups/carried_over"] == 0 for s in steps)
+    assert all(s["adapter/rollouts"] == 4 for s in steps)  # batch_groups x n
+    # every step's rollouts were served by one version: the one trained in that step
+    versions = sorted({c.model_version for cs in calls.values() for c in cs})
+    assert versions == [0, 1, 2]
+    assert sum(s["adapter/rollouts_trained"] for s in steps) > 0  # mixed rewards: some groups were trained
+    run = tmp_path / "run"
+    assert (run / "reward_curve.png").stat().st_size > 0 and (run / "latest").read_text() == "step_3"
+
+
+def test_async_mode_carries_groups_over_and_drops_stale_rollouts(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    with stack(tiny_path, tmp_path) as gw:
+        steps = run_loop(
+            gw, tmp_path, "agl.mode=async", "agl.batch_groups=1", "agl.active_groups=4", "agl.max_staleness=0",
+            sleep=1.0,
+        )  # fmt: skip
+        check_versions(gw, 3)
+    assert len(steps) == 3
+    assert sum(s["groups/carried_over"] for s in steps) >= 1  # launched before an update, trained after it
+    assert max(s["staleness/max"] for s in steps) >= 1
+    assert sum(s["adapter/rollouts_dropped_stale"] for s in steps) >= 1  # beyond max_staleness=0: counted
+
+
+def test_a_killed_run_resumes_without_losing_or_repeating_groups(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "agl.cli", "train", str(DEMO)]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    with stack(tiny_path, tmp_path) as gw, controller(gw, tmp_path, None):
+        args = [*argv, *overrides(gw, tmp_path, 0.5, "agl.batch_groups=1", "agl.active_groups=3")]
+        with (tmp_path / "first.log").open("wb") as log:
+            first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while not (run / "latest").is_file() or (run / "latest").read_text() != "step_1":
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after 120 s"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        second = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, timeout=240)
+        assert second.returncode == 0, second.stderr.decode()[-3000:]
+        check_versions(gw, 3)
+        state = json.loads((run / "step_3" / "state.json").read_text())
+        trained = [g for step in state["trained"] for g in step]
+        assert len(trained) == len(set(trained)) == 3  # one group per step, none twice
+        launched = {r.group for r in gw.store.list_rollouts(limit=1000)}
+        assert launched == set(trained) | {g["id"] for g in state["groups"]}  # none lost
+        for group in launched:  # none launched twice
+            assert len(gw.store.list_rollouts(group=group, limit=10)) == 2
+    assert [h["version"] for h in state["history"] if "version" in h] == [1.0, 2.0, 3.0]

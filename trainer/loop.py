@@ -1,0 +1,346 @@
+"""`agl train CONFIG [key=value ...]`: rollouts through unchanged harnesses become policy updates.
+
+Owns the training loop of DESIGN.md section 7, its checkpoints and its progress output. The
+trainer only talks to the gateway's admin API: it creates rollouts (each carrying the spec the
+controller runs), reads their status and calls, pauses and resumes the gateway and registers
+model versions. A backend (`trainer/cpu.py`, `trainer/gpu.py`) owns the model: sleep, update,
+push, wake. It launches no harness itself (the controller does) and never opens the store.
+
+Groups are named `{experiment_name}/{index}`, so a restarted run finds the groups it launched
+after its last checkpoint instead of launching them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from adapters import Batch, build_batch
+from agl.client import GatewayClient, call_from_json
+from agl.types import JSON, Mode, Rollout
+from trainer.config import AglConfig, ConfigError, load_config
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """What the loop needs from the side that owns the model and the engines."""
+
+    def sleep(self) -> None: ...  # free the engines' memory for training
+    def update(self, batch: Batch) -> dict[str, float]: ...  # one training step; metrics
+    def save(self, path: Path) -> None: ...  # model (HF folder `path/model`) and optimizer
+    def load(self, path: Path) -> None: ...
+    def push(self, path: Path | None, version: int) -> None: ...  # new weights to the engines (saved at `path`)
+    def wake(self) -> None: ...  # engines serve again, with the pushed weights
+    def endpoints(self) -> list[str]: ...
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass
+class Group:
+    id: str
+    task: JSON
+    rollouts: list[str]
+    version: int  # the model version when it was launched
+    mode: str = Mode.TRAIN.value
+
+
+def read_tasks(path: str) -> list[JSON]:
+    with open(path) as f:
+        tasks = [json.loads(line) for line in f if line.strip()]
+    if not tasks or not all(isinstance(t, dict) for t in tasks):
+        raise ConfigError(f"{path}: expected one JSON object per line")
+    return tasks
+
+
+class Trainer:
+    """The loop; `run()` trains until `trainer.total_training_steps`."""
+
+    def __init__(self, cfg: DictConfig, agl: AglConfig, backend: Backend, gw: GatewayClient, tracker: Any) -> None:
+        self.cfg, self.agl, self.backend, self.gw, self.tracker = cfg, agl, backend, gw, tracker
+        self.name = str(cfg.trainer.experiment_name)
+        self.dir = Path(cfg.trainer.default_local_dir)
+        self.tasks = read_tasks(agl.tasks)
+        self.val_tasks = read_tasks(agl.val_tasks) if agl.val_tasks else []
+        self.steps = int(cfg.trainer.total_training_steps)
+        self.step, self.version, self.cursor = 0, 0, 0
+        self.groups: list[Group] = []  # launched, not yet trained on, in launch order
+        self.val: list[Group] = []  # validation groups of the current round
+        self.history: list[dict[str, float]] = []
+        self.trained: list[list[str]] = []  # the group IDs of each step: none trained twice, none lost
+        self.last_step_at = time.monotonic()
+        self.bar = tqdm(total=self.steps, desc="train", unit="step", dynamic_ncols=True)
+
+    def progress(self, m: dict[str, float]) -> None:
+        self.bar.update(self.step - self.bar.n)
+        shown = {"reward": m["reward/mean"], "stale": m["staleness/mean"], "calls/s": m["rollout/calls_per_s"]}
+        self.bar.set_postfix({k: f"{v:.2f}" for k, v in shown.items()})
+        self.bar.write(
+            f"step {self.step}: reward {m['reward/mean']:.3f} over {int(m['adapter/rollouts'])} rollouts, "
+            f"staleness mean {m['staleness/mean']:.2f} max {int(m['staleness/max'])}, "
+            f"{m['rollout/calls_per_s']:.1f} calls/s, step {m['timing/step_s']:.1f} s "
+            f"(update {m.get('timing/update_s', 0):.1f} s)"
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        await self.restore()
+        while self.step < self.steps:
+            await self.launch_groups()
+            ready = await self.complete(self.groups)
+            needed = self.agl.batch_groups if self.agl.mode == "async" else len(self.groups)
+            if len(ready) >= needed:
+                await self.train_step(ready[: self.agl.batch_groups])
+            else:
+                await self.log_validation()
+                await asyncio.sleep(self.agl.poll_s)
+        while self.val and not await self.log_validation():
+            await asyncio.sleep(self.agl.poll_s)
+        self.bar.close()
+
+    async def launch_groups(self) -> None:
+        """Async: keep `active_groups` running. Sync: launch `batch_groups` once the last batch is trained."""
+        want = self.agl.active_groups if self.agl.mode == "async" else (0 if self.groups else self.agl.batch_groups)
+        while len(self.groups) < want:
+            task = self.tasks[self.cursor % len(self.tasks)]
+            self.groups.append(await self.launch(f"{self.name}/{self.cursor}", task, self.agl.n))
+            self.cursor += 1
+
+    async def launch(self, group: str, task: JSON, n: int, mode: Mode = Mode.TRAIN, known: int = 0) -> Group:
+        metadata = {"spec": self.agl.spec, "trainer": self.name}
+        made = [
+            (await self.gw.create_rollout(task, group, mode=mode, metadata=metadata))["id"] for _ in range(n - known)
+        ]
+        return Group(group, task, made, self.version, mode.value)
+
+    async def complete(self, groups: list[Group]) -> list[Group]:
+        """The groups whose rollouts have all ended, in launch order."""
+        done = []
+        for g in groups:
+            listed = await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1)
+            if len(listed) >= len(g.rollouts) and all(r.status.terminal for r in listed):
+                done.append(g)
+        return done
+
+    async def train_step(self, groups: list[Group]) -> None:
+        """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume."""
+        rollouts, calls = await self.fetch(groups)  # they have ended: built while the harnesses still run
+        batch = build_batch(rollouts, calls, self.agl.adapter(), version=self.version)
+        started = time.monotonic()
+        await self.gw.pause()
+        paused = time.monotonic()
+        self.backend.sleep()
+        metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
+        self.step, self.version = self.step + 1, self.version + 1
+        self.trained.append([g.id for g in groups])
+        self.groups = [g for g in self.groups if g.id not in self.trained[-1]]
+        metrics |= self.step_metrics(rollouts, calls, batch, started, paused)
+        metrics["groups/carried_over"] = sum(g.version < self.version - 1 for g in groups)
+        self.history.append(metrics)
+        freq = int(self.cfg.trainer.save_freq)
+        path = await asyncio.to_thread(self.save) if freq > 0 and self.step % freq == 0 else None
+        await asyncio.to_thread(self.backend.push, path, self.version)
+        self.backend.wake()
+        await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
+        await self.gw.resume(self.version)
+        metrics["timing/paused_s"] = time.monotonic() - started
+        self.tracker.log(data=metrics, step=self.step)
+        self.progress(metrics)
+        if self.val_tasks and self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
+            self.val = [
+                await self.launch(f"{self.name}/val{self.step}/{i}", task, 1, Mode.VAL)
+                for i, task in enumerate(self.val_tasks)
+            ]
+
+    async def fetch(self, groups: list[Group]) -> tuple[list[Rollout], dict[str, list[Any]]]:
+        rollouts = [r for g in groups for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1)]
+        calls = {r.id: [call_from_json(c) for c in await self.gw.calls(r.id)] for r in rollouts}
+        return rollouts, calls
+
+    def step_metrics(
+        self, rollouts: list[Rollout], calls: dict[str, list[Any]], batch: Batch, started: float, paused: float
+    ) -> dict[str, float]:
+        rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts]
+        oldest = [min((c.model_version for c in calls[r.id]), default=self.version - 1) for r in rollouts]
+        staleness = [self.version - 1 - v for v in oldest]
+        n_calls = sum(len(c) for c in calls.values())
+        now = time.monotonic()
+        metrics = {f"adapter/{k}": float(v) for k, v in batch.metrics.items()}
+        metrics |= {
+            "reward/mean": float(np.mean(rewards)) if rewards else 0.0,
+            "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
+            "staleness/max": float(max(staleness, default=0)),
+            "rollout/calls_per_s": n_calls / max(now - self.last_step_at, 1e-9),
+            "timing/step_s": now - self.last_step_at,
+            "timing/drain_s": paused - started,
+            "version": float(self.version),
+        }
+        self.last_step_at = now
+        return metrics
+
+    async def log_validation(self) -> bool:
+        """Once every validation rollout has ended: log their mean reward. True when none is pending."""
+        if not self.val or len(await self.complete(self.val)) < len(self.val):
+            return not self.val
+        rollouts = [r for g in self.val for r in await self.gw.list_rollouts(group=g.id)]
+        rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts]
+        self.tracker.log(data={"val/reward_mean": float(np.mean(rewards))}, step=self.step)
+        self.history.append({"val/reward_mean": float(np.mean(rewards)), "val/step": float(self.step)})
+        self.val = []
+        return True
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save(self) -> Path:
+        """step_N/{model, optimizer.pt, state.json}, written aside and renamed; `latest` names it."""
+        path, tmp = self.dir / f"step_{self.step}", self.dir / f".step_{self.step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.backend.save(tmp)
+        state = {
+            "step": self.step,
+            "version": self.version,
+            "cursor": self.cursor,
+            "groups": [dataclasses.asdict(g) for g in self.groups],
+            "history": self.history,
+            "trained": self.trained,
+        }
+        (tmp / "state.json").write_text(json.dumps(state))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+        (self.dir / "latest.tmp").write_text(path.name)
+        os.replace(self.dir / "latest.tmp", self.dir / "latest")
+        keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)  # the engine serves the newest
+        for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+
+    async def restore(self) -> None:
+        """Continue from the latest checkpoint (weights pushed again), adopting groups launched after it."""
+        latest = self.dir / "latest"
+        if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
+            path = self.dir / latest.read_text().strip()
+            state = json.loads((path / "state.json").read_text())
+            self.step, self.version, self.cursor = state["step"], state["version"], state["cursor"]
+            self.groups, self.history = [Group(**g) for g in state["groups"]], state["history"]
+            self.trained = state["trained"]
+            self.bar.update(self.step)
+            await asyncio.to_thread(self.backend.load, path)
+            self.backend.sleep()
+            self.backend.push(path, self.version)
+            self.backend.wake()
+            log.info("resumed from %s: step %d, version %d", path, self.step, self.version)
+        else:
+            gw_state = await self.gw.state()
+            latest_model = gw_state.get("latest_model")
+            self.version = latest_model["version"] + 1 if latest_model else 0
+        gw_state = await self.gw.state()
+        registered = gw_state.get("latest_model")
+        if not registered or registered["version"] < self.version:
+            await self.gw.register_model(self.version, endpoints=self.backend.endpoints())
+        await self.gw.resume(self.version)
+        while True:  # groups launched after the checkpoint (or before a crash that left none)
+            group = f"{self.name}/{self.cursor}"
+            found = await self.gw.list_rollouts(group=group, limit=self.agl.n + 1)
+            if not found:
+                break
+            task = found[0].task
+            extra = await self.launch(group, task, self.agl.n, known=len(found)) if len(found) < self.agl.n else None
+            ids = [r.id for r in found] + (extra.rollouts if extra else [])
+            self.groups.append(Group(group, task, ids, self.version))
+            self.cursor += 1
+
+
+def reward_curve(history: list[dict[str, float]], path: Path) -> None:
+    """Mean training reward per step (and validation reward when there is one), as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [h["reward/mean"] for h in history if "reward/mean" in h]
+    val = [(h["val/step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(range(1, len(train) + 1), train, marker="o", label="train reward (mean)")
+    if val:
+        ax.plot(*zip(*val, strict=True), marker="s", label="validation reward (mean)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def make_backend(cfg: DictConfig, agl: AglConfig, model_path: str) -> Backend:
+    if agl.backend == "cpu":
+        from trainer.cpu import CpuBackend
+
+        return CpuBackend(cfg, agl, model_path)
+    from trainer.gpu import GpuBackend
+
+    return GpuBackend(cfg, agl)
+
+
+async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
+    import httpx
+    from verl.utils.tracking import Tracking
+
+    import trainer.loss  # noqa: F401  (registers the policy loss)
+
+    model_path = str(cfg.actor_rollout_ref.model.get("path") or "")
+    if agl.backend == "cpu" and (not model_path or model_path.startswith("~/models")):  # verl's placeholder
+        model_path = httpx.get(f"{agl.engine}/model_info", timeout=30).json()["model_path"]
+    backend = make_backend(cfg, agl, model_path)
+    out = Path(cfg.trainer.default_local_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))
+    tracker = Tracking(
+        project_name=cfg.trainer.project_name,
+        experiment_name=cfg.trainer.experiment_name,
+        default_backend=list(cfg.trainer.logger),
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+    try:
+        async with GatewayClient(agl.gateway, agl.admin_key, timeout_s=3600) as gw:
+            loop = Trainer(cfg, agl, backend, gw, tracker)
+            await loop.run()
+        reward_curve(loop.history, out / "reward_curve.png")
+        (out / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in loop.history))
+        return loop.history
+    finally:
+        backend.close()
+        del tracker
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="agl train", description=__doc__.split("\n")[0])
+    parser.add_argument("config", help="YAML: `defaults: [ppo_trainer, _self_]` plus an `agl:` section")
+    parser.add_argument("overrides", nargs="*", help="key=value (Hydra syntax), e.g. agl.n=8")
+    args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call otherwise
+    try:
+        cfg, agl = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        parser.error(str(e))
+    asyncio.run(train(cfg, agl))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

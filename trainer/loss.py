@@ -1,0 +1,109 @@
+"""Our policy loss in verl's registry, and the adapter's batch laid out the way verl's actor reads it.
+
+The `agl` loss is clipped PPO with the dual clip, each token's loss multiplied by its weight
+(the adapter's rollout-level loss weight times the truncated importance weight, carried in
+verl's `rollout_is_weights` field) and summed: the objective of DESIGN.md section 6.3, exact
+however samples are split over micro-batches and data-parallel ranks. The weights carry the
+normalization, so verl's `loss_agg_mode` is not consulted. Importing this module registers the
+loss; verl's worker processes must import it too. Nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from verl import DataProto
+from verl.trainer.ppo.core_algos import register_policy_loss
+
+from adapters import Batch, truncated_is_weights
+from trainer.config import LOSS
+
+
+@register_policy_loss(LOSS)
+def agl_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-sum",
+    config: Any = None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """sum over tokens of weight * dual-clip PPO loss (times verl's dp size, which its gradient average undoes)."""
+    clip = config.clip_ratio
+    low = config.get("clip_ratio_low") or clip
+    high = config.get("clip_ratio_high") or clip
+    dual = config.get("clip_ratio_c", 3.0)
+    mask = response_mask.to(log_prob.dtype)
+    log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
+    ratio = log_ratio.exp()
+    unclipped, clipped = -advantages * ratio, -advantages * ratio.clamp(1 - low, 1 + high)
+    ppo = torch.maximum(unclipped, clipped)
+    losses = torch.where(advantages < 0, torch.minimum(ppo, -advantages * dual), ppo)
+    weights = rollout_is_weights if rollout_is_weights is not None else torch.ones_like(losses)
+    info = getattr(config, "global_batch_info", None) or {}
+    loss = (losses * weights * mask).sum() * info.get("dp_size", 1)
+    n = mask.sum().clamp(min=1)
+    metrics = {
+        "actor/pg_clipfrac": ((clipped > unclipped).to(mask.dtype) * mask).sum().item() / n.item(),
+        "actor/ppo_kl": (-(log_ratio * mask).sum() / n).item(),
+    }
+    return loss, metrics
+
+
+def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 0) -> DataProto:
+    """Samples as verl rows: prompt = the tokens before the first trained one (left-padded),
+    response = the rest (right-padded), `response_mask` = which response tokens are trained.
+
+    Per-token fields over the response: `rollout_log_probs` (behaviour), `advantages`,
+    `loss_weights`; per sample: `minibatch`, `rank`. `old_log_probs` and `rollout_is_weights`
+    are added by the backend once the current policy's log-probs are known (`set_old_log_probs`).
+    """
+    n = batch.n_samples
+    starts, ends = batch.offsets[:-1], batch.offsets[1:]
+    spans = zip(starts.tolist(), ends.tolist(), strict=True)
+    first = np.array([s + int(np.argmax(batch.loss_mask[s:e])) if batch.loss_mask[s:e].any() else e for s, e in spans])
+    P, R = int((first - starts).max(initial=1)), int((ends - first).max(initial=1))
+    prompts = np.full((n, P), pad_token_id, np.int64)
+    responses = np.full((n, R), pad_token_id, np.int64)
+    prompt_mask, response_mask = np.zeros((n, P), np.int64), np.zeros((n, R), np.int64)
+    trained, behaviour = np.zeros((n, R), bool), np.zeros((n, R), np.float32)
+    advantages, weights = np.zeros((n, R), np.float32), np.zeros((n, R), np.float32)
+    for i, (s, f, e) in enumerate(zip(starts.tolist(), first.tolist(), ends.tolist(), strict=True)):
+        prompts[i, P - (f - s) :] = batch.input_ids[s:f]
+        prompt_mask[i, P - (f - s) :] = 1
+        responses[i, : e - f] = batch.input_ids[f:e]
+        response_mask[i, : e - f] = 1
+        trained[i, : e - f] = batch.loss_mask[f:e]
+        behaviour[i, : e - f] = batch.logprobs[f:e]
+        advantages[i, : e - f] = batch.advantages[f:e]
+        weights[i, : e - f] = batch.loss_weights[f:e]
+    attention = torch.from_numpy(np.concatenate([prompt_mask, response_mask], axis=1))
+    tensors = {
+        "prompts": torch.from_numpy(prompts),
+        "responses": torch.from_numpy(responses),
+        "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
+        "attention_mask": attention,
+        "position_ids": torch.clip(torch.cumsum(attention, dim=-1) - 1, min=0),
+        "response_mask": torch.from_numpy(trained.astype(np.int64)),
+        "rollout_log_probs": torch.from_numpy(behaviour),
+        "advantages": torch.from_numpy(advantages),
+        "loss_weights": torch.from_numpy(weights),
+        "minibatch": torch.from_numpy(batch.sample_minibatch.astype(np.int64)),
+        "rank": torch.from_numpy(batch.sample_rank.astype(np.int64)),
+    }
+    return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
+
+
+def set_old_log_probs(data: DataProto, old_log_probs: torch.Tensor, cap: float, rows: Any = None) -> None:
+    """Record the current policy's log-probs (of all rows, or of `rows`) and the weights our loss reads."""
+    b = data.batch
+    if "old_log_probs" not in b.keys():  # noqa: SIM118  (a TensorDict)
+        b["old_log_probs"] = torch.zeros_like(b["rollout_log_probs"])
+        b["rollout_is_weights"] = torch.zeros_like(b["loss_weights"])
+    sel = slice(None) if rows is None else torch.as_tensor(rows)
+    b["old_log_probs"][sel] = old_log_probs
+    tis = truncated_is_weights(b["rollout_log_probs"][sel], old_log_probs, b["response_mask"][sel], cap)
+    b["rollout_is_weights"][sel] = b["loss_weights"][sel] * tis
