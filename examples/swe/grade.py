@@ -124,6 +124,14 @@ def file_kind(path: str, named: set[str]) -> str | None:
     return None
 
 
+def resolve(repo: Path, ref: str) -> str:
+    """A commit ID for `ref`, also when it exists only as a remote branch (`origin/<ref>`)."""
+    for name in (ref, f"origin/{ref}"):
+        if succeeds("git", "-C", str(repo), "rev-parse", "--verify", "-q", f"{name}^{{commit}}"):
+            return git(repo, "rev-parse", f"{name}^{{commit}}").strip()
+    raise RuntimeError(f"{ref} is neither a commit nor a branch of {repo}")
+
+
 def checkout(source: Path, repo: Path, commit: str) -> None:
     if source.resolve() != repo.resolve():
         subprocess.run(["rm", "-rf", str(repo)], check=True)
@@ -215,8 +223,8 @@ def main() -> int:
     harness = json.loads((workspace / "harness.json").read_text()) if (workspace / "harness.json").exists() else {}
     patch = (workspace / "patch.diff").read_bytes() if (workspace / "patch.diff").exists() else b""
 
-    base = git(source, "rev-parse", task["base_commit"] + "^{commit}").strip()
-    tests_at = git(source, "rev-parse", (task.get("test_commit") or task["base_commit"]) + "^{commit}").strip()
+    base = resolve(source, task["base_commit"])
+    tests_at = resolve(source, task.get("test_commit") or task["base_commit"])
     checkout(source, repo, base)
     tests = list(task["FAIL_TO_PASS"]) + list(task["PASS_TO_PASS"])
     named = {t.split("::", 1)[0] for t in tests}

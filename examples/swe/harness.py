@@ -34,8 +34,22 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run([*GIT, "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
-def prepare(source: Path, repo: Path, commit: str) -> None:
-    """The tree at `commit` in `repo`, as a new one-commit repository."""
+def resolve(repo: Path, ref: str) -> str:
+    """A commit ID for `ref`, also when it exists only as a remote branch (`origin/<ref>`)."""
+    for name in (ref, f"origin/{ref}"):
+        found = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", "-q", f"{name}^{{commit}}"],
+            capture_output=True,
+            text=True,
+        )
+        if found.returncode == 0:
+            return found.stdout.strip()
+    raise SystemExit(f"harness: {ref} is neither a commit nor a branch of {repo}")
+
+
+def prepare(source: Path, repo: Path, ref: str) -> None:
+    """The tree at `ref` in `repo`, as a new one-commit repository."""
+    commit = resolve(source, ref)
     if source.resolve() == repo.resolve():
         git(repo, "checkout", "-q", "-f", commit)
         shutil.rmtree(repo / ".git")
@@ -46,6 +60,14 @@ def prepare(source: Path, repo: Path, commit: str) -> None:
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "--no-verify", "-m", "task")
+
+
+def diff(repo: Path) -> bytes:
+    """The agent's changes, new files included, as a binary diff against the task's commit."""
+    git(repo, "add", "-A")
+    return subprocess.run(
+        [*GIT, "-C", str(repo), "diff", "--cached", "--binary", "HEAD"], check=True, capture_output=True
+    ).stdout
 
 
 def main() -> int:
@@ -75,10 +97,7 @@ def main() -> int:
     if traj.exists():
         info["exit_status"] = json.loads(traj.read_text()).get("info", {}).get("exit_status")
     try:
-        git(repo, "add", "-A")
-        patch = subprocess.run(
-            [*GIT, "-C", str(repo), "diff", "--cached", "--binary", "HEAD"], check=True, capture_output=True
-        ).stdout
+        patch = diff(repo)
     except subprocess.CalledProcessError as e:  # e.g. the agent deleted .git: no patch, reward 0
         patch, info["patch_error"] = b"", (e.stderr or b"").decode(errors="replace")[-500:]
     (workspace / "patch.diff").write_bytes(patch)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from examples.swe.grade import commands, file_kind, scan
+from examples.swe.grade import commands, file_kind, scan, shaped
 
 FLAGGED = {
     "git log -p -3": ["git_history"],
@@ -81,3 +81,16 @@ def test_commands_are_read_from_tool_calls_and_fences_not_from_prose() -> None:
 )
 def test_test_files_and_test_configuration(path: str, kind: str | None) -> None:
     assert file_kind(path, {"checks/spec_a.py"}) == kind
+
+
+def test_shaping_is_off_by_default_and_only_lowers_a_pass() -> None:
+    import argparse
+
+    calls = [{"response_ids": list(range(700))}] * 5  # 5 turns, 3,500 sampled tokens
+    off = argparse.Namespace(turn_penalty=0.0, free_turns=0, length_penalty=0.0, free_tokens=0)
+    assert shaped(1.0, calls, off) == 1.0
+    on = argparse.Namespace(turn_penalty=0.1, free_turns=3, length_penalty=0.2, free_tokens=1000)
+    assert shaped(1.0, calls, on) == pytest.approx(1.0 - 0.1 * 2 - 0.2 * 2.5)
+    assert shaped(0.0, calls, on) == 0.0
+    harsh = argparse.Namespace(turn_penalty=1.0, free_turns=0, length_penalty=0.0, free_tokens=0)
+    assert shaped(1.0, calls, harsh) == 0.0
