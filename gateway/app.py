@@ -85,7 +85,7 @@ class _Admission:
         headers = dict(scope.get("headers") or [])
         length = headers.get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.max_body_bytes:
-            return await _too_large(scope, send, self.max_body_bytes)
+            return await _too_large(scope["path"], self.max_body_bytes)({"type": "http"}, None, send)  # type: ignore[arg-type]
         seen = 0
 
         async def limited() -> Any:
@@ -93,26 +93,20 @@ class _Admission:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_body_bytes:
-                raise _BodyTooLarge
+                raise _BodyTooLarge  # answered by the app's handler (create_app)
             return message
 
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _too_large(scope, send, self.max_body_bytes)
+        await self.app(scope, limited, send)
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
-async def _too_large(scope: dict[str, Any], send: Any, limit: int) -> None:
+def _too_large(path: str, limit: int) -> JSONResponse:
     message = f"request body is larger than the limit of {limit} bytes"
-    body = _error_body(
-        scope["path"], message, "request_too_large" if "/messages" in scope["path"] else "invalid_request_error"
-    )
-    response = JSONResponse(body, status_code=413)
-    await response({"type": "http"}, None, send)  # type: ignore[arg-type]
+    kind = "request_too_large" if "/messages" in path else "invalid_request_error"
+    return JSONResponse(_error_body(path, message, kind), status_code=413)
 
 
 def _error_body(path: str, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSON:
@@ -324,6 +318,10 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
 
     for expected in (AuthError, RenderError, StoreError, EngineError, HeldTooLong, ValidationError, Exception):
         app.add_exception_handler(expected, on_error)
+
+    @app.exception_handler(_BodyTooLarge)
+    async def on_too_large(request: Request, _: Exception) -> Response:
+        return _too_large(request.url.path, settings.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, e: RequestValidationError) -> Response:
