@@ -45,6 +45,7 @@ from pathlib import Path
 TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py"}
 TEST_CONFIG |= {"usercustomize.py"}
 TEST_DIRS = {"test", "tests", "testing"}
+MAX_PATCH_CHARS = 1_000_000  # a patch beyond this is cut in its event (it earned its reward whole)
 FLAGS = {
     "git_history": re.compile(
         r"\bgit\b[^|;&\n]*?\s(log|show|reflog|rev-list|cat-file|blame|fsck|fetch|pull|clone|ls-remote|bisect"
@@ -244,7 +245,9 @@ def main() -> int:
     reward = shaped(1.0 if passed else 0.0, calls, args)
     for flag in flags:
         gateway.event("flag", flag)
-    gateway.event("swe_patch", {"instance_id": task["instance_id"], "model_patch": patch.decode(errors="replace")})
+    text = patch.decode(errors="replace")
+    cut = {"truncated": True} if len(text) > MAX_PATCH_CHARS else {}  # preds.json gets what fits in an event
+    gateway.event("swe_patch", {"instance_id": task["instance_id"], "model_patch": text[:MAX_PATCH_CHARS], **cut})
     counts: dict[str, int] = {}
     for flag in flags:
         counts[flag["flag"]] = counts.get(flag["flag"], 0) + 1
