@@ -187,6 +187,18 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def new_token(ttl_s: float | None) -> str:
+    """A random token; with `ttl_s`, prefixed by its expiry (Unix seconds), which the stored hash
+    covers, so the expiry cannot be changed without making the token unknown."""
+    token = secrets.token_urlsafe(32)
+    return f"{int(time.time() + ttl_s)}.{token}" if ttl_s else token
+
+
+def token_expired(token: str) -> bool:
+    head, dot, _ = token.partition(".")
+    return bool(dot) and head.isdigit() and int(head) < time.time()
+
+
 # --------------------------------------------------------------------------- row conversion
 
 
@@ -641,8 +653,9 @@ class Store:
         *,
         grader: bool = False,
         metadata: JSON | None = None,
+        token_ttl_s: float | None = None,
     ) -> Created:
-        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata)
+        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata, token_ttl_s)
         rollout = self.submit(_op_create_rollout, values).result()
         return Created(rollout, agent_token, grader_token)
 
@@ -693,11 +706,13 @@ class Store:
         """Record a reward event; a final reward also becomes the rollout's reward."""
         return self.submit(_op_set_reward, rollout_id, *_reward_args(reward, source, final, call_seq)).result()
 
-    def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> Created:
+    def rotate_tokens(
+        self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
+    ) -> Created:
         """New agent (and grader) tokens for a rollout that has not ended; the old ones die.
 
         How a launcher that did not create the rollout gets credentials for an attempt."""
-        agent, grader = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+        agent, grader = new_token(token_ttl_s), new_token(token_ttl_s)
         rollout = self.submit(_op_rotate_tokens, rollout_id, hash_token(agent), hash_token(grader), attempt).result()
         return Created(rollout, agent, grader if rollout.has_grader else None)
 
@@ -809,7 +824,7 @@ class Store:
 
 
 def _new_rollout(
-    task: JSON, group: str, mode: Mode | str, grader: bool, metadata: JSON | None
+    task: JSON, group: str, mode: Mode | str, grader: bool, metadata: JSON | None, ttl_s: float | None
 ) -> tuple[dict[str, Any], str, str | None]:
     if not isinstance(task, dict):
         raise InvalidData("task must be a JSON object")
@@ -819,8 +834,8 @@ def _new_rollout(
         mode = Mode(mode)
     except ValueError as e:
         raise InvalidData(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from e
-    agent_token = secrets.token_urlsafe(32)
-    grader_token = secrets.token_urlsafe(32) if grader else None
+    agent_token = new_token(ttl_s)
+    grader_token = new_token(ttl_s) if grader else None
     values = {
         "id": uuid.uuid4().hex,
         "task": task,
@@ -881,8 +896,9 @@ class AsyncStore:
         *,
         grader: bool = False,
         metadata: JSON | None = None,
+        token_ttl_s: float | None = None,
     ) -> Created:
-        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata)
+        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata, token_ttl_s)
         return Created(await self._write(_op_create_rollout, values), agent_token, grader_token)
 
     async def transition(
@@ -916,8 +932,10 @@ class AsyncStore:
     async def register_model(self, model: ModelVersion) -> ModelVersion:
         return await self._write(_op_register_model, _model_args(model))
 
-    async def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> Created:
-        agent, grader = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    async def rotate_tokens(
+        self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
+    ) -> Created:
+        agent, grader = new_token(token_ttl_s), new_token(token_ttl_s)
         rollout = await self._write(_op_rotate_tokens, rollout_id, hash_token(agent), hash_token(grader), attempt)
         return Created(rollout, agent, grader if rollout.has_grader else None)
 

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.requests import ClientDisconnect
 
-from agl.store import Created, IllegalTransition, InvalidData, NotFound, Store, StoreError, hash_token
+from agl.store import Created, IllegalTransition, InvalidData, NotFound, Store, StoreError, hash_token, token_expired
 from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
 from gateway import wire
 from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable
@@ -56,6 +56,7 @@ class GatewaySettings(BaseSettings):
     tokenizer: str = Field("", description="Tokenizer folder; default: the engine's /model_info tokenizer_path.")
     public_url: str = Field("", description="URL harnesses reach the gateway at; default http://host:port.")
     max_body_bytes: int = Field(32 * 2**20, description="Largest request body (bytes). 32 MiB fits any real context.")
+    token_ttl_s: float = Field(7 * 86400, ge=0, description="Tokens expire this long after issue (s); 0: never.")
     max_hold_s: float = Field(600.0, description="Longest a call waits during a pause before a 503 (seconds).")
     context_length: int = Field(0, description="Context window (tokens); 0: the engine's max_context_length.")
     default_max_tokens: int = Field(4096, description="Completion budget when a request gives none (tokens).")
@@ -196,6 +197,8 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
     async def lookup(token: str) -> tuple[Rollout, str] | None:
         """The rollout and role of a token. Cached: this gateway is the store's only writer, and
         it drops a rollout's entries whenever it changes that rollout's status."""
+        if token_expired(token):
+            raise AuthError(401, "this token has expired; a launcher gets new ones from /api/rollouts/{id}/tokens")
         digest = hash_token(token)
         if digest in tokens:
             return tokens[digest]
@@ -396,7 +399,9 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         admin(request)
         req = await body(request, RolloutIn)
         metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
-        created = await aio.create_rollout(req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata)
+        created = await aio.create_rollout(
+            req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata, token_ttl_s=settings.token_ttl_s
+        )
         return credentials(created)
 
     @app.post("/api/rollouts/{rollout_id}/tokens")
@@ -404,7 +409,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         """New credentials for a launcher (the old tokens die): same reply shape as a create."""
         admin(request)
         changed(rollout_id)
-        created = await aio.rotate_tokens(rollout_id, attempt=attempt)
+        created = await aio.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
         changed(rollout_id)
         return credentials(created)
 

@@ -3,6 +3,7 @@ and what the store keeps of credentials (hashes only). Real gateway, store and t
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,39 @@ def chat(s: Stack, token: str) -> httpx.Response:
         headers={"Authorization": f"Bearer {token}"},
         json={"messages": USER, "max_tokens": 2},
     )
+
+
+def test_only_token_hashes_reach_the_database(s: Stack):
+    made = [s.rollout(grader=True) for _ in range(3)]
+    rotated = s.admin.post(f"/api/rollouts/{made[0]['id']}/tokens").json()
+    assert chat(s, rotated["agent_token"]).status_code == 200
+    s.store.close()  # nothing left queued: every write is in the files
+    s.store.__init__(s.store.url)  # type: ignore[misc]  # reopened for the tests that follow
+    files = list(Path(s.store.url.removeprefix("sqlite:///")).parent.glob("gateway.db*"))
+    raw = b"".join(f.read_bytes() for f in files)
+    for creds in [*made, rotated]:
+        for token in (creds["agent_token"], creds["grader_token"]):
+            assert token.encode() not in raw and token.split(".", 1)[1].encode() not in raw
+
+
+def test_tokens_expire(s: Stack):
+    """Tokens carry their expiry, covered by the stored hash: an expired one is refused, and one
+    whose expiry was moved is unknown."""
+    issued = s.rollout()["agent_token"]
+    expires = int(issued.split(".", 1)[0])
+    assert abs(expires - (time.time() + 7 * 86400)) < 60  # the gateway's default lifetime
+    old = s.store.create_rollout({}, "g", grader=True, token_ttl_s=-1)
+    for token in (old.agent_token, old.grader_token):
+        assert token is not None
+        reply = chat(s, token)
+        assert reply.status_code == 401 and "expired" in reply.json()["error"]["message"]
+        reward = httpx.post(
+            f"{s.url}/api/rollouts/{old.rollout.id}/reward", headers={"x-api-key": token}, json={"reward": 1}
+        )
+        assert reward.status_code == 401
+    moved = str(int(time.time()) + 3600) + "." + old.agent_token.split(".", 1)[1]
+    reply = chat(s, moved)
+    assert reply.status_code == 401 and reply.json()["error"]["message"] == "invalid API key"
 
 
 def test_a_chunked_body_over_the_limit_is_cut_off(s: Stack):
