@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
@@ -31,30 +32,63 @@ ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 
 
 def stand_in(port: int, tokenizer: str) -> None:
-    """The engine stand-in: sglang's /generate shape, answered instantly."""
     import uvicorn
+
+    uvicorn.run(stand_in_app(tokenizer), host="127.0.0.1", port=port, log_level="warning")
+
+
+def stand_in_app(tokenizer: str) -> Any:
+    """The engine stand-in: sglang's /generate shape, answered instantly.
+
+    Its first output token is `100 + weight_version`, so a recorded call shows which weights
+    sampled it; `/update_weights_from_disk` sets the version, as on sglang. For fault drills
+    (bench/soak.py), `POST /stand_in/faults {"fail": N, "delay_s": S}` makes the next N
+    `/generate` requests answer 503 and each one wait S seconds first.
+    """
     from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
 
     app = FastAPI()
-    reply = {
-        "output_ids": REPLY,
-        "meta_info": {
-            "output_token_logprobs": [[-0.5, t, None] for t in REPLY],
-            "finish_reason": {"type": "length"},
-            "weight_version": "0",
-            "prompt_tokens": 0,
-        },
-    }
+    state = {"version": 0, "fail": 0, "delay_s": 0.0}
 
-    @app.post("/generate")
-    async def generate() -> dict:
-        return reply
+    def reply(version: int) -> dict:
+        ids = [100 + version, *REPLY[1:]]
+        return {
+            "output_ids": ids,
+            "meta_info": {
+                "output_token_logprobs": [[-0.5, t, None] for t in ids],
+                "finish_reason": {"type": "length"},
+                "weight_version": str(version),
+                "prompt_tokens": 0,
+            },
+        }
+
+    replies = {0: reply(0)}
+
+    @app.post("/generate", response_model=None)
+    async def generate() -> dict | JSONResponse:
+        if state["delay_s"]:
+            await asyncio.sleep(state["delay_s"])
+        if state["fail"] > 0:
+            state["fail"] -= 1
+            return JSONResponse({"error": {"message": "injected failure"}}, 503)
+        return replies.get(state["version"]) or replies.setdefault(state["version"], reply(state["version"]))
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights(body: dict) -> dict:
+        state["version"] = int(body["weight_version"])
+        return {"success": True}
+
+    @app.post("/stand_in/faults")
+    async def faults(body: dict) -> dict:
+        state.update(fail=int(body.get("fail", 0)), delay_s=float(body.get("delay_s", 0)))
+        return state
 
     @app.get("/model_info")
     async def model_info() -> dict:
         return {"model_path": tokenizer, "tokenizer_path": tokenizer, "max_context_length": 65_536}
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    return app
 
 
 def free_port() -> int:

@@ -20,12 +20,12 @@ import hmac
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 import uvicorn
 import uvloop
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
@@ -41,6 +41,7 @@ from gateway.proxy import ContextOverflow, HeldTooLong, Proxy
 from gateway.render import Renderer, RenderError
 
 log = logging.getLogger(__name__)
+Cursor = Annotated[int, Query(ge=0, le=2**63 - 1)]  # compared in SQL: a larger one overflows the driver
 ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
 
 
@@ -157,7 +158,7 @@ class EventIn(BaseModel):
 
 class ModelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=0)
+    version: int = Field(ge=0, le=2**31 - 1)  # an INTEGER column
     path: str = ""
     endpoints: list[str] = Field(default_factory=list)
     metadata: JSON = Field(default_factory=dict)
@@ -418,9 +419,9 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         request: Request,
         status: Status | None = None,
         group: str | None = None,
-        after: int | None = None,
+        after: Cursor | None = None,
         limit: int = 100,
-        offset: int = 0,
+        offset: Cursor = 0,
     ) -> Any:
         admin(request)
         limit = max(1, min(limit, 10_000))
@@ -441,7 +442,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         return [_jsonable(c) for c in found[rollout_id]]
 
     @app.get("/api/rollouts/{rollout_id}/events")
-    async def get_events(request: Request, rollout_id: str, after: int = 0) -> Any:
+    async def get_events(request: Request, rollout_id: str, after: Cursor = 0) -> Any:
         await scoped(request, rollout_id)
         found: list[Event] = await aio.read(store.events, rollout_id, after=after)
         return [_jsonable(e) for e in found]
