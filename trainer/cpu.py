@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 class CpuBackend:
     """Trains `model_path` in this process and serves each new version from the engine at `agl.engine`."""
 
+    dp_size = 1
+
     def __init__(self, cfg: DictConfig, agl: AglConfig, model_path: str) -> None:
         self.actor, self.agl = cfg.actor_rollout_ref.actor, agl
         torch.manual_seed(agl.seed)

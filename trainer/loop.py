@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from adapters import Batch, build_batch
-from agl.client import GatewayClient, call_from_json
+from agl.client import GatewayClient, GatewayError, call_from_json
 from agl.types import JSON, Mode, Rollout
 from trainer.config import AglConfig, ConfigError, load_config
 
@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 class Backend(Protocol):
     """What the loop needs from the side that owns the model and the engines."""
+
+    dp_size: int  # data-parallel ranks: the adapter pads each mini-batch to a multiple of it
 
     def sleep(self) -> None: ...  # free the engines' memory for training
     def update(self, batch: Batch) -> dict[str, float]: ...  # one training step; metrics
@@ -139,7 +141,7 @@ class Trainer:
     async def train_step(self, groups: list[Group]) -> None:
         """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume."""
         rollouts, calls = await self.fetch(groups)  # they have ended: built while the harnesses still run
-        batch = build_batch(rollouts, calls, self.agl.adapter(), version=self.version)
+        batch = build_batch(rollouts, calls, self.agl.adapter(self.backend.dp_size), version=self.version)
         started = time.monotonic()
         await self.gw.pause()
         paused = time.monotonic()
@@ -152,7 +154,8 @@ class Trainer:
         metrics["groups/carried_over"] = sum(g.version < self.version - 1 for g in groups)
         self.history.append(metrics)
         freq = int(self.cfg.trainer.save_freq)
-        path = await asyncio.to_thread(self.save) if freq > 0 and self.step % freq == 0 else None
+        due = (freq > 0 and self.step % freq == 0) or (freq >= 0 and self.step == self.steps)  # and the last
+        path = await asyncio.to_thread(self.save) if due else None
         await asyncio.to_thread(self.backend.push, path, self.version)
         self.backend.wake()
         await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
@@ -189,6 +192,7 @@ class Trainer:
             "timing/drain_s": paused - started,
             "version": float(self.version),
         }
+        metrics |= {f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))}
         self.last_step_at = now
         return metrics
 
@@ -229,8 +233,21 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
         return path
 
+    async def wait_for_gateway(self, timeout_s: float = 900) -> JSON:
+        """The gateway's state, once it answers (on GPUs it starts after the engines this trainer made)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await self.gw.state()
+            except GatewayError as e:
+                if e.status or time.monotonic() > deadline:
+                    raise
+                log.info("waiting for the gateway at %s", self.agl.gateway)
+                await asyncio.sleep(2)
+
     async def restore(self) -> None:
         """Continue from the latest checkpoint (weights pushed again), adopting groups launched after it."""
+        await self.wait_for_gateway()
         latest = self.dir / "latest"
         if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
             path = self.dir / latest.read_text().strip()
@@ -309,6 +326,7 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
     backend = make_backend(cfg, agl, model_path)
     out = Path(cfg.trainer.default_local_dir)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "engines.txt").write_text(",".join(backend.endpoints()) + "\n")  # for `agl gateway --engine-url`
     os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))
     tracker = Tracking(
         project_name=cfg.trainer.project_name,

@@ -82,7 +82,7 @@ def main() -> int:
         for _ in range(int(task.get("max_turns", 4))):
             reply = (
                 client.chat.completions.create(
-                    model="calculator-agent", messages=messages, tools=TOOLS, max_tokens=96, temperature=1.0
+                    model="calculator-agent", messages=messages, tools=TOOLS, max_tokens=48, temperature=1.0
                 )
                 .choices[0]
                 .message
