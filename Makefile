@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test lint bench fmt clean
+.PHONY: venv demo test lint bench soak fmt clean
 
 # Creates or updates .venv; re-installs only when pyproject.toml changed.
 venv: $(VENV)/.installed
@@ -35,6 +35,11 @@ bench: venv
 	$(BIN)/python -m bench.engine
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.controller
+
+# Faults, load and hostile input against real processes (bench/soak.py); a few minutes on two
+# cores. Scale it up with flags: make soak SOAK="--rollouts 5000 --kills 10 --cycles 1000".
+soak: venv
+	$(BIN)/python -m bench.soak $(SOAK)
 
 fmt: venv
 	$(BIN)/ruff format .

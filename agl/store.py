@@ -783,6 +783,17 @@ class Store:
                 result[row.rollout_id].append(_call(row))
         return result
 
+    def last_calls(self, rollout_id: str, n: int = 1) -> list[Call]:
+        """The last `n` calls of the rollout's current attempt, in order."""
+        query = (
+            sa.select(calls)
+            .join(rollouts, sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt))
+            .where(calls.c.rollout_id == rollout_id)
+            .order_by(calls.c.seq.desc())
+            .limit(n)
+        )
+        return [_call(row) for row in reversed(self._read(query))]
+
     def events(self, rollout_id: str, *, after: int = 0, kind: str | None = None) -> list[Event]:
         query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)
         if kind is not None:

@@ -54,6 +54,7 @@ class GatewaySettings(BaseSettings):
     port: int = Field(8000, description="TCP port.")
     admin_key: str = Field("", description="Key for /api (required). Harness tokens never reach /api's admin routes.")
     engine_urls: list[str] = Field(["http://127.0.0.1:30000"], description="Engine replicas (sglang or agl engine).")
+    engine_timeout_s: float = Field(600.0, gt=0, description="Longest engine request (s), then retried.")
     tokenizer: str = Field("", description="Tokenizer folder; default: the engine's /model_info tokenizer_path.")
     public_url: str = Field("", description="URL harnesses reach the gateway at; default http://host:port.")
     max_body_bytes: int = Field(32 * 2**20, description="Largest request body (bytes). 32 MiB fits any real context.")
@@ -472,6 +473,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         changed(rollout_id)
         if rollout.status.terminal or rollout.status is Status.QUEUED:
             proxy.renderer.forget(rollout_id)
+            proxy.seen.discard(rollout_id)
         return _jsonable(rollout)
 
     @app.post("/api/models")
@@ -569,7 +571,7 @@ def main(argv: list[str]) -> int:
     store = Store(args.db)
 
     async def serve() -> None:
-        async with EngineClient(settings.engine_urls) as engines:
+        async with EngineClient(settings.engine_urls, timeout_s=settings.engine_timeout_s) as engines:
             app = make_app(settings, store, engines, await engine_info(engines))
             config = uvicorn.Config(
                 app,

@@ -147,6 +147,8 @@ class Proxy:
         self.version = version
         self.gate = Gate()
         self.metrics = Metrics()
+        self.started = time.time()
+        self.seen: set[str] = set()  # rollouts called since this gateway started
 
     async def chat(
         self,
@@ -165,12 +167,10 @@ class Proxy:
         self.metrics.prefix.labels(kind).inc()
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
             self.store.store.submit_event(rollout.id, "prefix_mismatch", {"class": prompt.mismatch, "agent": agent})
-        out = []
-        for i in range(n):
-            done = await self._sample(rollout, agent, api, prompt.ids, params, i, request, parse=True)
-            out.append(done)
-            if i == 0:
-                self.renderer.remember(rollout.id, prompt, done[1], done[0].reply)
+        out = await self._replay(rollout, request, n, parse=True)
+        for i in range(len(out), n):
+            out.append(await self._sample(rollout, agent, api, prompt.ids, params, i, request, parse=True))
+        self.renderer.remember(rollout.id, prompt, out[0][1], out[0][0].reply)
         return [c for c, _ in out]
 
     async def complete(
@@ -181,10 +181,30 @@ class Proxy:
             raise RenderError("the prompt must not be empty")
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
-        out = []
-        for i in range(n):
+        out = [c for c, _ in await self._replay(rollout, request, n, parse=False)]
+        for i in range(len(out), n):
             done, _ = await self._sample(rollout, agent, "completions", prompt_ids, params, i, request, parse=False)
             out.append(done)
+        return out
+
+    async def _replay(
+        self, rollout: Rollout, request: JSON, n: int, *, parse: bool
+    ) -> list[tuple[Completion, list[int]]]:
+        """A harness retrying the call whose reply a crash cut off gets that reply, instead of a
+        second sample: on a rollout's first call since this gateway started, when the rollout's
+        last `n` calls, recorded before it started, had this very request. Nothing is recorded."""
+        if rollout.id in self.seen or rollout.created_at >= self.started:
+            return []
+        self.seen.add(rollout.id)
+        found = await self.store.read(self.store.store.last_calls, rollout.id, n)
+        if len(found) < n or any(c.request != request or c.created_at >= self.started for c in found):
+            return []
+        log.info("rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n)
+        out = []
+        for c in found:
+            ids, stop = list(c.response_ids), c.response.get("stop", "")
+            args = (c.response["text"], ids, list(c.logprobs), c.finish_reason, stop, len(c.prompt_ids))
+            out.append((self._completion(*args, parse, request, c.seq), ids))
         return out
 
     async def _sample(
@@ -230,7 +250,6 @@ class Proxy:
             text = self.renderer.reply_text(ids)
             if stop_sequence:
                 text = text[: text.find(stop_sequence)]
-            reply = parse_reply(text, self.renderer.tool_parser) if parse else Message("assistant", text)
             call = await self.store.append_call(
                 Call(
                     rollout_id=rollout.id,
@@ -242,7 +261,7 @@ class Proxy:
                     finish_reason=finish,
                     latency_ms=(time.monotonic() - started) * 1000,
                     request=request,
-                    response={"text": text, "api": api, "index": index},
+                    response={"text": text, "api": api, "index": index, "stop": stop_sequence},
                 )
             )
         finally:
@@ -252,19 +271,25 @@ class Proxy:
         self.metrics.tokens.labels("prompt").inc(len(prompt))
         self.metrics.tokens.labels("response").inc(len(ids))
         self.metrics.latency.observe(time.monotonic() - started)
-        tokens = [self.renderer.decode([t]) for t in ids] if request.get("logprobs") else []
-        completion = Completion(
-            reply,
-            reply.content if parse else text,
-            len(prompt),
-            len(ids),
-            finish,
-            stop_sequence,
-            logprobs,
-            tokens,
-            call.seq,
-        )
+        completion = self._completion(text, ids, logprobs, finish, stop_sequence, len(prompt), parse, request, call.seq)
         return completion, ids
+
+    def _completion(
+        self,
+        text: str,
+        ids: list[int],
+        logprobs: list[float],
+        finish: str,
+        stop_sequence: str,
+        prompt_tokens: int,
+        parse: bool,
+        request: JSON,
+        seq: int,
+    ) -> Completion:
+        reply = parse_reply(text, self.renderer.tool_parser) if parse else Message("assistant", text)
+        tokens = [self.renderer.decode([t]) for t in ids] if request.get("logprobs") else []
+        content = reply.content if parse else text
+        return Completion(reply, content, prompt_tokens, len(ids), finish, stop_sequence, logprobs, tokens, seq)
 
     def _cut_at_stop(
         self, ids: list[int], logprobs: list[float], stops: list[str]

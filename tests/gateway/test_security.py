@@ -3,13 +3,15 @@ and what the store keeps of credentials (hashes only). Real gateway, store and t
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.gateway.stack import Stack, stack
+from bench import soak
+from tests.gateway.stack import ADMIN, Stack, stack
 
 USER = [{"role": "user", "content": "x"}]
 
@@ -26,6 +28,14 @@ def chat(s: Stack, token: str) -> httpx.Response:
         headers={"Authorization": f"Bearer {token}"},
         json={"messages": USER, "max_tokens": 2},
     )
+
+
+def test_every_cross_rollout_attempt_is_rejected(s: Stack):
+    """Agent and grader tokens of one rollout against every rollout-scoped route of another and
+    every admin route, as a header and as a /r/{token} path: all rejected, nothing changed."""
+    out = asyncio.run(soak.cross_rollout(s.url, 3, {"Authorization": f"Bearer {ADMIN}"}))
+    assert out["attempts"] == 3 * 2 * 2 * (len(soak.ROLLOUT_ROUTES) + 5)
+    assert out["accepted"] == 0 and out["rejected"] == out["attempts"]
 
 
 def test_only_token_hashes_reach_the_database(s: Stack):
