@@ -36,7 +36,9 @@ class AglConfig(BaseModel):
     engine: str = Field("", description="CPU backend: the embedded engine's URL (sleep, wake, weight push).")
     backend: Literal["cpu", "gpu"] = "cpu"
     mode: Literal["async", "sync"] = Field("async", description="async: collocated; sync: the baseline.")
-    spec: dict[str, Any] = Field(description="The controller spec every rollout runs (its metadata.spec).")
+    spec: dict[str, Any] | None = Field(
+        None, description="The controller spec rollouts run (metadata.spec), unless a task entry carries its own."
+    )
     tasks: str = Field(description="JSONL file of training tasks (one JSON object per line).")
     val_tasks: str = Field("", description="JSONL of validation tasks, run every trainer.test_freq steps.")
     n: int = Field(4, ge=1, description="Rollouts per task: one group.")

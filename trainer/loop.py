@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,11 +61,14 @@ class Group:
     mode: str = Mode.TRAIN.value
 
 
-def read_tasks(path: str) -> list[JSON]:
+def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
+    """One JSON object per line: a task (run with `agl.spec`), or `{"task", "spec", "grader"}` (its own spec)."""
     with open(path) as f:
         tasks = [json.loads(line) for line in f if line.strip()]
     if not tasks or not all(isinstance(t, dict) for t in tasks):
         raise ConfigError(f"{path}: expected one JSON object per line")
+    if spec is None and not all("spec" in t for t in tasks):
+        raise ConfigError(f"{path}: a task without its own `spec` needs agl.spec")
     return tasks
 
 
@@ -75,14 +79,15 @@ class Trainer:
         self.cfg, self.agl, self.backend, self.gw, self.tracker = cfg, agl, backend, gw, tracker
         self.name = str(cfg.trainer.experiment_name)
         self.dir = Path(cfg.trainer.default_local_dir)
-        self.tasks = read_tasks(agl.tasks)
-        self.val_tasks = read_tasks(agl.val_tasks) if agl.val_tasks else []
+        self.tasks = read_tasks(agl.tasks, agl.spec)
+        self.val_tasks = read_tasks(agl.val_tasks, agl.spec) if agl.val_tasks else []
         self.steps = int(cfg.trainer.total_training_steps)
         self.step, self.version, self.cursor = 0, 0, 0
         self.groups: list[Group] = []  # launched, not yet trained on, in launch order
         self.val: list[Group] = []  # validation groups of the current round
         self.history: list[dict[str, float]] = []
-        self.trained: list[list[str]] = []  # the group IDs of each step: none trained twice, none lost
+        self.trained: list[list[str]] = []
+        self.flags: Counter[str] = Counter()  # the group IDs of each step: none trained twice, none lost
         self.last_step_at = time.monotonic()
         self.bar = tqdm(total=self.steps, desc="train", unit="step", dynamic_ncols=True)
 
@@ -122,12 +127,15 @@ class Trainer:
             self.groups.append(await self.launch(f"{self.name}/{self.cursor}", task, self.agl.n))
             self.cursor += 1
 
-    async def launch(self, group: str, task: JSON, n: int, mode: Mode = Mode.TRAIN, known: int = 0) -> Group:
-        metadata = {"spec": self.agl.spec, "trainer": self.name}
+    async def launch(self, group: str, entry: JSON, n: int, mode: Mode = Mode.TRAIN, known: int = 0) -> Group:
+        """`n - known` rollouts of one task entry: the task itself, or `{"task", "spec", "grader"}`."""
+        task, spec = (entry.get("task", {}), entry["spec"]) if "spec" in entry else (entry, self.agl.spec)
+        metadata = {"spec": spec, "trainer": self.name}
         made = [
-            (await self.gw.create_rollout(task, group, mode=mode, metadata=metadata))["id"] for _ in range(n - known)
+            (await self.gw.create_rollout(task, group, mode=mode, grader=entry.get("grader"), metadata=metadata))["id"]
+            for _ in range(n - known)
         ]
-        return Group(group, task, made, self.version, mode.value)
+        return Group(group, entry, made, self.version, mode.value)
 
     async def complete(self, groups: list[Group]) -> list[Group]:
         """The groups whose rollouts have all ended, in launch order."""
@@ -172,6 +180,9 @@ class Trainer:
     async def fetch(self, groups: list[Group]) -> tuple[list[Rollout], dict[str, list[Any]]]:
         rollouts = [r for g in groups for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1)]
         calls = {r.id: [call_from_json(c) for c in await self.gw.calls(r.id)] for r in rollouts}
+        self.flags = Counter()  # rollouts with at least one `flag` event of each name (reward-hacking checks)
+        for r in rollouts:
+            self.flags.update({str(e["data"].get("flag")) for e in await self.gw.events(r.id) if e["kind"] == "flag"})
         return rollouts, calls
 
     def step_metrics(
@@ -193,6 +204,7 @@ class Trainer:
             "version": float(self.version),
         }
         metrics |= {f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))}
+        metrics |= {f"flags/{name}_rate": n / len(rollouts) for name, n in self.flags.items()}
         self.last_step_at = now
         return metrics
 
@@ -275,10 +287,10 @@ class Trainer:
             found = await self.gw.list_rollouts(group=group, limit=self.agl.n + 1)
             if not found:
                 break
-            task = found[0].task
-            extra = await self.launch(group, task, self.agl.n, known=len(found)) if len(found) < self.agl.n else None
+            entry = self.tasks[self.cursor % len(self.tasks)]  # what launched it, by construction
+            extra = await self.launch(group, entry, self.agl.n, known=len(found)) if len(found) < self.agl.n else None
             ids = [r.id for r in found] + (extra.rollouts if extra else [])
-            self.groups.append(Group(group, task, ids, self.version))
+            self.groups.append(Group(group, entry, ids, self.version))
             self.cursor += 1
 
 

@@ -16,13 +16,16 @@ It does not launch anything or talk to Kubernetes.
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from examples.swe.tasks import Task
+from examples.swe.tasks import Task, load
 
 HERE = Path(__file__).resolve().parent
 RECIPE_LABEL = {"agl.dev/recipe": "swe"}
@@ -74,15 +77,42 @@ def task_spec(task: Task, s: SpecSettings) -> dict[str, Any]:
     }
 
 
+def entry(task: Task, s: SpecSettings) -> dict[str, Any]:
+    """One line of `agl train`'s task file: what the harness sees, the spec it runs, and a grader."""
+    return {"task": task.rollout_task(), "spec": task_spec(task, s), "grader": True}
+
+
 async def create_rollouts(gw: Any, tasks: list[Task], s: SpecSettings, *, k: int, prefix: str, mode: str) -> list[str]:
     """k rollouts per task (group `<prefix><instance_id>`), each carrying its spec; their IDs.
     `gw` is an `agl.client.GatewayClient`."""
     ids = []
     for task in tasks:
-        spec = task_spec(task, s)
+        e = entry(task, s)
         for _ in range(k):
             created = await gw.create_rollout(
-                task.rollout_task(), prefix + task.instance_id, mode=mode, grader=True, metadata={"spec": spec}
+                e["task"], prefix + task.instance_id, mode=mode, grader=True, metadata={"spec": e["spec"]}
             )
             ids.append(created["id"])
     return ids
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m examples.swe.spec --tasks clean/train.jsonl --settings settings.yaml --out train.entries.jsonl`"""
+    parser = argparse.ArgumentParser(
+        description="Write agl train's task file: one entry (task, spec, grader) per task."
+    )
+    parser.add_argument("--tasks", required=True, help="cleaned task records (JSONL) or a Hugging Face dataset")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--settings", default=str(HERE / "settings.yaml"))
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    settings = load_settings(args.settings)
+    tasks = load(args.tasks, args.split)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps(entry(t, settings)) + "\n" for t in tasks))
+    print(f"{len(tasks)} entries -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,25 +41,34 @@ for _ in range(2):
     messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "and?"}]
     text += content
     time.sleep(float(task.get("sleep", 0)))
-url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"] + "/reward"
+url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"]
 auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
-httpx.post(url, json={"reward": float(len(text) % 2)}, headers=auth).raise_for_status()
+if task.get("flag"):  # as a reward-hacking check would
+    httpx.post(url + "/events", json={"kind": "flag", "data": {"flag": "network"}}, headers=auth).raise_for_status()
+httpx.post(url + "/reward", json={"reward": float(len(text) % 2)}, headers=auth).raise_for_status()
 """
 
 
-def overrides(gw: Stack, tmp_path: Path, sleep: float, *extra: str) -> list[str]:
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"q": f"count to {i}", "sleep": sleep}) + "\n" for i in range(20)))
+def overrides(gw: Stack, tmp_path: Path, sleep: float, *extra: str, own_spec: bool = False) -> list[str]:
+    """The demo's config pointed at this stack; with `own_spec`, each task entry carries its spec (and a flag)."""
+    command = script(tmp_path, "harness.py", HARNESS)
+    tasks = [{"q": f"count to {i}", "sleep": sleep} for i in range(20)]
+    if own_spec:
+        tasks = [{"task": t | {"flag": True}, "spec": {"harness": {"command": command}}} for t in tasks]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     return [
-        *[f"agl.gateway={gw.url}", f"agl.engine={gw.engine_url}", f"agl.admin_key={ADMIN}", f"agl.tasks={tasks}"],
-        f"agl.spec.harness.command=[{','.join(script(tmp_path, 'harness.py', HARNESS))}]",
+        *[f"agl.gateway={gw.url}", f"agl.engine={gw.engine_url}", f"agl.admin_key={ADMIN}"],
+        *[
+            f"agl.tasks={tmp_path / 'tasks.jsonl'}",
+            "agl.spec=null" if own_spec else f"agl.spec.harness.command=[{','.join(command)}]",
+        ],
         *["agl.val_tasks=", "agl.n=2", "agl.threads=1", "agl.poll_s=0.1", "trainer.total_training_steps=3"],
         *[f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[console]", *extra],
     ]
 
 
-def run_loop(gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0) -> list[dict]:
-    cfg, agl = load_config(DEMO, overrides(gw, tmp_path, sleep, *extra))
+def run_loop(gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0, own_spec: bool = False) -> list[dict]:
+    cfg, agl = load_config(DEMO, overrides(gw, tmp_path, sleep, *extra, own_spec=own_spec))
     with controller(gw, tmp_path, None):
         history = asyncio.run(train(cfg, agl))
     return [h for h in history if "reward/mean" in h]
@@ -74,12 +83,13 @@ def check_versions(gw: Stack, steps: int) -> None:
 
 def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
     with stack(tiny_path, tmp_path) as gw:
-        steps = run_loop(gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2")
+        steps = run_loop(gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2", own_spec=True)
         check_versions(gw, 3)
         calls = gw.store.calls_for([r.id for r in gw.store.list_rollouts(limit=100)])
     assert len(steps) == 3
     assert all(s["staleness/max"] == 0 and s["groups/carried_over"] == 0 for s in steps)
     assert all(s["adapter/rollouts"] == 4 for s in steps)  # batch_groups x n
+    assert all(s["flags/network_rate"] == 1.0 for s in steps)  # flag events become rates
     # every step's rollouts were served by one version: the one trained in that step
     versions = sorted({c.model_version for cs in calls.values() for c in cs})
     assert versions == [0, 1, 2]

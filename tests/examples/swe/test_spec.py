@@ -45,3 +45,20 @@ def test_the_spec_runs_the_task_image_with_harness_then_grader(tmp_path: Path) -
         for path in (rendered, RECIPE / "k8s" / "network-policy.yaml"):
             done = subprocess.run([str(VALIDATE), "--strict", str(path)], capture_output=True, text=True)
             assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_train_entries_feed_agl_train_with_the_recipes_config(tmp_path: Path) -> None:
+    """`python -m examples.swe.spec` writes the task file examples/swe/train.yaml names; both load."""
+    from examples.swe.spec import main
+    from trainer.config import load_config
+    from trainer.loop import read_tasks
+
+    out = tmp_path / "train.entries.jsonl"
+    assert main(["--tasks", str(RECIPE / "data" / "sample.jsonl"), "--out", str(out)]) == 0
+    entries = read_tasks(str(out), None)  # no agl.spec: every entry carries its own
+    for e in entries:
+        assert e["grader"] is True and "patch" not in e["task"]
+        parse_spec(e["spec"])
+    cfg, agl = load_config(RECIPE / "train.yaml", ["agl.admin_key=k", f"agl.tasks={out}"])
+    assert agl.spec is None and agl.backend == "gpu" and agl.loss_mode == "rollout" and agl.mode == "async"
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3.5-9B" and cfg.trainer.n_gpus_per_node == 8
