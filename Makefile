@@ -35,6 +35,7 @@ bench: venv
 	$(BIN)/python -m bench.engine
 	$(BIN)/python -m bench.gateway
 	$(BIN)/python -m bench.controller
+	$(BIN)/python -m bench.async_vs_sync
 
 # Faults, load and hostile input against real processes (bench/soak.py); a few minutes on two
 # cores. Scale it up with flags: make soak SOAK="--rollouts 5000 --kills 10 --cycles 1000".
