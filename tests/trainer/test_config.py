@@ -18,10 +18,10 @@ def test_the_demo_config_composes_with_verls_and_takes_overrides() -> None:
     )
     assert agl.admin_key == "k" and agl.n == 8 and agl.max_staleness is None and agl.mode == "async"
     actor = cfg.actor_rollout_ref.actor
-    assert actor.clip_ratio == 0.3 and actor.optim.lr == 3e-5  # ours over verl's default
+    assert actor.clip_ratio == 0.3 and actor.optim.lr == 5e-5  # ours over verl's default
     assert actor.clip_ratio_c == 3.0 and "ppo_mini_batch_size" in actor  # verl's defaults are there
     assert actor.policy_loss.loss_mode == LOSS and actor.loss_agg_mode == "token-sum"
-    assert cfg.trainer.total_training_steps == 10
+    assert cfg.trainer.total_training_steps == 12
     settings = agl.adapter(dp_size=2)
     assert settings.dp_size == 2 and settings.loss_mode == "rollout" and settings.max_staleness is None
 

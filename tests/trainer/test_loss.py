@@ -103,3 +103,20 @@ def test_batch_becomes_a_dataproto_with_the_fields_verls_actor_reads() -> None:
     assert torch.allclose(b["rollout_is_weights"][trained], b["loss_weights"][trained] * math.exp(0.1))
     assert (b["rollout_is_weights"][~trained] == 0).all()
     assert b["minibatch"].tolist() == batch.sample_minibatch.tolist()
+
+
+def test_the_dataproto_goes_into_verls_no_padding_layout() -> None:
+    """What the GPU backend hands `compute_log_prob` / `update_actor`: verl's own conversion accepts it."""
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    calls = {"a": chain("a", [([1, 2, 3], [10, 11]), ([4, 5], [12, 13, 14])]), "b": [call("b", 0, [1, 2], [20])]}
+    batch = build_batch([rollout("a", reward=1.0), rollout("b", reward=0.0)], calls, AdapterSettings())
+    data = to_dataproto(batch, temperature=0.7)
+    td = left_right_2_no_padding(data.to_tensordict())
+    assert [len(t) for t in td["input_ids"].unbind()] == [int(n) for n in (batch.offsets[1:] - batch.offsets[:-1])]
+    assert td["temperature"] == 0.7  # meta_info rides along for the log-prob temperature
+    flat = torch.nested.nested_tensor_from_jagged(
+        torch.arange(len(batch.input_ids), dtype=torch.float32), offsets=td["input_ids"].offsets()
+    )
+    back = no_padding_2_padding(flat, td)  # verl's inverse gives the response block back
+    assert back.shape == data.batch["responses"].shape
