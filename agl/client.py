@@ -99,6 +99,10 @@ class GatewayClient:
         params = {"attempt": str(attempt)} if attempt is not None else {}
         return dict(await self._request("POST", f"/api/rollouts/{rollout_id}/tokens", params=params))
 
+    async def health(self) -> JSON:
+        """`/healthz`: `ok`, `started_at` (when the gateway process started, its clock), pause state."""
+        return dict(await self._request("GET", "/healthz"))
+
     async def get_rollout(self, rollout_id: str) -> Rollout:
         return rollout_from_json(await self._request("GET", f"/api/rollouts/{rollout_id}"))
 

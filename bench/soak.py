@@ -417,7 +417,8 @@ EXPECTED |= {"hang": ("timed_out", "task"), "outage": ("succeeded", None)}
 async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: float = 8) -> dict[str, Any]:
     """Rollouts run by `agl controller`, which is killed with SIGKILL while launching and
     restarted `kills` times; then the gateway is killed while two harnesses wait to make their
-    second call, and restarted: their runs fail, and must be retried as infra failures."""
+    second call, the controller is restarted while it is down, and the gateway restarted: those
+    two runs fail, and must be retried as infra failures."""
     marks, state, waiting = stack.tmp / "marks", stack.tmp / "controller", stack.tmp / "waiting"
     marks.mkdir(exist_ok=True)
     waiting.mkdir(exist_ok=True)
@@ -445,6 +446,9 @@ async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: fl
             await asyncio.sleep(0.01)
         stack.kill("gateway")
         (stack.tmp / "go").touch()
+        stack.kill("controller")  # and a controller that starts while the gateway is down
+        stack.start_controller(state, max_running=max(4, rollouts // 2))
+        await asyncio.sleep(1)
         await asyncio.to_thread(stack.start_gateway)
         ended: dict[str, dict] = {}
         while len(ended) < len(made) and time.monotonic() < deadline:

@@ -4,8 +4,9 @@ Owns which rollout runs when (a concurrency cap, a launch-rate cap, retry backof
 credentials of each attempt, and turning a launcher's outcome into the rollout's status:
 ran to the end with a final reward -> `succeeded`; ran to the end without one -> `failed`
 (task: DESIGN.md section 2); harness exit != 0 -> `failed` (task); timeout -> `timed_out`;
-infra (launch error, lost process, deleted Job, evicted pod, grader failure) -> `queued`
-again as attempt + 1 after a backoff, until `max_attempts`, then `failed` (infra).
+infra (launch error, lost process, deleted Job, evicted pod, grader failure, or any task
+failure of a run during which the gateway restarted) -> `queued` again as attempt + 1 after a
+backoff, until `max_attempts`, then `failed` (infra).
 
 Credentials: plaintext tokens exist only in a create reply, so for every attempt the loop asks
 the gateway for fresh ones (`POST /api/rollouts/{id}/tokens`): anyone may create rollouts,
@@ -72,9 +73,12 @@ class Controller:
 
     async def run(self, stop: asyncio.Event) -> None:
         """The loop: adopt once, then record ended runs and launch queued rollouts until `stop`."""
-        await self.adopt()
+        adopted = False
         while not stop.is_set():
             try:
+                if not adopted:  # the gateway may be down when the controller starts: retried
+                    await self.adopt()
+                    adopted = True
                 await asyncio.gather(*(self.record(key, outcome) for key, outcome in await self.launcher.poll()))
                 await self.launch_queued()
             except GatewayError as e:  # the gateway is down or restarting: retry next tick
@@ -175,6 +179,8 @@ class Controller:
         status, kind, reason = outcome.status, outcome.failure_kind, outcome.reason
         if status is Status.SUCCEEDED and rollout.reward is None:
             status, kind, reason = Status.FAILED, FailureKind.TASK, "the run ended without a final reward"
+        if kind is FailureKind.TASK and rollout.started_at and await self.gateway_restarted_since(rollout.started_at):
+            status, kind, reason = Status.FAILED, FailureKind.INFRA, f"{reason}; the gateway restarted during the run"
         if kind is FailureKind.INFRA and rollout.attempt < (spec.max_attempts if spec else 1):
             status = Status.QUEUED
             backoff = (spec.retry_backoff_s if spec else 0) * 2 ** (rollout.attempt - 1)
@@ -183,6 +189,11 @@ class Controller:
             await self.set_status(rollout, Status.RUNNING, None, "started by the controller")
         await self.set_status(rollout, status, kind, reason)
         log.info("rollout_id=%s attempt=%d: %s %s %s", rollout.id, rollout.attempt, status, kind or "", reason)
+
+    async def gateway_restarted_since(self, started_at: float) -> bool:
+        """A run that failed while its gateway restarted may have failed because of it (its calls
+        were refused): not the policy's fault. Both times are on the gateway's clock."""
+        return float((await self.gw.health())["started_at"]) > started_at
 
     async def set_status(self, r: Rollout, status: Status, kind: FailureKind | None, reason: str) -> bool:
         try:

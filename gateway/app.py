@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import hmac
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any
@@ -179,6 +180,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         await proxy.engines.aclose()
 
     app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
+    started_at = time.time()  # in /healthz: a controller learns that the gateway restarted during a run
     aio = store.aio
 
     # ------------------------------------------------------------------ auth
@@ -503,7 +505,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
 
     @app.get("/healthz")
     async def healthz() -> Any:
-        return {"ok": True} | proxy.state()
+        return {"ok": True, "started_at": started_at} | proxy.state()
 
     @app.get("/metrics")
     async def metrics() -> Response:

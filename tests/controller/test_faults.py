@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.launcher import Credentials, LocalLauncher
+from bench import soak
+from controller.launcher import Credentials, LocalLauncher, process_start
 from controller.spec import parse_spec
 from tests.controller.conftest import controller, reasons, script, wait_status
-from tests.controller.test_launcher import _alive
 
 LEAVES_A_CHILD = """
 import os, subprocess, sys, httpx
@@ -37,7 +37,7 @@ def test_children_that_outlive_the_harness_are_killed(gateway, tmp_path: Path, c
     assert (done["status"], done["failure_kind"]) == want, reasons(gateway, rid)
     child = int(pidfile.read_text())
     deadline = time.monotonic() + 5
-    while _alive(child):
+    while process_start(child) is not None:
         assert time.monotonic() < deadline, "the harness's child outlived its run"
         time.sleep(0.05)
 
@@ -66,6 +66,21 @@ def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controlle
         for pid in spawned:
             os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+@pytest.mark.slow
+def test_controller_sigkill_mid_launch_launches_nothing_twice(tmp_path: Path) -> None:
+    """`agl controller` killed twice while launching; a harness that succeeds, crashes, hangs or
+    forks each ends as it should, each attempt started once, and no child outlives its run. Then
+    the gateway restarts under two runs, which fail: retried as infra failures, they succeed; the
+    controller restarted meanwhile started while the gateway was down, and carried on."""
+    with soak.running(tmp_path) as stack:
+        out = asyncio.run(soak.controller_kill(stack, rollouts=8, kills=2, timeout_s=6))
+    assert out["ended"] == out["rollouts"] == 8, out
+    assert out["wrong_outcome"] == 0, out
+    assert out["launched_twice"] == 0 and out["children_left"] == 0, out
+    assert out["outage_retried"] == 2, out
+    assert "the gateway restarted during the run" in (tmp_path / "controller.log").read_text()
 
 
 def test_rollouts_that_are_someone_elses_do_not_block_the_queue(gateway, tmp_path: Path) -> None:
