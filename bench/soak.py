@@ -429,7 +429,8 @@ async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: fl
         for i, kind in enumerate(kinds):
             command = [sys.executable, str(stack.tmp / "harness.py"), kind, str(marks)]
             env = {"SOAK_SLEEP": str(0.5 + (i % 5) / 5)}
-            spec = {"harness": {"command": command, "env": env, "timeout_s": timeout_s}, "retry_backoff_s": 0.1}
+            limit = 120 if kind == "outage" else timeout_s  # it waits for the gateway kill
+            spec = {"harness": {"command": command, "env": env, "timeout_s": limit}, "retry_backoff_s": 0.1}
             (r,) = await create(client, stack.url, 1, "controller", metadata={"spec": spec})
             made.append((r["id"], kind))
         stack.start_controller(state, max_running=max(4, rollouts // 2))
