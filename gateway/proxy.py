@@ -4,7 +4,8 @@ Owns: the pause gate (new calls wait, in-flight calls finish, `pause()` returns 
 flight, so each call is served under one model version), the context-length check, sampling
 through the engine client, stop strings (applied here, since engines see token IDs only), and
 writing each call to the store before its reply is returned, so that every answered call is
-durable. Also the counters `/metrics` exposes.
+durable; after a restart, a harness retrying a call whose reply the crash cut off gets the
+recorded reply instead of a second sample. Also the counters `/metrics` exposes.
 
 It does not parse or format any wire format (`gateway/wire.py`), authenticate (`gateway/app.py`)
 or render templates (`gateway/render.py`).
