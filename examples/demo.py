@@ -70,7 +70,7 @@ def main() -> int:
     started = time.monotonic()
     try:
         print(f"starting the embedded engine ({args.model}; the first run converts the model, about a minute)")
-        engine = ["engine", "--model", args.model, "--port", str(engine_port), "--threads", "2"]
+        engine = ["engine", "--model", args.model, "--port", str(engine_port)]  # 1 thread: batching is the speed
         procs.append(start("engine", engine, out))
         wait_up(engine_url + "/health", procs[-1], "the engine")
         gateway = ["gateway", "--engine-url", engine_url, "--port", str(gateway_port), "--admin-key", ADMIN_KEY]

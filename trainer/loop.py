@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import random
 import shutil
 import sys
 import time
@@ -31,7 +33,7 @@ from tqdm import tqdm
 
 from adapters import Batch, build_batch
 from agl.client import GatewayClient, GatewayError, call_from_json
-from agl.types import JSON, Mode, Rollout
+from agl.types import JSON, Mode, Rollout, Status
 from trainer.config import AglConfig, ConfigError, load_config
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,7 @@ class Trainer:
         self.name = str(cfg.trainer.experiment_name)
         self.dir = Path(cfg.trainer.default_local_dir)
         self.tasks = read_tasks(agl.tasks, agl.spec)
+        random.Random(agl.seed).shuffle(self.tasks)  # the order is the seed's: a restart sees the same one
         self.val_tasks = read_tasks(agl.val_tasks, agl.spec) if agl.val_tasks else []
         self.steps = int(cfg.trainer.total_training_steps)
         self.step, self.version, self.cursor = 0, 0, 0
@@ -117,7 +120,16 @@ class Trainer:
                 await asyncio.sleep(self.agl.poll_s)
         while self.val and not await self.log_validation():
             await asyncio.sleep(self.agl.poll_s)
+        await self.cancel_unfinished()
         self.bar.close()
+
+    async def cancel_unfinished(self) -> None:
+        """The run is over: end the rollouts still running (their harnesses get 403 and stop)."""
+        for g in self.groups:
+            for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1):
+                if not r.status.terminal:
+                    with contextlib.suppress(GatewayError):  # it ended meanwhile
+                        await self.gw.set_status(r.id, Status.CANCELLED, reason="training finished")
 
     async def launch_groups(self) -> None:
         """Async: keep `active_groups` running. Sync: launch `batch_groups` once the last batch is trained."""

@@ -2,9 +2,10 @@
 
 It knows nothing about agl. Like any harness it reads its endpoint and key from
 OPENAI_BASE_URL / OPENAI_API_KEY and its task from AGL_TASK ({"question", "answer"}); at the end
-it posts its own reward (1 for the right number, else 0) to AGL_GATEWAY_URL, which agl allows
-for rollouts without a grader. A reply without a tool call or an "Answer:" line gets one reminder
-turn, so most rollouts are several calls. Exit code 0 means it ran to the end, whatever the answer.
+it posts its own reward to AGL_GATEWAY_URL (agl allows that for rollouts without a grader): 1
+for the right number (the one after "Answer:", else the last one in the reply), else 0. A reply
+with neither a tool call nor an "Answer:" line gets one reminder turn, so most rollouts are
+several calls. Exit code 0 means it ran to the end, whatever the answer.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import httpx
 import openai
 
 SYSTEM = (
-    "You are a careful math assistant. To compute, call the calculator tool. "
-    'To call it, write <tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>. '
+    "You are a careful math assistant. You may call the calculator tool. "
     "When you know the result, answer with: Answer: <number>"
 )
 TOOLS = [
@@ -66,7 +66,8 @@ def calculate(expression: str) -> str:
 
 
 def final_number(text: str) -> float | None:
-    found = re.findall(r"Answer:\s*(-?[\d.]+)", text) or re.findall(r"-?\d+(?:\.\d+)?", text)
+    """The number after the last "Answer:", else the last number in the text."""
+    found = re.findall(r"Answer:\s*(-?\d+(?:\.\d+)?)", text) or re.findall(r"-?\d+(?:\.\d+)?", text)
     try:
         return float(found[-1]) if found else None
     except ValueError:
@@ -82,7 +83,7 @@ def main() -> int:
         for _ in range(int(task.get("max_turns", 4))):
             reply = (
                 client.chat.completions.create(
-                    model="calculator-agent", messages=messages, tools=TOOLS, max_tokens=48, temperature=1.0
+                    model="calculator-agent", messages=messages, tools=TOOLS, max_tokens=40, temperature=0.7
                 )
                 .choices[0]
                 .message
