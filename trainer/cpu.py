@@ -102,6 +102,7 @@ class CpuBackend:
             input_ids=b["input_ids"][idx, lo:hi],
             attention_mask=attention[:, lo:hi],
             position_ids=b["position_ids"][idx, lo:hi],
+            use_cache=False,
         ).last_hidden_state
         mask = b["response_mask"][idx].bool()
         where = mask.nonzero()
