@@ -26,7 +26,7 @@ def backend(model: Path, tmp_path: Path, *overrides: str) -> CpuBackend:
     cfg, agl = load_config(
         DEMO,
         [
-            *["agl.admin_key=k", "agl.engine=http://127.0.0.1:9", "agl.threads=1"],
+            *["agl.admin_key=k", "agl.engine=http://127.0.0.1:9", "agl.threads=1", "agl.temperature=1.0"],
             *["actor_rollout_ref.actor.optim.clip_grad=1e9", f"trainer.default_local_dir={tmp_path}", *overrides],
         ],
     )

@@ -118,7 +118,8 @@ def test_a_killed_run_resumes_without_losing_or_repeating_groups(tiny_path: Path
     argv = [sys.executable, "-m", "agl.cli", "train", str(DEMO)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     with stack(tiny_path, tmp_path) as gw, controller(gw, tmp_path, None):
-        args = [*argv, *overrides(gw, tmp_path, 0.5, "agl.batch_groups=1", "agl.active_groups=3")]
+        every_step = ["agl.batch_groups=1", "agl.active_groups=3", "trainer.save_freq=1"]  # a checkpoint per step
+        args = [*argv, *overrides(gw, tmp_path, 0.5, *every_step)]
         with (tmp_path / "first.log").open("wb") as log:
             first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
