@@ -29,10 +29,9 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
-import trainer.loss  # noqa: F401  (registers the `agl` loss in this process)
 from adapters import Batch
 from trainer.config import AglConfig
-from trainer.loss import set_old_log_probs, to_dataproto
+from trainer.loss import set_old_log_probs, to_dataproto  # importing trainer.loss registers the `agl` loss
 
 log = logging.getLogger(__name__)
 

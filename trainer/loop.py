@@ -271,7 +271,7 @@ class Trainer:
 
     async def restore(self) -> None:
         """Continue from the latest checkpoint (weights pushed again), adopting groups launched after it."""
-        await self.wait_for_gateway()
+        registered = (await self.wait_for_gateway()).get("latest_model")  # only this trainer registers versions
         latest = self.dir / "latest"
         if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
             path = self.dir / latest.read_text().strip()
@@ -286,11 +286,7 @@ class Trainer:
             self.backend.wake()
             log.info("resumed from %s: step %d, version %d", path, self.step, self.version)
         else:
-            gw_state = await self.gw.state()
-            latest_model = gw_state.get("latest_model")
-            self.version = latest_model["version"] + 1 if latest_model else 0
-        gw_state = await self.gw.state()
-        registered = gw_state.get("latest_model")
+            self.version = registered["version"] + 1 if registered else 0
         if not registered or registered["version"] < self.version:
             await self.gw.register_model(self.version, endpoints=self.backend.endpoints())
         await self.gw.resume(self.version)
