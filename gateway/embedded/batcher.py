@@ -4,9 +4,15 @@ Requests from any thread are queued (`submit`) and resolved through futures. Bet
 steps the thread admits waiting requests (continuous batching): new prompts are prefilled
 together, left-padded, into their own KV cache (the HF `DynamicCache`), which is then merged into
 the running batch; each step feeds one token per row with per-row positions; finished rows leave
-the batch. Control commands (release, resume, weight reload, flush) run only when no request is in
-flight, and no request is admitted while one waits, so a request sees one set of weights from
-start to end, like sglang's model-update lock.
+the batch. Prefix cache: a finished request's keys and values are kept (LRU, bounded in tokens),
+and a new prompt that starts with a kept sequence prefills only the rest, as sglang's radix cache
+does. Agent calls gain most: each re-sends the conversation so far, and all share a system prompt.
+Rows may then have padding in the middle (the attention mask covers it; positions are per row).
+The cache is dropped whenever the weights change.
+
+Control commands (release, resume, weight reload, flush) run only when no request is in flight,
+and no request is admitted while one waits, so a request sees one set of weights from start to
+end, like sglang's model-update lock.
 
 Which distribution the logprobs come from (the trainer must recompute them): with T the request's
 temperature, or 1 when it is 0 (greedy), a token's logprob is `log_softmax(logits / T)` at its
@@ -28,7 +34,7 @@ import gc
 import logging
 import queue
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -70,18 +76,66 @@ class Result:
     logprobs: list[float]
     finish: dict[str, Any]
     weight_version: str
+    cached_tokens: int = 0
 
 
 @dataclass(eq=False)
 class Job:
     input_ids: list[int]
     sampling: Sampling
+    cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
     future: Future[Result] = field(default_factory=Future)
     cancelled: bool = False  # set from another thread when the client went away
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     generator: torch.Generator | None = None
+
+
+class PrefixCache:
+    """Keys and values of finished sequences (per layer, [heads, tokens, dim]), LRU, at most
+    `max_tokens` tokens in all. A sequence that another kept one extends is dropped."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens, self.tokens = max_tokens, 0
+        self._kept: OrderedDict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = OrderedDict()
+        self._serial = 0
+
+    def longest(self, ids: list[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+        """The kept sequence sharing the longest prefix with `ids` and that length; the last
+        prompt token is never taken from the cache, since its logits are needed."""
+        query = torch.tensor(ids[:-1], dtype=torch.long)
+        best: tuple[int, Any] = (0, None)
+        for key, (kept, kv) in self._kept.items():
+            n = min(len(query), len(kept))
+            if n > best[0]:
+                differ = (kept[:n] != query[:n]).nonzero()
+                n = int(differ[0, 0]) if len(differ) else n
+                if n > best[0]:
+                    best = (n, (key, kv))
+        if best[1] is None:
+            return [], 0
+        self._kept.move_to_end(best[1][0])
+        return best[1][1], best[0]
+
+    def keep(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        if not 0 < len(ids) <= self.max_tokens:
+            return
+        new = torch.tensor(ids, dtype=torch.long)
+        for key, (kept, _) in list(self._kept.items()):
+            if len(kept) <= len(new) and torch.equal(kept, new[: len(kept)]):
+                del self._kept[key]
+                self.tokens -= len(kept)
+        self._serial += 1
+        self._kept[self._serial] = (new, kv)
+        self.tokens += len(new)
+        while self.tokens > self.max_tokens:
+            _, (old, _) = self._kept.popitem(last=False)
+            self.tokens -= len(old)
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self.tokens = 0
 
 
 class Engine:
@@ -93,6 +147,7 @@ class Engine:
         *,
         max_batch: int = 16,
         threads: int = 1,
+        prefix_cache_tokens: int = 8192,
         script: list[str] | None = None,
         weight_version: str = "0",
     ) -> None:
@@ -106,7 +161,8 @@ class Engine:
         self.eos_ids = {self.eos_id, *(eos if isinstance(eos, list) else [] if eos is None else [eos])}
         self.weight_version = weight_version
         self.script = deque(script) if script is not None else None
-        self.stats = {"peak_batch": 0, "joins": 0, "completed": 0, "aborted": 0}
+        self.stats = {"peak_batch": 0, "joins": 0, "completed": 0, "aborted": 0, "cached_tokens": 0}
+        self.prefixes = PrefixCache(prefix_cache_tokens)
         self._max_batch, self._threads = max_batch, threads
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[Job] = deque()
@@ -135,6 +191,7 @@ class Engine:
     def release(self) -> Future[Any]:
         def run() -> None:
             self.model = None
+            self.prefixes.clear()
             gc.collect()
 
         return self.command(run)
@@ -143,6 +200,7 @@ class Engine:
         def run() -> None:
             if self.model is None:
                 self.model = load_model(self.model_path)
+                self.prefixes.clear()
 
         return self.command(run)
 
@@ -157,6 +215,7 @@ class Engine:
                 if any(getattr(old, k) != getattr(cfg, k) for k in keys):
                     raise ValueError(f"{path} does not have the architecture of {self.model_path}")
                 self.model = new
+            self.prefixes.clear()  # keys and values of the old weights
             self.model_path = path
             old_version = self.weight_version
             self.weight_version = (
@@ -236,14 +295,33 @@ class Engine:
                 raise
 
     def _prefill(self, jobs: list[Job]) -> None:
-        width = max(len(j.input_ids) for j in jobs)
+        """Prefill new prompts together: each row holds its cached prefix (left-padded to the
+        longest), then the rest of its prompt (left-padded to the longest rest)."""
+        hits = [self.prefixes.longest(job.input_ids) for job in jobs]
+        past = max(n for _, n in hits)
+        width = max(len(job.input_ids) - n for job, (_, n) in zip(jobs, hits, strict=True))
         ids = torch.zeros(len(jobs), width, dtype=torch.long)
-        mask = torch.zeros(len(jobs), width, dtype=torch.long)
-        for i, job in enumerate(jobs):
-            ids[i, width - len(job.input_ids) :] = torch.tensor(job.input_ids)
-            mask[i, width - len(job.input_ids) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        mask = torch.zeros(len(jobs), past + width, dtype=torch.long)
+        positions = torch.zeros(len(jobs), width, dtype=torch.long)
+        for i, (job, (_, n)) in enumerate(zip(jobs, hits, strict=True)):
+            job.cached = n
+            rest = len(job.input_ids) - n
+            ids[i, width - rest :] = torch.tensor(job.input_ids[n:])
+            mask[i, past - n : past] = 1
+            mask[i, past + width - rest :] = 1
+            positions[i, width - rest :] = torch.arange(n, len(job.input_ids))
+        self.stats["cached_tokens"] += sum(n for _, n in hits)
         cache: Any = DynamicCache(config=self.model.config)
+        if past:
+            shapes = next(kv for kv, n in hits if n)
+            for layer, (k0, v0) in enumerate(shapes):
+                keys = k0.new_zeros(len(jobs), k0.shape[0], past, k0.shape[2])
+                values = v0.new_zeros(len(jobs), v0.shape[0], past, v0.shape[2])
+                for i, (kv, n) in enumerate(hits):
+                    if n:
+                        keys[i, :, past - n :] = kv[layer][0][:, :n]
+                        values[i, :, past - n :] = kv[layer][1][:, :n]
+                cache.update(keys, values, layer)
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1
         )
@@ -252,7 +330,7 @@ class Engine:
             self._cache, self._mask = cache, mask
         else:  # join the running batch: left-pad the shorter cache, then stack the rows
             self.stats["joins"] += 1
-            n = max(width, self._mask.shape[1])
+            n = max(mask.shape[1], self._mask.shape[1])
             for a, b in zip(self._cache.layers, cache.layers, strict=True):
                 a.keys = torch.cat([_lpad(a.keys, n, 2), _lpad(b.keys, n, 2)])
                 a.values = torch.cat([_lpad(a.values, n, 2), _lpad(b.values, n, 2)])
@@ -290,8 +368,10 @@ class Engine:
         keep = [i for i, job in enumerate(self._rows) if job.finish is None and not job.cancelled]
         if len(keep) == len(self._rows):
             return
-        for job in self._rows:
+        for i, job in enumerate(self._rows):
             if job.finish is not None or job.cancelled:
+                if not job.cancelled:
+                    self._keep(i, job)
                 job.finish = job.finish or {"type": "abort", "message": "client disconnected"}
                 self._resolve(job)
         self._rows = [self._rows[i] for i in keep]
@@ -306,6 +386,17 @@ class Engine:
             for layer in self._cache.layers:
                 layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
             self._mask = self._mask[:, start:]
+
+    def _keep(self, row: int, job: Job) -> None:
+        """Put a finished row's keys and values in the prefix cache: its prompt and all but the
+        last sampled token (never fed back)."""
+        if not self.prefixes.max_tokens:
+            return
+        columns = self._mask[row].nonzero()[:, 0]
+        ids = job.input_ids + job.output_ids[:-1]
+        if len(columns) == len(ids):
+            kv = [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in self._cache.layers]
+            self.prefixes.keep(ids, kv)
 
     def _scripted(self, job: Job) -> None:
         if not self.script:
@@ -326,7 +417,8 @@ class Engine:
     def _resolve(self, job: Job) -> None:
         self.stats["aborted" if job.finish and job.finish["type"] == "abort" else "completed"] += 1
         if not job.future.done():
-            job.future.set_result(Result(job.output_ids, job.logprobs, job.finish or {}, self.weight_version))
+            result = Result(job.output_ids, job.logprobs, job.finish or {}, self.weight_version, job.cached)
+            job.future.set_result(result)
 
 
 def _lpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:

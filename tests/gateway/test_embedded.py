@@ -91,6 +91,40 @@ async def test_batched_and_one_at_a_time_greedy_agree(url: str, engine: Engine) 
     assert [g.output_ids for g in rest] == alone and long_together == long_alone
 
 
+async def test_prompts_that_extend_earlier_sequences_reuse_their_keys_and_values(url: str, reference: Any) -> None:
+    """Agent-like traffic: each call re-sends the conversation so far, with a shared start. The
+    prefix cache must change nothing but the work done: logprobs still equal a plain pass, also
+    when rows with different cached lengths are prefilled together and decode beside rows
+    without a hit (padding in the middle of a row)."""
+
+    async def generate(http: httpx.AsyncClient, prompt: list[int], seed: int) -> dict[str, Any]:
+        params = {"max_new_tokens": 10, "temperature": 1.0, "sampling_seed": seed}
+        resp = await http.post(
+            "/generate", json={"input_ids": prompt, "sampling_params": params, "return_logprob": True}
+        )
+        return dict(resp.json())
+
+    def check(prompt: list[int], reply: dict[str, Any]) -> int:
+        logprobs = [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]]
+        expected = teacher_forced(reference, prompt, reply["output_ids"], 1.0)
+        assert max(abs(a - b) for a, b in zip(logprobs, expected, strict=True)) < 1e-4
+        return int(reply["meta_info"]["cached_tokens"])
+
+    system = list(range(200, 230))
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        await http.post("/flush_cache")
+        first = await generate(http, [*system, 5, 6, 7], 1)
+        assert check([*system, 5, 6, 7], first) == 0
+        turn = [*system, 5, 6, 7, *first["output_ids"], 9, 10]
+        fresh = [*range(400, 420)]
+        other = [*system, 11, 12]
+        replies = await asyncio.gather(*(generate(http, p, i) for i, p in enumerate([turn, fresh, other])))
+        cached = [check(p, r) for p, r in zip([turn, fresh, other], replies, strict=True)]
+        assert cached == [len(system) + 3 + len(first["output_ids"]) - 1, 0, len(system)]
+        await http.post("/flush_cache")
+        assert check(turn, await generate(http, turn, 0)) == 0
+
+
 async def test_a_sampling_seed_reproduces_a_sample(url: str) -> None:
     params = {"max_new_tokens": 16, "temperature": 1.0, "sampling_seed": 42}
     async with EngineClient([url]) as client:
