@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -340,6 +341,15 @@ def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
     return encode(prompt), encode(response), encode(logprobs)
 
 
+def _dumps(value: JSON) -> str:
+    """JSON text, by orjson (the request of a long-context call is tens of KiB), else by the
+    standard library for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return json.dumps(value)
+
+
 def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[_Outcome]:
     """Record many calls with one query per table: the hot path, batched across writers."""
     wanted = list({call.rollout_id for call, _ in items})
@@ -370,8 +380,8 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[
                 "seq": seq,
                 "agent": call.agent,
                 "model_version": call.model_version,
-                "request": json.dumps(call.request),
-                "response": json.dumps(call.response),
+                "request": _dumps(call.request),
+                "response": _dumps(call.response),
                 "prompt_ids": prompt,
                 "response_ids": response,
                 "logprobs": logprobs,

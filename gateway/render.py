@@ -27,6 +27,10 @@ from typing import Any
 JSON = dict[str, Any]
 
 
+LONG_PIECE = 1024  # characters: text between special tokens this long is worth caching as tokens
+PIECE_CACHE_CHARS = 4 * 2**20  # characters of text whose tokens are cached
+
+
 class RenderError(ValueError):
     """Messages or tools the chat template cannot render (the client's fault: a 400)."""
 
@@ -220,6 +224,7 @@ class Chain:
     first: int  # of its first message, to tell a rewritten context from a new conversation
     ids: array[int]
     tools_key: str
+    verbatim: tuple[int, int]  # (length, hash) of the prompt text + the reply as sampled + turn end
 
 
 @dataclass(frozen=True)
@@ -229,6 +234,7 @@ class Prompt:
     mismatch: str  # "" when extended or first; else the class of the break
     digests: list[int] = field(default_factory=list)  # prefix_digests of the messages
     tools_key: str = ""  # the tools, canonical
+    text: str = ""  # as rendered
 
 
 class Renderer:
@@ -247,6 +253,10 @@ class Renderer:
         self.turn_end: int = im_end
         self.turn_end_text = str(tokenizer.convert_ids_to_tokens(im_end))
         self.end_ids = {im_end, tokenizer.eos_token_id} - {None}
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: no wrapper cost
+        self._specials, self._split = self._special_splitter()
+        self._pieces: OrderedDict[str, array[int]] = OrderedDict()
+        self._pieces_chars = 0
 
     def render_text(self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool) -> str:
         try:
@@ -261,7 +271,59 @@ class Renderer:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """Token IDs of `text`, no special tokens added. The tokenizer splits text at special
+        tokens and tokenizes each piece on its own; so does this, keeping long pieces (system
+        prompts, task statements: what many rollouts' first calls share) in a bounded cache."""
+        if self._backend is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self._split is None or len(text) < LONG_PIECE:
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
+        parts = self._split.split(text)  # text, special, text, ...
+        todo = list({p for p in parts[::2] if p and p not in self._pieces})
+        encoded = self._backend.encode_batch(todo, add_special_tokens=False)
+        fresh = {p: e.ids for p, e in zip(todo, encoded, strict=True)}
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if i % 2:
+                ids.append(self._specials[part])
+            elif part in fresh:
+                ids += fresh[part]
+                if len(part) >= LONG_PIECE:
+                    self._keep_piece(part, fresh[part])
+            elif part:
+                ids += self._pieces[part]
+                self._pieces.move_to_end(part)
+        return ids
+
+    def _keep_piece(self, text: str, ids: list[int]) -> None:
+        self._pieces[text] = array("i", ids)
+        self._pieces_chars += len(text)
+        while self._pieces_chars > PIECE_CACHE_CHARS:
+            old, _ = self._pieces.popitem(last=False)
+            self._pieces_chars -= len(old)
+
+    def _special_splitter(self) -> tuple[dict[str, int], re.Pattern[str] | None]:
+        """The special tokens that the tokenizer splits text at before anything else, and a
+        pattern that splits at them; none when splitting would not give the same IDs (checked)."""
+        if self._backend is None:
+            return {}, None
+        specials = {
+            t.content: i
+            for i, t in self._backend.get_added_tokens_decoder().items()
+            if t.special and not (t.normalized or t.lstrip or t.rstrip or t.single_word)
+        }
+        if not specials:
+            return {}, None
+        split = re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True))) + ")")
+        sep = next(iter(specials))
+        probe = f"Hi  there\n{sep}\n x y{sep}z \n"  # e.g. a prefix space added to the first piece only
+        whole = self._backend.encode(probe, add_special_tokens=False).ids
+        pieces = [
+            specials[p] if i % 2 else self._backend.encode(p, add_special_tokens=False).ids
+            for i, p in enumerate(split.split(probe))
+        ]
+        flat = [t for p in pieces for t in ([p] if isinstance(p, int) else p)]
+        return (specials, split) if flat == whole else ({}, None)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
@@ -285,18 +347,19 @@ class Renderer:
         for chain in reversed(chains):
             if chain.tools_key != tools_key or chain.digest not in digests[:-1]:
                 continue
+            length, digest = chain.verbatim
+            if preserve and hash(full[:length]) == digest:  # the reply came back as sampled: no second render
+                return Prompt(chain.ids.tolist() + self.encode(full[length:]), True, "", digests, tools_key, full)
             head = self._head(full, messages[: digests.index(chain.digest) + 1], tools)
             if head is None:
-                return Prompt(self.encode(full), False, "template_edit", digests, tools_key)
+                return Prompt(self.encode(full), False, "template_edit", digests, tools_key, full)
             if not preserve:
                 ids = self.encode(full)
                 same = ids[: len(chain.ids)] == chain.ids.tolist()
-                return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key)
-            return Prompt(chain.ids.tolist() + self.encode(full[len(head) :]), True, "", digests, tools_key)
-        if not chains:
-            return Prompt(self.encode(full), False, "", digests, tools_key)
-        rewritten = any(c.first == digests[0] for c in chains)
-        return Prompt(self.encode(full), False, "context_rewritten" if rewritten else "new_chain", digests, tools_key)
+                return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
+            return Prompt(chain.ids.tolist() + self.encode(full[len(head) :]), True, "", digests, tools_key, full)
+        kind = "" if not chains else "context_rewritten" if any(c.first == digests[0] for c in chains) else "new_chain"
+        return Prompt(self.encode(full), False, kind, digests, tools_key, full)
 
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
@@ -316,10 +379,11 @@ class Renderer:
         ids.extend(response_ids)
         if not response_ids or response_ids[-1] not in self.end_ids:
             ids.append(self.turn_end)
+        verbatim = prompt.text + self.reply_text(response_ids) + self.turn_end_text
         digest = _digest(prompt.digests[-1], reply)
         superseded = set(prompt.digests)
         chains = [c for c in self.chains.pop(rollout_id, []) if c.digest not in superseded]
-        chains.append(Chain(digest, prompt.digests[0], ids, prompt.tools_key))
+        chains.append(Chain(digest, prompt.digests[0], ids, prompt.tools_key, (len(verbatim), hash(verbatim))))
         self.chains[rollout_id] = chains[-8:]
         while len(self.chains) > self.max_rollouts:
             self.chains.popitem(last=False)

@@ -141,3 +141,63 @@ def test_message_validation():
         }
     )
     assert msg.tool_calls == (ToolCall("f", '{"x": 1}', "c1"),) and msg.content == "a"
+
+
+def test_a_reply_sent_back_as_sampled_extends_without_rendering_the_history_again(renderer: Renderer):
+    renders = 0
+    render_text = renderer.render_text
+
+    def counting(*args: object, **kwargs: object) -> str:
+        nonlocal renders
+        renders += 1
+        return render_text(*args, **kwargs)  # type: ignore[arg-type]
+
+    renderer.render_text = counting  # type: ignore[method-assign]
+    messages = [Message("system", "S"), Message("user", "hi")]
+    first = renderer.prompt("r", messages, [])
+    response = [*renderer.encode("Hello there."), renderer.turn_end]
+    reply = Message("assistant", "Hello there.")
+    renderer.remember("r", first, response, reply)
+    following = [*messages, reply, Message("user", "and then?")]
+    renders = 0
+    second = renderer.prompt("r", following, [])
+    assert renders == 1 and second.extended
+    assert second.ids[: len(first.ids) + len(response)] == first.ids + response
+    assert renderer.decode(second.ids) == render_text(following, [], generation_prompt=True)
+
+
+def long_chat(r: Renderer, salt: str) -> str:
+    system = f"{salt}: you are a careful agent; Ünïcödé, tabs\t and  spaces.\n" * 60
+    messages = [
+        Message("system", system),
+        Message("user", "Fix it. <tool_call> is plain text here."),
+        Message("user", "x" * 2000),
+    ]
+    return r.render_text(messages, [], generation_prompt=True)
+
+
+def test_long_texts_encode_as_the_tokenizer_does_with_their_pieces_cached(renderer: Renderer, tiny_path):
+    from transformers import AutoTokenizer
+
+    for r in (renderer, Renderer(AutoTokenizer.from_pretrained(tiny_path))):
+        assert r._split is not None
+        for text in (long_chat(r, "a"), long_chat(r, "a"), long_chat(r, "b") + "tail"):
+            assert r.encode(text) == list(r.tokenizer.encode(text, add_special_tokens=False))
+        assert len(r._pieces) == 3  # the two system prompts and the long user message: pieces of 1,024+ chars
+
+
+def test_a_tokenizer_that_treats_the_first_piece_differently_is_not_split():
+    """Metaspace with prepend_scheme="first" adds "▁" to the text's first piece only: splitting at
+    special tokens would change the IDs, so the renderer encodes such text whole."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<|im_end|>"], show_progress=False)
+    tok.train_from_iterator(["Hi there, x y z: a b c.\n"] * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>")
+    r = Renderer(fast)
+    assert r._split is None
+    text = "a b<|im_end|>a b" * 400
+    assert r.encode(text) == list(fast.encode(text, add_special_tokens=False))
