@@ -49,6 +49,9 @@ httpx.post(url + "/reward", json={"reward": float(len(text) % 2)}, headers=auth)
 """
 
 
+PINNED = {"batch_groups": 2, "active_groups": 3}  # the tests' own sizes, whatever the demo uses
+
+
 def overrides(gw: Stack, tmp_path: Path, sleep: float, *extra: str, own_spec: bool = False) -> list[str]:
     """The demo's config pointed at this stack; with `own_spec`, each task entry carries its spec (and a flag)."""
     command = script(tmp_path, "harness.py", HARNESS)
@@ -64,6 +67,7 @@ def overrides(gw: Stack, tmp_path: Path, sleep: float, *extra: str, own_spec: bo
         ],
         *["agl.val_tasks=", "agl.n=2", "agl.threads=1", "agl.poll_s=0.1", "trainer.total_training_steps=3"],
         *[f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[console]", *extra],
+        *[f"agl.{k}={v}" for k, v in PINNED.items() if not any(e.startswith(f"agl.{k}=") for e in extra)],
     ]
 
 
