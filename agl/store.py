@@ -306,21 +306,17 @@ def _op_transition(
     return _rollout(_rollout_row(conn, rollout_id))
 
 
-# The hot path's statements, built once so that SQLAlchemy's compiled cache is hit directly.
-_CALL_TARGETS = sa.select(rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls).where(
-    rollouts.c.id.in_(sa.bindparam("ids", expanding=True))
-)
+# The hot path's statements are plain SQL in the driver's own parameter style: SQLAlchemy's
+# per-statement compilation and per-row parameter processing cost more than the writes.
 _CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
 
 
+def _marks(conn: Connection, n: int) -> str:
+    return ", ".join(["?" if conn.dialect.paramstyle == "qmark" else "%s"] * n)
+
+
 def _insert_sql(conn: Connection) -> str:
-    """The call insert in the driver's own parameter style: executemany without SQLAlchemy's
-    per-row parameter processing, which cost more than the insert itself."""
-    mark = "?" if conn.dialect.paramstyle == "qmark" else "%s"
-    return f"INSERT INTO calls ({', '.join(_CALL_COLUMNS)}) VALUES ({', '.join([mark] * len(_CALL_COLUMNS))})"
-
-
-_COUNT_CALLS = rollouts.update().where(rollouts.c.id == sa.bindparam("rid")).values(n_calls=sa.bindparam("n"))
+    return f"INSERT INTO calls ({', '.join(_CALL_COLUMNS)}) VALUES ({_marks(conn, len(_CALL_COLUMNS))})"
 
 
 def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
@@ -352,8 +348,9 @@ def _dumps(value: JSON) -> str:
 
 def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[_Outcome]:
     """Record many calls with one query per table: the hot path, batched across writers."""
-    wanted = list({call.rollout_id for call, _ in items})
-    rows = {row.id: row for row in conn.execute(_CALL_TARGETS, {"ids": wanted})}
+    wanted = tuple({call.rollout_id for call, _ in items})
+    query = f"SELECT id, status, attempt, n_calls FROM rollouts WHERE id IN ({_marks(conn, len(wanted))})"
+    rows = {row.id: row for row in conn.exec_driver_sql(query, wanted)}
     outcomes: list[_Outcome] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
@@ -393,7 +390,8 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[
         outcomes.append((True, (call, row.attempt, seq)))
     if inserts:
         conn.exec_driver_sql(_insert_sql(conn), [tuple(row[c] for c in _CALL_COLUMNS) for row in inserts])
-        conn.execute(_COUNT_CALLS, [{"rid": rid, "n": n} for rid, n in next_seq.items()])
+        count = f"UPDATE rollouts SET n_calls = {_marks(conn, 1)} WHERE id = {_marks(conn, 1)}"
+        conn.exec_driver_sql(count, [(n, rid) for rid, n in next_seq.items()])
         outcomes = [
             (True, replace(value[0], attempt=value[1], seq=value[2], created_at=now)) if ok else (ok, value)
             for ok, value in outcomes

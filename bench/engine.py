@@ -72,7 +72,8 @@ def main() -> int:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    argv = ["--model", args.model, "--port", str(port), "--max-batch", "8"]
+    # No prefix cache: the rounds repeat their prompts, and what is measured here is batching.
+    argv = ["--model", args.model, "--port", str(port), "--max-batch", "8", "--prefix-cache-tokens", "0"]
     server = subprocess.Popen([sys.executable, "-m", "gateway.embedded.server", *argv], cwd=ROOT)
     try:
         t0 = time.perf_counter()
