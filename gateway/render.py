@@ -253,10 +253,10 @@ class Renderer:
         self.turn_end: int = im_end
         self.turn_end_text = str(tokenizer.convert_ids_to_tokens(im_end))
         self.end_ids = {im_end, tokenizer.eos_token_id} - {None}
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: no wrapper cost
-        self._specials, self._split = self._special_splitter()
+        self._backend: Any = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: no wrapper cost
         self._pieces: OrderedDict[str, array[int]] = OrderedDict()
         self._pieces_chars = 0
+        self._specials, self._split = self._special_splitter()
 
     def render_text(self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool) -> str:
         try:
@@ -278,14 +278,18 @@ class Renderer:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         if self._split is None or len(text) < LONG_PIECE:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
-        parts = self._split.split(text)  # text, special, text, ...
+        return self._encode_pieces(text, self._split, self._specials)
+
+    def _encode_pieces(self, text: str, split: re.Pattern[str], specials: dict[str, int]) -> list[int]:
+        """`text` split at special tokens, each piece tokenized on its own (long ones cached)."""
+        parts = split.split(text)  # text, special, text, ...
         todo = list({p for p in parts[::2] if p and p not in self._pieces})
         encoded = self._backend.encode_batch(todo, add_special_tokens=False)
         fresh = {p: e.ids for p, e in zip(todo, encoded, strict=True)}
         ids: list[int] = []
         for i, part in enumerate(parts):
             if i % 2:
-                ids.append(self._specials[part])
+                ids.append(specials[part])
             elif part in fresh:
                 ids += fresh[part]
                 if len(part) >= LONG_PIECE:
@@ -318,12 +322,7 @@ class Renderer:
         sep = next(iter(specials))
         probe = f"Hi  there\n{sep}\n x y{sep}z \n"  # e.g. a prefix space added to the first piece only
         whole = self._backend.encode(probe, add_special_tokens=False).ids
-        pieces = [
-            specials[p] if i % 2 else self._backend.encode(p, add_special_tokens=False).ids
-            for i, p in enumerate(split.split(probe))
-        ]
-        flat = [t for p in pieces for t in ([p] if isinstance(p, int) else p)]
-        return (specials, split) if flat == whole else ({}, None)
+        return (specials, split) if self._encode_pieces(probe, split, specials) == whole else ({}, None)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))

@@ -161,7 +161,7 @@ class Engine:
         self.eos_ids = {self.eos_id, *(eos if isinstance(eos, list) else [] if eos is None else [eos])}
         self.weight_version = weight_version
         self.script = deque(script) if script is not None else None
-        self.stats = {"peak_batch": 0, "joins": 0, "completed": 0, "aborted": 0, "cached_tokens": 0}
+        self.stats = {"peak_batch": 0, "joins": 0, "completed": 0, "aborted": 0}
         self.prefixes = PrefixCache(prefix_cache_tokens)
         self._max_batch, self._threads = max_batch, threads
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -310,7 +310,6 @@ class Engine:
             mask[i, past - n : past] = 1
             mask[i, past + width - rest :] = 1
             positions[i, width - rest :] = torch.arange(n, len(job.input_ids))
-        self.stats["cached_tokens"] += sum(n for _, n in hits)
         cache: Any = DynamicCache(config=self.model.config)
         if past:
             shapes = next(kv for kv, n in hits if n)
