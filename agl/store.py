@@ -18,6 +18,7 @@ policy such as when to retry; those belong to the gateway and the controller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,7 +31,7 @@ import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -204,20 +205,24 @@ def token_expired(token: str) -> bool:
 
 
 def _record(cls: Any, row: Any, **computed: Any) -> Any:
-    """A domain record from a table row: fields named like a column are copied, others given."""
+    """A domain record from a table row (or a mapping of column values): fields named like a
+    column are copied, others given."""
     names = {f.name for f in dataclasses.fields(cls)} - computed.keys()
-    return cls(**{k: v for k, v in row._mapping.items() if k in names}, **computed)
+    values = row if isinstance(row, dict) else row._mapping
+    return cls(**{k: v for k, v in values.items() if k in names}, **computed)
 
 
 def _rollout(row: Any) -> Rollout:
+    """A rollout from its row, or from a dict of its column values (those left out: unset)."""
+    values: dict[str, Any] = row if isinstance(row, dict) else dict(row._mapping)
     return _record(
         Rollout,
-        row,
-        group=row.group_id,
-        mode=Mode(row.mode),
-        status=Status(row.status),
-        failure_kind=FailureKind(row.failure_kind) if row.failure_kind else None,
-        has_grader=row.grader_token_hash is not None,
+        values,
+        group=values["group_id"],
+        mode=Mode(values["mode"]),
+        status=Status(values["status"]),
+        failure_kind=FailureKind(values["failure_kind"]) if values.get("failure_kind") else None,
+        has_grader=values.get("grader_token_hash") is not None,
     )
 
 
@@ -243,26 +248,37 @@ def _model(row: Any) -> ModelVersion:
 # Each runs on the writer thread inside its own savepoint and raises to undo itself.
 
 
+# Statements built once: building one per write (and its cache key) cost more than running it.
+_ROLLOUT_BY_ID = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rid"))
+_UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rid"))  # SET: the other parameters
+_INSERT_ROLLOUT = rollouts.insert()
+_INSERT_EVENT = events.insert()
+
+
 def _rollout_row(conn: Connection, rollout_id: str) -> Any:
-    row = conn.execute(sa.select(rollouts).where(rollouts.c.id == rollout_id)).first()
+    row = conn.execute(_ROLLOUT_BY_ID, {"rid": rollout_id}).first()
     if row is None:
         raise NotFound(f"unknown rollout {rollout_id!r}")
     return row
 
 
+def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollout:
+    """Change some of a rollout's columns; returns the rollout as it now is."""
+    conn.execute(_UPDATE_ROLLOUT, {"rid": row.id, **values})
+    return _rollout({**row._mapping, **values})
+
+
 def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
     now = time.time()
-    result = conn.execute(
-        events.insert().values(rollout_id=rollout_id, attempt=attempt, kind=kind, data=data, created_at=now)
-    )
-    (event_id,) = result.inserted_primary_key or (None,)
+    values = {"rollout_id": rollout_id, "attempt": attempt, "kind": kind, "data": data, "created_at": now}
+    (event_id,) = conn.execute(_INSERT_EVENT, values).inserted_primary_key or (None,)
     return Event(rollout_id, kind, data, attempt, event_id, now)
 
 
 def _op_create_rollout(conn: Connection, values: dict[str, Any]) -> Rollout:
-    conn.execute(rollouts.insert().values(**values))
+    conn.execute(_INSERT_ROLLOUT, values)
     _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
-    return _rollout(_rollout_row(conn, values["id"]))
+    return _rollout(values)
 
 
 def _op_transition(
@@ -302,12 +318,11 @@ def _op_transition(
     event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
     if to in TERMINAL:
         values.update(ended_at=now, end_seq=event.id)
-    conn.execute(rollouts.update().where(rollouts.c.id == rollout_id).values(**values))
-    return _rollout(_rollout_row(conn, rollout_id))
+    return _update_rollout(conn, row, values)
 
 
-# The hot path's statements are plain SQL in the driver's own parameter style: SQLAlchemy's
-# per-statement compilation and per-row parameter processing cost more than the writes.
+# The hot path's statements are plain SQL on the driver's own cursor, in its parameter style:
+# SQLAlchemy's statement compilation and result objects cost more than the writes themselves.
 _CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
 
 
@@ -349,8 +364,11 @@ def _dumps(value: JSON) -> str:
 def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[_Outcome]:
     """Record many calls with one query per table: the hot path, batched across writers."""
     wanted = tuple({call.rollout_id for call, _ in items})
-    query = f"SELECT id, status, attempt, n_calls FROM rollouts WHERE id IN ({_marks(conn, len(wanted))})"
-    rows = {row.id: row for row in conn.exec_driver_sql(query, wanted)}
+    cursor = conn.connection.cursor()
+    cursor.execute(
+        f"SELECT id, status, attempt, n_calls FROM rollouts WHERE id IN ({_marks(conn, len(wanted))})", wanted
+    )
+    rows = {row[0]: row[1:] for row in cursor.fetchall()}
     outcomes: list[_Outcome] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
@@ -361,19 +379,20 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[
         except InvalidData as e:
             outcomes.append((False, e))
             continue
-        row = rows.get(call.rollout_id)
-        if row is None:
-            outcomes.append((False, NotFound(f"unknown rollout {call.rollout_id!r}")))
+        rid = call.rollout_id
+        if rid not in rows:
+            outcomes.append((False, NotFound(f"unknown rollout {rid!r}")))
             continue
-        if Status(row.status).terminal:
-            outcomes.append((False, IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")))
+        status, attempt, n_calls = rows[rid]
+        if Status(status).terminal:
+            outcomes.append((False, IllegalTransition(f"rollout {rid} has ended ({status}); no more calls")))
             continue
-        seq = next_seq.get(row.id, row.n_calls)
-        next_seq[row.id] = seq + 1
+        seq = next_seq.get(rid, n_calls)
+        next_seq[rid] = seq + 1
         inserts.append(
             {
-                "rollout_id": row.id,
-                "attempt": row.attempt,
+                "rollout_id": rid,
+                "attempt": attempt,
                 "seq": seq,
                 "agent": call.agent,
                 "model_version": call.model_version,
@@ -387,11 +406,11 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[
                 "created_at": now,
             }
         )
-        outcomes.append((True, (call, row.attempt, seq)))
+        outcomes.append((True, (call, attempt, seq)))
     if inserts:
-        conn.exec_driver_sql(_insert_sql(conn), [tuple(row[c] for c in _CALL_COLUMNS) for row in inserts])
+        cursor.executemany(_insert_sql(conn), [tuple(row[c] for c in _CALL_COLUMNS) for row in inserts])
         count = f"UPDATE rollouts SET n_calls = {_marks(conn, 1)} WHERE id = {_marks(conn, 1)}"
-        conn.exec_driver_sql(count, [(n, rid) for rid, n in next_seq.items()])
+        cursor.executemany(count, [(n, rid) for rid, n in next_seq.items()])
         outcomes = [
             (True, replace(value[0], attempt=value[1], seq=value[2], created_at=now)) if ok else (ok, value)
             for ok, value in outcomes
@@ -407,7 +426,7 @@ def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON) -
 def _op_set_reward(conn: Connection, rollout_id: str, reward: float, data: JSON) -> Event:
     row = _rollout_row(conn, rollout_id)
     if data["final"]:
-        conn.execute(rollouts.update().where(rollouts.c.id == rollout_id).values(reward=reward))
+        _update_rollout(conn, row, {"reward": reward})
     return _insert_event(conn, rollout_id, row.attempt, "reward", data)
 
 
@@ -416,9 +435,8 @@ def _op_rotate_tokens(conn: Connection, rollout_id: str, agent: str, grader: str
     if Status(row.status).terminal or (attempt is not None and attempt != row.attempt):
         raise IllegalTransition(f"rollout {rollout_id}: no new tokens ({row.status}, attempt {row.attempt})")
     values = {"agent_token_hash": agent, "grader_token_hash": grader if row.grader_token_hash is not None else None}
-    conn.execute(rollouts.update().where(rollouts.c.id == rollout_id).values(**values))
     _insert_event(conn, rollout_id, row.attempt, "tokens", {"rotated": True})
-    return _rollout(_rollout_row(conn, rollout_id))
+    return _update_rollout(conn, row, values)
 
 
 def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
@@ -506,8 +524,24 @@ class Created:
 
 def _failure(e: Exception) -> _Outcome:
     if isinstance(e, sa.exc.IntegrityError):
-        return False, InvalidData(f"rejected by the database: {e.orig}")
+        e = e.orig  # type: ignore[assignment]
+    if any(c.__name__ == "IntegrityError" for c in type(e).__mro__):  # also the driver's own (PEP 249)
+        return False, InvalidData(f"rejected by the database: {e}")
     return False, e
+
+
+@contextlib.contextmanager
+def _savepoint(conn: Connection) -> Iterator[None]:
+    """Undo what the block wrote if it raises; the transaction goes on. Plain SQL: SQLAlchemy's
+    nested transactions cost several times the writes they wrap."""
+    conn.exec_driver_sql("SAVEPOINT agl_write")
+    try:
+        yield
+    except BaseException:
+        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT agl_write")
+        conn.exec_driver_sql("RELEASE SAVEPOINT agl_write")
+        raise
+    conn.exec_driver_sql("RELEASE SAVEPOINT agl_write")
 
 
 _Op = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
@@ -532,6 +566,7 @@ class Store:
             self._read_engine.dispose()
             raise
         self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
+        self._conn: Connection | None = None
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
         self._writer.start()
@@ -595,6 +630,8 @@ class Store:
             if batch:
                 self._commit(batch)
                 expected = max(len(batch), (expected + len(batch)) // 2)  # decays after a burst
+        if self._conn is not None:
+            self._conn.close()
 
     def _commit(self, batch: list[_Op], *, isolated: bool = False) -> None:
         """Commit a group of writes in one transaction. Plain writes each run in a savepoint; runs
@@ -602,7 +639,10 @@ class Store:
         how a group is retried when a bulk write fails or the commit itself does."""
         outcomes: list[_Outcome] = []
         try:
-            with self._write_engine.begin() as conn:
+            if self._conn is None:  # the writer's own connection, kept: a pool checkout per group costs
+                self._conn = self._write_engine.connect()  # after a disconnect it reconnects by itself
+            conn = self._conn
+            with conn.begin():
                 i = 0
                 while i < len(batch):
                     op, args, _ = batch[i]
@@ -636,7 +676,7 @@ class Store:
     def _run_bulk(cls, conn: Connection, op: Callable[..., Any], run: list[tuple[Any, ...]]) -> list[_Outcome]:
         """A run of bulk writes in a savepoint; if the database rejects the run, each one alone."""
         try:
-            with conn.begin_nested():
+            with _savepoint(conn):
                 return list(op(conn, run))
         except Exception as e:  # noqa: BLE001 - isolate the write at fault
             if len(run) == 1:
@@ -646,7 +686,7 @@ class Store:
     @staticmethod
     def _run_in_savepoint(conn: Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> _Outcome:
         try:
-            with conn.begin_nested():
+            with _savepoint(conn):
                 return True, op(conn, *args)
         except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
             return _failure(e)

@@ -195,19 +195,23 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
     def is_admin(request: Request) -> bool:
         return bool(settings.admin_key) and hmac.compare_digest(presented(request), settings.admin_key)
 
-    tokens: OrderedDict[str, tuple[Rollout, str]] = OrderedDict()  # token hash -> (rollout, role)
+    # Token hash -> (rollout, role). This gateway is the store's only writer, so it keeps the
+    # entries current: it updates them with every status change it makes and caches the tokens
+    # it issues. A read that was under way during a change is not cached (`epoch`).
+    tokens: OrderedDict[str, tuple[Rollout, str]] = OrderedDict()
     hashes: dict[str, set[str]] = {}  # rollout id -> its cached token hashes
+    epoch = 0  # counts changes
 
     async def lookup(token: str) -> tuple[Rollout, str] | None:
-        """The rollout and role of a token. Cached: this gateway is the store's only writer, and
-        it drops a rollout's entries whenever it changes that rollout's status."""
+        """The rollout and role of a token."""
         if token_expired(token):
             raise AuthError(401, "this token has expired; a launcher gets new ones from /api/rollouts/{id}/tokens")
         digest = hash_token(token)
         if digest in tokens:
             return tokens[digest]
+        seen = epoch
         found = await aio.read(store.rollout_for_token, token)
-        if found is not None:
+        if found is not None and epoch == seen:
             cache(digest, found)
         return found
 
@@ -218,12 +222,23 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
             old, (rollout, _) = tokens.popitem(last=False)
             hashes.get(rollout.id, set()).discard(old)
 
-    generation: dict[str, int] = {}  # rollout id -> how often its entries were dropped
+    def changed(rollout_id: str, now: Rollout | None = None) -> None:
+        """A rollout changed: its entries get its new state, or are dropped when it is not known."""
+        nonlocal epoch
+        epoch += 1
+        for digest in list(hashes.get(rollout_id, ())):
+            if now is not None and digest in tokens:
+                tokens[digest] = (now, tokens[digest][1])
+            else:
+                tokens.pop(digest, None)
+                hashes[rollout_id].discard(digest)
 
-    def changed(rollout_id: str) -> None:
-        generation[rollout_id] = generation.get(rollout_id, 0) + 1
-        for digest in hashes.pop(rollout_id, ()):
-            tokens.pop(digest, None)
+    def issued(created: Created) -> None:
+        """Tokens this gateway just handed out: known without a read on their first call."""
+        changed(created.rollout.id)
+        cache(hash_token(created.agent_token), (created.rollout, "agent"))
+        if created.grader_token:
+            cache(hash_token(created.grader_token), (created.rollout, "grader"))
 
     async def harness(request: Request) -> Rollout:
         token = presented(request)
@@ -239,17 +254,15 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         if rollout.status.terminal:
             raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})")
         if rollout.status is Status.QUEUED:
-            changed(rollout.id)
-            seen = generation[rollout.id]
             try:
                 rollout = await aio.transition(rollout.id, Status.RUNNING, reason="first model call")
             except IllegalTransition:  # started (or ended) by someone else meanwhile
+                changed(rollout.id)
                 rollout = await aio.read(store.get_rollout, rollout.id)
                 if rollout.status.terminal:
                     raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})") from None
                 return rollout
-            if generation[rollout.id] == seen:  # nothing changed it since: cache the running rollout
-                cache(hash_token(token), (rollout, "agent"))
+            changed(rollout.id, rollout)
         return rollout
 
     def admin(request: Request) -> None:
@@ -406,15 +419,18 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         created = await aio.create_rollout(
             req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata, token_ttl_s=settings.token_ttl_s
         )
+        issued(created)
         return credentials(created)
 
     @app.post("/api/rollouts/{rollout_id}/tokens")
     async def rotate_tokens(request: Request, rollout_id: str, attempt: int | None = None) -> Any:
         """New credentials for a launcher (the old tokens die): same reply shape as a create."""
         admin(request)
-        changed(rollout_id)
-        created = await aio.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
-        changed(rollout_id)
+        try:
+            created = await aio.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
+        finally:
+            changed(rollout_id)  # the old tokens are dead
+        issued(created)
         return credentials(created)
 
     @app.get("/api/rollouts")
@@ -436,7 +452,8 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
 
     @app.get("/api/rollouts/{rollout_id}")
     async def get_rollout(request: Request, rollout_id: str) -> Any:
-        return _jsonable(await scoped(request, rollout_id))
+        await scoped(request, rollout_id)
+        return _jsonable(await aio.read(store.get_rollout, rollout_id))  # not the cached copy: rewards, calls
 
     @app.get("/api/rollouts/{rollout_id}/calls")
     async def get_calls(request: Request, rollout_id: str, all_attempts: bool = False) -> Any:
@@ -468,11 +485,14 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
     async def post_status(request: Request, rollout_id: str) -> Any:
         admin(request)
         req = await body(request, StatusIn)
-        changed(rollout_id)
-        rollout = await aio.transition(
-            rollout_id, req.status, failure_kind=req.failure_kind, reason=req.reason, attempt=req.attempt
-        )
-        changed(rollout_id)
+        try:
+            rollout = await aio.transition(
+                rollout_id, req.status, failure_kind=req.failure_kind, reason=req.reason, attempt=req.attempt
+            )
+        except StoreError:
+            changed(rollout_id)
+            raise
+        changed(rollout_id, rollout)
         if rollout.status.terminal or rollout.status is Status.QUEUED:
             proxy.renderer.forget(rollout_id)
             proxy.seen.discard(rollout_id)

@@ -418,3 +418,19 @@ def test_a_write_the_database_rejects_is_isolated_from_its_group(store):
     assert all(isinstance(r, InvalidData) for r in results[::3])
     assert all(isinstance(r, Call) for i, r in enumerate(results) if i % 3)
     assert [c.seq for c in store.calls_for([good])[good]] == list(range(20))
+
+
+def test_writes_go_on_after_the_database_drops_the_writers_connection(store):
+    """The writer keeps one connection; when the server ends it (a PostgreSQL restart, a proxy's
+    idle timeout), the next group reconnects and commits instead of failing its writers."""
+    rid = _drive_to(store, Status.RUNNING)
+    store.append_call(make_call(rid))
+    if store._write_engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no server to drop a connection")
+    with store._read_engine.connect() as conn:  # ends every other session of this database
+        conn.exec_driver_sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    assert store.append_call(make_call(rid)).seq == 1
+    assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1]
