@@ -171,8 +171,9 @@ class Proxy:
         out = await self._replay(rollout, request, n, parse=True)
         for i in range(len(out), n):
             out.append(await self._sample(rollout, agent, api, prompt.ids, params, i, request, parse=True))
-        self.renderer.remember(rollout.id, prompt, out[0][1], out[0][0].reply)
-        return [c for c, _ in out]
+        first, ids, sampled_text = out[0]
+        self.renderer.remember(rollout.id, prompt, ids, first.reply, sampled_text)
+        return [c for c, _, _ in out]
 
     async def complete(
         self, rollout: Rollout, agent: str, prompt_ids: list[int], params: Params, n: int, request: JSON
@@ -182,15 +183,15 @@ class Proxy:
             raise RenderError("the prompt must not be empty")
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
-        out = [c for c, _ in await self._replay(rollout, request, n, parse=False)]
+        out = [c for c, _, _ in await self._replay(rollout, request, n, parse=False)]
         for i in range(len(out), n):
-            done, _ = await self._sample(rollout, agent, "completions", prompt_ids, params, i, request, parse=False)
+            done, _, _ = await self._sample(rollout, agent, "completions", prompt_ids, params, i, request, parse=False)
             out.append(done)
         return out
 
     async def _replay(
         self, rollout: Rollout, request: JSON, n: int, *, parse: bool
-    ) -> list[tuple[Completion, list[int]]]:
+    ) -> list[tuple[Completion, list[int], str]]:
         """A harness retrying the call whose reply a crash cut off gets that reply, instead of a
         second sample: on a rollout's first call since this gateway started, when the rollout's
         last `n` calls, recorded before it started, had this very request. Nothing is recorded."""
@@ -205,7 +206,7 @@ class Proxy:
         for c in found:
             ids, stop = list(c.response_ids), c.response.get("stop", "")
             args = (c.response["text"], ids, list(c.logprobs), c.finish_reason, stop, len(c.prompt_ids))
-            out.append((self._completion(*args, parse, request, c.seq), ids))
+            out.append((self._completion(*args, parse, request, c.seq), ids, self.renderer.reply_text(ids)))
         return out
 
     async def _sample(
@@ -219,7 +220,8 @@ class Proxy:
         request: JSON,
         *,
         parse: bool,
-    ) -> tuple[Completion, list[int]]:
+    ) -> tuple[Completion, list[int], str]:
+        """One sampled, recorded reply: (completion, sampled IDs, their text before any stop string cut)."""
         room = self.context_length - len(prompt)
         max_tokens = params.max_tokens if params.max_tokens is not None else min(self.default_max_tokens, room)
         if max_tokens > room or room <= 0:
@@ -248,7 +250,7 @@ class Proxy:
                 ids, logprobs, stop_sequence = self._cut_at_stop(ids, logprobs, params.stop)
                 if stop_sequence:
                     finish = "stop_sequence"
-            text = self.renderer.reply_text(ids)
+            sampled_text = text = self.renderer.reply_text(ids)
             if stop_sequence:
                 text = text[: text.find(stop_sequence)]
             call = await self.store.append_call(
@@ -273,7 +275,7 @@ class Proxy:
         self.metrics.tokens.labels("response").inc(len(ids))
         self.metrics.latency.observe(time.monotonic() - started)
         completion = self._completion(text, ids, logprobs, finish, stop_sequence, len(prompt), parse, request, call.seq)
-        return completion, ids
+        return completion, ids, sampled_text
 
     def _completion(
         self,

@@ -371,14 +371,17 @@ class Renderer:
                 return head
         return None
 
-    def remember(self, rollout_id: str, prompt: Prompt, response_ids: Sequence[int], reply: Message) -> None:
+    def remember(
+        self, rollout_id: str, prompt: Prompt, response_ids: Sequence[int], reply: Message, text: str | None = None
+    ) -> None:
         """Record the chain a call produced: its prompt, the sampled reply, and the end-of-turn
-        token when sampling stopped without one (the template closes the turn with it)."""
+        token when sampling stopped without one (the template closes the turn with it). `text`:
+        the reply's `reply_text`, when the caller has it."""
         ids = array("i", prompt.ids)
         ids.extend(response_ids)
         if not response_ids or response_ids[-1] not in self.end_ids:
             ids.append(self.turn_end)
-        verbatim = prompt.text + self.reply_text(response_ids) + self.turn_end_text
+        verbatim = prompt.text + (self.reply_text(response_ids) if text is None else text) + self.turn_end_text
         digest = _digest(prompt.digests[-1], reply)
         superseded = set(prompt.digests)
         chains = [c for c in self.chains.pop(rollout_id, []) if c.digest not in superseded]

@@ -39,8 +39,8 @@ class _Request(BaseModel):
     model: str = ""
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
-    seed: int | None = None
+    top_k: int = Field(-1, ge=-1, le=2**31 - 1)
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1 - 16)  # plus the choice's index: still 64 bits
     stream: bool = False
 
 

@@ -30,6 +30,8 @@ CHAT_CASES = [
     ("max_tokens zero", {"messages": USER, "max_tokens": 0}, 400),
     ("max_tokens huge", {"messages": USER, "max_tokens": 10**9}, 400),
     ("negative temperature", {"messages": USER, "temperature": -1}, 400),
+    ("seed beyond 64 bits", {"messages": USER, "seed": 2**70}, 400),
+    ("top_k beyond 32 bits", {"messages": USER, "top_k": 2**40}, 400),
     ("bad tool schema", {"messages": USER, "tools": [{"type": "function", "function": {"parameters": {}}}]}, 400),
     ("tools not a list", {"messages": USER, "tools": {"a": 1}}, 400),
     ("bad tool call", {"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, 400),
