@@ -4,8 +4,8 @@ Owns the schema (SQLAlchemy Core tables, changed only through the Alembic migrat
 `agl/migrations/`), the rollout state machine, and the binary layout of token arrays
 (little-endian int32 IDs, float32 logprobs).
 
-All writes go through one writer thread that commits them in groups (group commit): a
-write returns, or its future resolves, only after its transaction committed, so an
+All writes go through one writer thread, on one connection it keeps, that commits them in
+groups (group commit): a write returns, or its future resolves, only after its transaction committed, so an
 acknowledged write is durable. Each write runs in its own savepoint, so a write that fails
 (unknown rollout, illegal transition, bad array) changes nothing and does not disturb the
 others in its group. Reads run on the caller's thread with their own connections. Async
