@@ -20,11 +20,13 @@ import logging
 import random
 import time
 import zlib
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 
 log = logging.getLogger(__name__)
@@ -113,7 +115,8 @@ class EngineClient:
         self, input_ids: Sequence[int], sampling_params: dict[str, Any], *, rollout_id: str | None = None
     ) -> Generation:
         """Sample a continuation of `input_ids`, on the rollout's replica when it is up."""
-        body = {"input_ids": list(input_ids), "sampling_params": sampling_params, "return_logprob": True}
+        ids = input_ids if isinstance(input_ids, array) and input_ids.typecode == "i" else array("i", input_ids)
+        body = {"input_ids": np.frombuffer(ids, np.int32), "sampling_params": sampling_params, "return_logprob": True}
         replica, reply = await self._call("POST", "/generate", body, rollout_id=rollout_id)
         try:
             meta = reply["meta_info"]
@@ -213,7 +216,7 @@ class EngineClient:
             # closes them under us; that race showed up as "cannot write request body" retries.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-        data = orjson.dumps(body) if body is not None else None
+        data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
         async with self._session.request(method, r.url + path, data=data, headers=JSON_HEADERS) as resp:
             text = await resp.text()
             if resp.status >= 400:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,7 +215,7 @@ class Proxy:
         rollout: Rollout,
         agent: str,
         api: str,
-        prompt: list[int],
+        prompt: Sequence[int],
         params: Params,
         index: int,
         request: JSON,

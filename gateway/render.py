@@ -229,7 +229,7 @@ class Chain:
 
 @dataclass(frozen=True)
 class Prompt:
-    ids: list[int]
+    ids: array[int]
     extended: bool  # built on an earlier call's sampled tokens
     mismatch: str  # "" when extended or first; else the class of the break
     digests: list[int] = field(default_factory=list)  # prefix_digests of the messages
@@ -348,17 +348,19 @@ class Renderer:
                 continue
             length, digest = chain.verbatim
             if preserve and hash(full[:length]) == digest:  # the reply came back as sampled: no second render
-                return Prompt(chain.ids.tolist() + self.encode(full[length:]), True, "", digests, tools_key, full)
+                ids = chain.ids + array("i", self.encode(full[length:]))
+                return Prompt(ids, True, "", digests, tools_key, full)
             head = self._head(full, messages[: digests.index(chain.digest) + 1], tools)
             if head is None:
-                return Prompt(self.encode(full), False, "template_edit", digests, tools_key, full)
+                return Prompt(array("i", self.encode(full)), False, "template_edit", digests, tools_key, full)
             if not preserve:
-                ids = self.encode(full)
-                same = ids[: len(chain.ids)] == chain.ids.tolist()
+                ids = array("i", self.encode(full))
+                same = ids[: len(chain.ids)] == chain.ids
                 return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
-            return Prompt(chain.ids.tolist() + self.encode(full[len(head) :]), True, "", digests, tools_key, full)
+            ids = chain.ids + array("i", self.encode(full[len(head) :]))
+            return Prompt(ids, True, "", digests, tools_key, full)
         kind = "" if not chains else "context_rewritten" if any(c.first == digests[0] for c in chains) else "new_chain"
-        return Prompt(self.encode(full), False, kind, digests, tools_key, full)
+        return Prompt(array("i", self.encode(full)), False, kind, digests, tools_key, full)
 
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as

@@ -85,7 +85,7 @@ def test_extension_reuses_sampled_ids_and_matches_the_template(renderer: Rendere
     renderer.remember("r", first, response, reply)
     following = [*messages, reply, Message("tool", "a.txt", tool_call_id=reply.tool_calls[0].id)]
     second = renderer.prompt("r", following, TOOLS)
-    assert second.extended and second.ids[: len(first.ids) + len(response)] == first.ids + response
+    assert second.extended and second.ids[: len(first.ids) + len(response)].tolist() == first.ids.tolist() + response
     assert renderer.decode(second.ids) == renderer.render_text(following, TOOLS, generation_prompt=True)
 
 
@@ -162,7 +162,7 @@ def test_a_reply_sent_back_as_sampled_extends_without_rendering_the_history_agai
     renders = 0
     second = renderer.prompt("r", following, [])
     assert renders == 1 and second.extended
-    assert second.ids[: len(first.ids) + len(response)] == first.ids + response
+    assert second.ids[: len(first.ids) + len(response)].tolist() == first.ids.tolist() + response
     assert renderer.decode(second.ids) == render_text(following, [], generation_prompt=True)
 
 
