@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import hmac
 import logging
 import time
@@ -595,6 +596,8 @@ def main(argv: list[str]) -> int:
     async def serve() -> None:
         async with EngineClient(settings.engine_urls, timeout_s=settings.engine_timeout_s) as engines:
             app = make_app(settings, store, engines, await engine_info(engines))
+            gc.collect()  # the start-up heap (tokenizer, transformers: ~400k objects) lives as long as
+            gc.freeze()  # the process: kept out of every later collection (4-10% more calls/s, measured)
             config = uvicorn.Config(
                 app,
                 host=settings.host,
