@@ -5,8 +5,8 @@ Owns the schema (SQLAlchemy Core tables, changed only through the Alembic migrat
 (little-endian int32 IDs, float32 logprobs).
 
 All writes go through one writer thread, on one connection it keeps, that commits them in
-groups (group commit): a write returns, or its future resolves, only after its transaction committed, so an
-acknowledged write is durable. Each write runs in its own savepoint, so a write that fails
+groups (group commit): a write returns, or its future resolves, only after its transaction
+committed, so an acknowledged write is durable. Each write runs in its own savepoint, so a write that fails
 (unknown rollout, illegal transition, bad array) changes nothing and does not disturb the
 others in its group. Reads run on the caller's thread with their own connections. Async
 callers use `store.aio`, whose coroutines never block the event loop.
@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -204,17 +204,15 @@ def token_expired(token: str) -> bool:
 # --------------------------------------------------------------------------- row conversion
 
 
-def _record(cls: Any, row: Any, **computed: Any) -> Any:
-    """A domain record from a table row (or a mapping of column values): fields named like a
-    column are copied, others given."""
+def _record(cls: Any, values: Mapping[str, Any], **computed: Any) -> Any:
+    """A domain record from a row's column values: fields named like a column are copied, others given."""
     names = {f.name for f in dataclasses.fields(cls)} - computed.keys()
-    values = row if isinstance(row, dict) else row._mapping
     return cls(**{k: v for k, v in values.items() if k in names}, **computed)
 
 
 def _rollout(row: Any) -> Rollout:
     """A rollout from its row, or from a dict of its column values (those left out: unset)."""
-    values: dict[str, Any] = row if isinstance(row, dict) else dict(row._mapping)
+    values: Mapping[str, Any] = row if isinstance(row, dict) else row._mapping
     return _record(
         Rollout,
         values,
@@ -229,7 +227,7 @@ def _rollout(row: Any) -> Rollout:
 def _call(row: Any) -> Call:
     return _record(
         Call,
-        row,
+        row._mapping,
         prompt_ids=decode(row.prompt_ids, "i"),
         response_ids=decode(row.response_ids, "i"),
         logprobs=decode(row.logprobs, "f"),
@@ -237,11 +235,11 @@ def _call(row: Any) -> Call:
 
 
 def _event(row: Any) -> Event:
-    return _record(Event, row)
+    return _record(Event, row._mapping)
 
 
 def _model(row: Any) -> ModelVersion:
-    return _record(ModelVersion, row, endpoints=list(row.endpoints))
+    return _record(ModelVersion, row._mapping, endpoints=list(row.endpoints))
 
 
 # --------------------------------------------------------------------------- write operations

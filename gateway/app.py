@@ -236,7 +236,6 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
 
     def issued(created: Created) -> None:
         """Tokens this gateway just handed out: known without a read on their first call."""
-        changed(created.rollout.id)
         cache(hash_token(created.agent_token), (created.rollout, "agent"))
         if created.grader_token:
             cache(hash_token(created.grader_token), (created.rollout, "grader"))
