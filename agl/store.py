@@ -942,8 +942,8 @@ class AsyncStore:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def _write(self, op: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.wrap_future(self.store.submit(op, *args))
+    def _write(self, op: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        return asyncio.wrap_future(self.store.submit(op, *args))
 
     async def create_rollout(
         self,
@@ -969,8 +969,9 @@ class AsyncStore:
     ) -> Rollout:
         return await self._write(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt)
 
-    async def append_call(self, call: Call) -> Call:
-        return await self._write(_bulk_append_calls, call, self.store.settings.max_tokens_per_array)
+    def append_call(self, call: Call) -> asyncio.Future[Call]:
+        """Submitted at once, so the caller can work while it commits; await it for the result."""
+        return self._write(_bulk_append_calls, call, self.store.settings.max_tokens_per_array)
 
     async def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
         return await self._write(_op_append_event, rollout_id, *_event_args(kind, data))

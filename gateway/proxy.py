@@ -102,7 +102,6 @@ class Completion:
     stop_sequence: str
     logprobs: list[float]
     tokens: list[str]
-    seq: int  # the call's sequence number in its rollout
 
 
 class Metrics:
@@ -207,7 +206,7 @@ class Proxy:
         for c in found:
             ids, stop = list(c.response_ids), c.response.get("stop", "")
             args = (c.response["text"], ids, list(c.logprobs), c.finish_reason, stop, len(c.prompt_ids))
-            out.append((self._completion(*args, parse, request, c.seq), ids, self.renderer.reply_text(ids)))
+            out.append((self._completion(*args, parse, request), ids, self.renderer.reply_text(ids)))
         return out
 
     async def _sample(
@@ -254,7 +253,7 @@ class Proxy:
             sampled_text = text = self.renderer.reply_text(ids)
             if stop_sequence:
                 text = text[: text.find(stop_sequence)]
-            call = await self.store.append_call(
+            recorded = self.store.append_call(
                 Call(
                     rollout_id=rollout.id,
                     prompt_ids=prompt,  # type: ignore[arg-type]
@@ -268,6 +267,8 @@ class Proxy:
                     response={"text": text, "api": api, "index": index, "stop": stop_sequence},
                 )
             )
+            completion = self._completion(text, ids, logprobs, finish, stop_sequence, len(prompt), parse, request)
+            await recorded  # the reply is built while the call commits, and returned once it has
         finally:
             self.gate.leave()
             self.metrics.inflight.dec()
@@ -275,7 +276,6 @@ class Proxy:
         self.metrics.tokens.labels("prompt").inc(len(prompt))
         self.metrics.tokens.labels("response").inc(len(ids))
         self.metrics.latency.observe(time.monotonic() - started)
-        completion = self._completion(text, ids, logprobs, finish, stop_sequence, len(prompt), parse, request, call.seq)
         return completion, ids, sampled_text
 
     def _completion(
@@ -288,12 +288,11 @@ class Proxy:
         prompt_tokens: int,
         parse: bool,
         request: JSON,
-        seq: int,
     ) -> Completion:
         reply = parse_reply(text, self.renderer.tool_parser) if parse else Message("assistant", text)
         tokens = [self.renderer.decode([t]) for t in ids] if request.get("logprobs") else []
         content = reply.content if parse else text
-        return Completion(reply, content, prompt_tokens, len(ids), finish, stop_sequence, logprobs, tokens, seq)
+        return Completion(reply, content, prompt_tokens, len(ids), finish, stop_sequence, logprobs, tokens)
 
     def _cut_at_stop(
         self, ids: list[int], logprobs: list[float], stops: list[str]
