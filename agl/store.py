@@ -340,14 +340,13 @@ def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
     logprobs = _array(call.logprobs, "f", f"{where}: logprobs", limit)
     if len(logprobs) != len(response):
         raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
-    if (prompt and np.frombuffer(prompt, np.int32).min() < 0) or (
-        response and np.frombuffer(response, np.int32).min() < 0
-    ):
-        raise InvalidData(f"{where}: negative token id")
     values = np.frombuffer(logprobs, np.float32)
     if len(values) and not (np.isfinite(values).all() and values.max() <= 1e-3):
         raise InvalidData(f"{where}: logprobs must be finite and at most 0")
-    return encode(prompt), encode(response), encode(logprobs)
+    prompt_le, response_le = encode(prompt), encode(response)
+    if not (prompt_le[3::4].isascii() and response_le[3::4].isascii()):  # a sign bit set (little-endian int32)
+        raise InvalidData(f"{where}: negative token id")
+    return prompt_le, response_le, encode(logprobs)
 
 
 def _dumps(value: JSON) -> str:
@@ -482,7 +481,7 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.connection.driver_connection.execute("BEGIN IMMEDIATE")  # exec_driver_sql costs 4x the BEGIN
 
     return engine
 

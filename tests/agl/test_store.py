@@ -159,6 +159,15 @@ def test_lists_are_accepted_and_stored_compactly(store):
     assert list(got.prompt_ids) == [1, 2, 3] and list(got.logprobs) == [-0.25]
 
 
+def test_ids_up_to_the_int32_limit_round_trip(db_url):
+    with Store(db_url) as store:
+        rid = _drive_to(store, Status.RUNNING)
+        ids = [0, 127, 128, 2**23, 2**24 - 1, 2**31 - 1]
+        store.append_call(Call(rid, ids, ids[::-1], [-1.0] * len(ids)))  # type: ignore[arg-type]
+        (call,) = store.calls_for([rid])[rid]
+        assert list(call.prompt_ids) == ids and list(call.response_ids) == ids[::-1]
+
+
 @pytest.mark.parametrize(
     ("prompt", "response", "logprobs", "message"),
     [
@@ -166,6 +175,8 @@ def test_lists_are_accepted_and_stored_compactly(store):
         (["a"], [], [], "not an array of int32"),
         ([1], [2**31], [-1.0], "not an array of int32"),
         ([-1], [], [], "negative token id"),
+        ([1, 2], [5, -7], [-1.0, -1.0], "negative token id"),
+        ([-(2**31)], [], [], "negative token id"),
         ([1], [2], [math.nan], "finite"),
         ([1], [2], [0.5], "at most 0"),
         ([1] * 11, [], [], "more than the limit"),
