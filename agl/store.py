@@ -481,7 +481,8 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            conn.connection.driver_connection.execute("BEGIN IMMEDIATE")  # exec_driver_sql costs 4x the BEGIN
+            driver = conn.connection.dbapi_connection  # SQLAlchemy's exec_driver_sql costs 4x the BEGIN itself
+            driver.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
 
     return engine
 
