@@ -863,11 +863,6 @@ class Store:
         rows = self._read(sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status))
         return {s.value: 0 for s in Status} | {row[0]: int(row[1]) for row in rows}
 
-    def group_complete(self, group: str) -> bool:
-        """True when the group has rollouts and every one of them has ended."""
-        total, ended = self.group_counts([group])[group]
-        return total > 0 and total == ended
-
     def models(self) -> list[ModelVersion]:
         return [_model(row) for row in self._read(sa.select(models).order_by(models.c.version))]
 

@@ -60,16 +60,6 @@ class Mode(enum.StrEnum):
     VAL = "val"
 
 
-def token_ids(values: Any = ()) -> array[int]:
-    """An int32 token-ID array."""
-    return array("i", values)
-
-
-def logprob_array(values: Any = ()) -> array[float]:
-    """A float32 logprob array."""
-    return array("f", values)
-
-
 @dataclass(frozen=True)
 class Rollout:
     """One harness run on one task. `attempt` counts from 1; only the last attempt's calls count."""

@@ -172,7 +172,9 @@ class Proxy:
         for i in range(len(out), n):
             out.append(await self._sample(rollout, agent, api, prompt.ids, params, i, request, parse=True))
         first, ids, sampled_text = out[0]
-        self.renderer.remember(rollout.id, prompt, ids, first.reply, sampled_text)
+        # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
+        # request's task starts from a callback queued after this one.
+        asyncio.get_running_loop().call_soon(self.renderer.remember, rollout.id, prompt, ids, first.reply, sampled_text)
         return [c for c, _, _ in out]
 
     async def complete(
@@ -272,11 +274,14 @@ class Proxy:
         finally:
             self.gate.leave()
             self.metrics.inflight.dec()
-        self.metrics.calls.labels(agent, api).inc()
-        self.metrics.tokens.labels("prompt").inc(len(prompt))
-        self.metrics.tokens.labels("response").inc(len(ids))
-        self.metrics.latency.observe(time.monotonic() - started)
+        asyncio.get_running_loop().call_soon(self._count, agent, api, len(prompt), len(ids), time.monotonic() - started)
         return completion, ids, sampled_text
+
+    def _count(self, agent: str, api: str, prompt_tokens: int, response_tokens: int, latency_s: float) -> None:
+        self.metrics.calls.labels(agent, api).inc()
+        self.metrics.tokens.labels("prompt").inc(prompt_tokens)
+        self.metrics.tokens.labels("response").inc(response_tokens)
+        self.metrics.latency.observe(latency_s)
 
     def _completion(
         self,

@@ -254,6 +254,9 @@ class Renderer:
         self.turn_end_text = str(tokenizer.convert_ids_to_tokens(im_end))
         self.end_ids = {im_end, tokenizer.eos_token_id} - {None}
         self._backend: Any = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: no wrapper cost
+        # Decoding is the Rust tokenizer's, unless the wrapper would add its clean-up pass.
+        fast = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        self._decoder: Any = self._backend if fast else tokenizer
         self._pieces: OrderedDict[str, array[int]] = OrderedDict()
         self._pieces_chars = 0
         self._specials, self._split = self._special_splitter()
@@ -325,7 +328,7 @@ class Renderer:
         return (specials, split) if self._encode_pieces(probe, split, specials) == whole else ({}, None)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+        return str(self._decoder.decode(list(ids), skip_special_tokens=False))
 
     def reply_text(self, ids: Sequence[int]) -> str:
         """The visible text of a reply: without the end-of-turn token that closed it."""
