@@ -1,0 +1,112 @@
+"""Paired A/B of two source trees' gateways, for changes smaller than this machine's noise.
+
+`python -m bench.gateway_ab OTHER_TREE` (e.g. a `git worktree` of the previous commit) starts
+one engine stand-in (bench/gateway.py's) and one `agl gateway` from each tree, and then
+alternates sequential calls between them, with a direct call to the stand-in after each pair.
+So a slow phase of the machine slows both, which back-to-back runs of bench.gateway cannot
+promise (the same commit measured 1.5 and 4 ms of added p50 an hour apart). Then it measures
+calls/s with 64 clients on each gateway alone, alternating twice. Last line:
+`ab_p50_overhead_ms_this=A ab_p50_overhead_ms_other=B ab_calls_per_s_this=C ab_calls_per_s_other=D`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.gateway import ADMIN, Conversation, free_port, post, wait
+
+
+async def measure(gateways: list[str], engine: str, tok: object, calls: int, concurrent: int) -> dict[str, list]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as client:
+        convos = [Conversation(client, g, tok, "latency") for g in gateways]
+        for c in convos:
+            for _ in range(12):  # warm up
+                await c.call()
+        through: list[list[float]] = [[] for _ in gateways]
+        direct = []
+        for _ in range(calls):
+            for i, c in enumerate(convos):
+                elapsed, prompt_tokens = await c.call()
+                through[i].append(elapsed)
+            body = {"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 64}}
+            t0 = time.perf_counter()
+            await post(client, engine + "/generate", body | {"return_logprob": True}, {})
+            direct.append(time.perf_counter() - t0)
+        base = statistics.median(direct)
+        out: dict[str, list] = {"overhead_ms": [(statistics.median(t) - base) * 1e3 for t in through]}
+        out["calls_per_s"] = [0.0 for _ in gateways]
+        per_client = max(1, calls // 10)
+        for _ in range(2):
+            for i, g in enumerate(gateways):
+                clients = [Conversation(client, g, tok, f"client {k}") for k in range(concurrent)]
+
+                async def loop(c: Conversation) -> None:
+                    for _ in range(per_client):
+                        await c.call()
+
+                t0 = time.perf_counter()
+                await asyncio.gather(*(loop(c) for c in clients))
+                out["calls_per_s"][i] += concurrent * per_client / (time.perf_counter() - t0) / 2
+        out["direct_p50_ms"] = [base * 1e3]
+        return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("other", help="the other source tree (a checkout of agl)")
+    parser.add_argument("--calls", type=int, default=500, help="sequential calls per gateway")
+    parser.add_argument("--concurrent", type=int, default=64)
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    from gateway.embedded import models
+
+    this = Path(__file__).resolve().parents[1]
+    tokenizer = str(
+        models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())
+    )
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
+    engine_port = free_port()
+    engine = f"http://127.0.0.1:{engine_port}"
+    stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port), "--tokenizer", tokenizer]
+    procs = [subprocess.Popen(stand_in, env=env, cwd=this)]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            wait(engine + "/model_info")
+            gateways = []
+            for i, tree in enumerate((this, Path(args.other).resolve())):
+                port = free_port()
+                cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine, "--port", str(port)]
+                cmd += ["--admin-key", ADMIN, "--db", f"sqlite:///{tmp}/gateway{i}.db"]
+                procs.append(subprocess.Popen(cmd, env=env, cwd=tree))
+                gateways.append(f"http://127.0.0.1:{port}")
+            for g in gateways:
+                wait(g + "/healthz")
+            out = asyncio.run(measure(gateways, engine, tok, args.calls, args.concurrent))
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait()
+    (a, b), (c, d) = out["overhead_ms"], out["calls_per_s"]
+    print(f"direct to the stand-in: p50 {out['direct_p50_ms'][0]:.2f} ms")
+    print(f"this tree ({this}): p50 added {a:.2f} ms, {c:.0f} calls/s with {args.concurrent} clients")
+    print(f"other tree ({args.other}): p50 added {b:.2f} ms, {d:.0f} calls/s")
+    print(
+        f"ab_p50_overhead_ms_this={a:.2f} ab_p50_overhead_ms_other={b:.2f} "
+        f"ab_calls_per_s_this={c:.0f} ab_calls_per_s_other={d:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
