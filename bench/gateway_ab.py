@@ -2,7 +2,8 @@
 
 `python -m bench.gateway_ab OTHER_TREE` (e.g. a `git worktree` of the previous commit) starts
 one engine stand-in (bench/gateway.py's) and one `agl gateway` from each tree, and then
-alternates sequential calls between them, with a direct call to the stand-in after each pair.
+alternates sequential calls between them (in turn first), with a direct call to the stand-in after
+each pair.
 So a slow phase of the machine slows both, which back-to-back runs of bench.gateway cannot
 promise (the same commit measured 1.5 and 4 ms of added p50 an hour apart). Then it measures
 calls/s with 64 clients on each gateway alone, alternating twice. Last line:
@@ -34,9 +35,9 @@ async def measure(gateways: list[str], engine: str, tok: object, calls: int, con
                 await c.call()
         through: list[list[float]] = [[] for _ in gateways]
         direct = []
-        for _ in range(calls):
-            for i, c in enumerate(convos):
-                elapsed, prompt_tokens = await c.call()
+        for k in range(calls):
+            for i in range(len(convos)) if k % 2 else reversed(range(len(convos))):  # neither always goes first
+                elapsed, prompt_tokens = await convos[i].call()
                 through[i].append(elapsed)
             body = {"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 64}}
             t0 = time.perf_counter()

@@ -159,13 +159,15 @@ def test_lists_are_accepted_and_stored_compactly(store):
     assert list(got.prompt_ids) == [1, 2, 3] and list(got.logprobs) == [-0.25]
 
 
-def test_ids_up_to_the_int32_limit_round_trip(db_url):
+def test_extreme_ids_and_logprobs_round_trip(db_url):
     with Store(db_url) as store:
         rid = _drive_to(store, Status.RUNNING)
         ids = [0, 127, 128, 2**23, 2**24 - 1, 2**31 - 1]
-        store.append_call(Call(rid, ids, ids[::-1], [-1.0] * len(ids)))  # type: ignore[arg-type]
+        logprobs = [-3.0e38] * (len(ids) - 1) + [0.0]  # finite however large, and 0: accepted
+        store.append_call(Call(rid, ids, ids[::-1], logprobs))  # type: ignore[arg-type]
         (call,) = store.calls_for([rid])[rid]
         assert list(call.prompt_ids) == ids and list(call.response_ids) == ids[::-1]
+        assert list(call.logprobs) == pytest.approx(logprobs, rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -178,6 +180,9 @@ def test_ids_up_to_the_int32_limit_round_trip(db_url):
         ([1, 2], [5, -7], [-1.0, -1.0], "negative token id"),
         ([-(2**31)], [], [], "negative token id"),
         ([1], [2], [math.nan], "finite"),
+        ([1], [2, 3], [-1.0, math.inf], "finite"),
+        ([1], [2, 3], [-math.inf, -1.0], "finite"),
+        ([1], [2, 3], [math.nan, 0.5], "finite"),
         ([1], [2], [0.5], "at most 0"),
         ([1] * 11, [], [], "more than the limit"),
     ],
