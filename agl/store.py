@@ -565,6 +565,7 @@ class Store:
             raise
         self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
         self._conn: Connection | None = None
+        self._bare_appends = self.url.startswith("sqlite")  # on PostgreSQL, SQLAlchemy handles disconnects
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
         self._writer.start()
@@ -640,19 +641,11 @@ class Store:
             if self._conn is None:  # the writer's own connection, kept: a pool checkout per group costs
                 self._conn = self._write_engine.connect()  # after a disconnect it reconnects by itself
             conn = self._conn
-            with conn.begin():
-                i = 0
-                while i < len(batch):
-                    op, args, _ = batch[i]
-                    if op not in _BULK:
-                        outcomes.append(self._run_in_savepoint(conn, op, args))
-                        i += 1
-                        continue
-                    run = [args]
-                    while i + len(run) < len(batch) and batch[i + len(run)][0] is op:
-                        run.append(batch[i + len(run)][1])
-                    outcomes.extend(self._run_bulk(conn, op, run) if isolated else op(conn, run))
-                    i += len(run)
+            if not isolated and self._bare_appends and all(op is _bulk_append_calls for op, _, _ in batch):
+                outcomes = self._append_bare(conn, [args for _, args, _ in batch])
+            else:
+                with conn.begin():
+                    outcomes = self._run_batch(conn, batch, isolated=isolated)
         except Exception as e:  # noqa: BLE001 - retried below, then handed to the callers
             if not isolated:
                 return self._commit(batch, isolated=True)
@@ -669,6 +662,37 @@ class Store:
             else:
                 future.set_exception(value)
         return None
+
+    @classmethod
+    def _run_batch(cls, conn: Connection, batch: list[_Op], *, isolated: bool) -> list[_Outcome]:
+        outcomes: list[_Outcome] = []
+        i = 0
+        while i < len(batch):
+            op, args, _ = batch[i]
+            if op not in _BULK:
+                outcomes.append(cls._run_in_savepoint(conn, op, args))
+                i += 1
+                continue
+            run = [args]
+            while i + len(run) < len(batch) and batch[i + len(run)][0] is op:
+                run.append(batch[i + len(run)][1])
+            outcomes.extend(cls._run_bulk(conn, op, run) if isolated else op(conn, run))
+            i += len(run)
+        return outcomes
+
+    @staticmethod
+    def _append_bare(conn: Connection, run: list[tuple[Any, ...]]) -> list[_Outcome]:
+        """The hot path on SQLite: a group of nothing but call appends, in a transaction of the
+        driver's own; SQLAlchemy's begin and commit cost more than a lone append's SQL."""
+        driver: Any = conn.connection.dbapi_connection
+        driver.execute("BEGIN IMMEDIATE")
+        try:
+            outcomes = _bulk_append_calls(conn, run)
+            driver.commit()
+        except BaseException:
+            driver.rollback()
+            raise
+        return outcomes
 
     @classmethod
     def _run_bulk(cls, conn: Connection, op: Callable[..., Any], run: list[tuple[Any, ...]]) -> list[_Outcome]:
