@@ -6,10 +6,12 @@ Owns the schema (SQLAlchemy Core tables, changed only through the Alembic migrat
 
 All writes go through one writer thread, on one connection it keeps, that commits them in
 groups (group commit): a write returns, or its future resolves, only after its transaction
-committed, so an acknowledged write is durable. Each write runs in its own savepoint, so a write that fails
-(unknown rollout, illegal transition, bad array) changes nothing and does not disturb the
-others in its group. Reads run on the caller's thread with their own connections. Async
-callers use `store.aio`, whose coroutines never block the event loop.
+committed, so an acknowledged write is durable. A write that fails (unknown rollout, illegal
+transition, bad array) changes nothing and does not disturb the others in its group: each
+write runs in its own savepoint, except call appends, which report such failures without
+writing and are retried one by one if the database rejects their group. Reads run on the
+caller's thread with their own connections. Async callers use `store.aio`, whose coroutines
+never block the event loop.
 
 It does not authenticate anyone (it only keeps token hashes), speak HTTP, or decide
 policy such as when to retry; those belong to the gateway and the controller.
