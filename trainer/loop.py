@@ -89,8 +89,8 @@ class Trainer:
         self.groups: list[Group] = []  # launched, not yet trained on, in launch order
         self.val: list[Group] = []  # validation groups of the current round
         self.history: list[dict[str, float]] = []
-        self.trained: list[list[str]] = []
-        self.flags: Counter[str] = Counter()  # the group IDs of each step: none trained twice, none lost
+        self.trained: list[list[str]] = []  # the group IDs of each step: none trained twice, none lost
+        self.flags: Counter[str] = Counter()  # per flag name: the batch's rollouts with such a `flag` event
         self.last_step_at = time.monotonic()
         self.bar = tqdm(total=self.steps, desc="train", unit="step", dynamic_ncols=True)
 
@@ -102,7 +102,7 @@ class Trainer:
             f"step {self.step}: reward {m['reward/mean']:.3f} over {int(m['adapter/rollouts'])} rollouts, "
             f"staleness mean {m['staleness/mean']:.2f} max {int(m['staleness/max'])}, "
             f"{m['rollout/calls_per_s']:.1f} calls/s, step {m['timing/step_s']:.1f} s "
-            f"(update {m.get('timing/update_s', 0):.1f} s)"
+            + (f"(update {m['timing/update_s']:.1f} s)" if "timing/update_s" in m else "(no samples: no update)")
         )
 
     # ------------------------------------------------------------------ the loop
@@ -159,28 +159,37 @@ class Trainer:
         return done
 
     async def train_step(self, groups: list[Group]) -> None:
-        """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume."""
+        """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume.
+
+        A batch without samples (in every group the rewards were equal, or the rollouts stale or
+        failed) makes a step without an update: nothing is paused or pushed and the version stays,
+        unless a checkpoint is due."""
         rollouts, calls = await self.fetch(groups)  # they have ended: built while the harnesses still run
-        batch = build_batch(rollouts, calls, self.agl.adapter(self.backend.dp_size), version=self.version)
-        started = time.monotonic()
-        await self.gw.pause()
-        paused = time.monotonic()
-        self.backend.sleep()
-        metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
-        self.step, self.version = self.step + 1, self.version + 1
+        base = self.version  # the policy the batch is trained against
+        batch = build_batch(rollouts, calls, self.agl.adapter(self.backend.dp_size), version=base)
+        self.step += 1
         self.trained.append([g.id for g in groups])
         self.groups = [g for g in self.groups if g.id not in self.trained[-1]]
-        metrics |= self.step_metrics(rollouts, calls, batch, started, paused)
-        metrics["groups/carried_over"] = sum(g.version < self.version - 1 for g in groups)
-        self.history.append(metrics)
         freq = int(self.cfg.trainer.save_freq)
         due = (freq > 0 and self.step % freq == 0) or (freq >= 0 and self.step == self.steps)  # and the last
-        path = await asyncio.to_thread(self.save) if due else None
-        await asyncio.to_thread(self.backend.push, path, self.version)
-        self.backend.wake()
-        await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
-        await self.gw.resume(self.version)
-        metrics["timing/paused_s"] = time.monotonic() - started
+        started = paused = time.monotonic()
+        metrics: dict[str, float] = {}
+        if batch.n_samples or due:
+            await self.gw.pause()
+            paused = time.monotonic()
+            self.backend.sleep()
+            metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
+            self.version += 1
+        metrics |= self.step_metrics(rollouts, calls, batch, base, started, paused)
+        metrics["groups/carried_over"] = sum(g.version < base for g in groups)
+        self.history.append(metrics)
+        if self.version > base:
+            path = await asyncio.to_thread(self.save) if due else None
+            await asyncio.to_thread(self.backend.push, path, self.version)
+            self.backend.wake()
+            await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
+            await self.gw.resume(self.version)
+        metrics["timing/paused_s"] = time.monotonic() - started if self.version > base else 0.0
         self.tracker.log(data=metrics, step=self.step)
         self.progress(metrics)
         if self.val_tasks and self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
@@ -198,11 +207,17 @@ class Trainer:
         return rollouts, calls
 
     def step_metrics(
-        self, rollouts: list[Rollout], calls: dict[str, list[Any]], batch: Batch, started: float, paused: float
+        self,
+        rollouts: list[Rollout],
+        calls: dict[str, list[Any]],
+        batch: Batch,
+        base: int,
+        started: float,
+        paused: float,
     ) -> dict[str, float]:
         rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts]
-        oldest = [min((c.model_version for c in calls[r.id]), default=self.version - 1) for r in rollouts]
-        staleness = [self.version - 1 - v for v in oldest]
+        oldest = [min((c.model_version for c in calls[r.id]), default=base) for r in rollouts]
+        staleness = [base - v for v in oldest]
         n_calls = sum(len(c) for c in calls.values())
         now = time.monotonic()
         metrics = {f"adapter/{k}": float(v) for k, v in batch.metrics.items()}

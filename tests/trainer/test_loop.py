@@ -8,6 +8,7 @@ trainer updating the tiny model and pushing its weights back into the engine eac
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -28,8 +29,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "calculator" / "train.yaml"
 
-# Two calls (the second extends the first), a pause after each, then a reward that depends on
-# the sampled text, so groups have mixed rewards.
+# Two calls (the second extends the first), a pause after each, then a reward: the task's own
+# when it has one (a group with equal rewards: nothing to learn), else 0 for the first rollout
+# of its task to finish and 1 for the others, so that groups have mixed rewards.
 HARNESS = """
 import json, os, time, httpx
 from openai import OpenAI
@@ -45,17 +47,34 @@ url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT
 auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
 if task.get("flag"):  # as a reward-hacking check would
     httpx.post(url + "/events", json={"kind": "flag", "data": {"flag": "network"}}, headers=auth).raise_for_status()
-httpx.post(url + "/reward", json={"reward": float(len(text) % 2)}, headers=auth).raise_for_status()
+reward = task.get("reward")
+if reward is None:
+    try:
+        os.close(os.open(os.path.join(task["marks"], task["q"]), os.O_CREAT | os.O_EXCL))
+        reward = 0.0
+    except FileExistsError:
+        reward = 1.0
+httpx.post(url + "/reward", json={"reward": reward}, headers=auth).raise_for_status()
 """
 
 
 PINNED = {"batch_groups": 2, "active_groups": 3}  # the tests' own sizes, whatever the demo uses
 
 
-def overrides(gw: Stack, tmp_path: Path, sleep: float, *extra: str, own_spec: bool = False) -> list[str]:
-    """The demo's config pointed at this stack; with `own_spec`, each task entry carries its spec (and a flag)."""
+def overrides(
+    gw: Stack,
+    tmp_path: Path,
+    sleep: float,
+    *extra: str,
+    own_spec: bool = False,
+    rewards: dict[int, float] | None = None,
+) -> list[str]:
+    """The demo's config pointed at this stack; with `own_spec`, each task entry carries its spec (and a flag);
+    `rewards`: the tasks (by index) whose rollouts all get that reward."""
     command = script(tmp_path, "harness.py", HARNESS)
-    tasks = [{"q": f"count to {i}", "sleep": sleep} for i in range(20)]
+    (tmp_path / "marks").mkdir(exist_ok=True)
+    tasks = [{"q": f"count to {i}", "sleep": sleep, "marks": str(tmp_path / "marks")} for i in range(20)]
+    tasks = [t | ({"reward": rewards[i]} if i in (rewards or {}) else {}) for i, t in enumerate(tasks)]
     if own_spec:
         tasks = [{"task": t | {"flag": True}, "spec": {"harness": {"command": command}}} for t in tasks]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
@@ -71,8 +90,10 @@ def overrides(gw: Stack, tmp_path: Path, sleep: float, *extra: str, own_spec: bo
     ]
 
 
-def run_loop(gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0, own_spec: bool = False) -> list[dict]:
-    cfg, agl = load_config(DEMO, overrides(gw, tmp_path, sleep, *extra, own_spec=own_spec))
+def run_loop(
+    gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0, own_spec: bool = False, **kw: dict[int, float]
+) -> list[dict]:
+    cfg, agl = load_config(DEMO, overrides(gw, tmp_path, sleep, *extra, own_spec=own_spec, **kw))
     with controller(gw, tmp_path, None):
         history = asyncio.run(train(cfg, agl))
     return [h for h in history if "reward/mean" in h]
@@ -97,9 +118,26 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path,
     # every step's rollouts were served by one version: the one trained in that step
     versions = sorted({c.model_version for cs in calls.values() for c in cs})
     assert versions == [0, 1, 2]
-    assert sum(s["adapter/rollouts_trained"] for s in steps) > 0  # mixed rewards: some groups were trained
+    assert all(s["adapter/rollouts_trained"] == 4 for s in steps)  # mixed rewards: every group was trained
     run = tmp_path / "run"
     assert (run / "reward_curve.png").stat().st_size > 0 and (run / "latest").read_text() == "step_3"
+
+
+def test_a_step_without_samples_pauses_nothing_and_keeps_the_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A group whose rewards are all equal has nothing to learn from: a step of only such groups
+    neither pauses the gateway nor pushes weights, and the version stays (no checkpoint is due)."""
+    with stack(tiny_path, tmp_path) as gw:
+        equal = {i: float(i % 2) for i in range(20) if i not in (10, 16)}  # two tasks with mixed rewards
+        extra = ["agl.mode=sync", "agl.batch_groups=1", "trainer.save_freq=-1"]
+        steps = run_loop(gw, tmp_path, *extra, rewards=equal)
+        versions = [int(s["version"]) for s in steps]
+        check_versions(gw, versions[-1])
+    assert len(steps) == 3
+    updated = [s["adapter/samples"] > 0 for s in steps]
+    assert versions == list(itertools.accumulate(updated)) and 0 < versions[-1] < 3  # the tasks' order is the seed's
+    assert all(
+        s["timing/paused_s"] == 0 and "timing/update_s" not in s for s, u in zip(steps, updated, strict=True) if not u
+    )
 
 
 def test_async_mode_carries_groups_over_and_drops_stale_rollouts(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
@@ -108,7 +146,7 @@ def test_async_mode_carries_groups_over_and_drops_stale_rollouts(tiny_path: Path
             gw, tmp_path, "agl.mode=async", "agl.batch_groups=1", "agl.active_groups=4", "agl.max_staleness=0",
             sleep=1.0,
         )  # fmt: skip
-        check_versions(gw, 3)
+        check_versions(gw, int(steps[-1]["version"]))  # a step of nothing but stale rollouts makes no version
         left = gw.store.list_rollouts(limit=1000)
         assert all(r.status.terminal for r in left)  # the groups still running at the end were cancelled
     assert len(steps) == 3
