@@ -40,6 +40,13 @@ class StoreSettings(BaseSettings):
         description="Largest token or logprob array accepted (tokens). 4M is far beyond any "
         "context window and stops a runaway harness from filling the disk in one call.",
     )
+    sqlite_checkpoint_s: float = Field(
+        1.0,
+        ge=0,
+        description="How often a background thread copies SQLite's write-ahead log into the database "
+        "(seconds). 0: SQLite's automatic checkpoint, which runs inside whichever commit takes the log "
+        "past 1,000 pages and holds that write and every write queued behind it (~30 ms here).",
+    )
     sqlite_synchronous: str = Field(
         "NORMAL",
         pattern="^(OFF|NORMAL|FULL|EXTRA)$",

@@ -477,6 +477,8 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        if writer and settings.sqlite_checkpoint_s:
+            cursor.execute("PRAGMA wal_autocheckpoint=0")  # the store's checkpoint thread does it
         cursor.close()
 
     if writer:  # reads run in autocommit: each statement sees the latest commit, no BEGIN round trip
@@ -571,6 +573,10 @@ class Store:
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
         self._writer.start()
+        self._closing = threading.Event()
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True)
+        if self._bare_appends and self.settings.sqlite_checkpoint_s:  # SQLite
+            self._checkpointer.start()
         self.aio = AsyncStore(self)
 
     # ---- lifecycle
@@ -582,6 +588,9 @@ class Store:
         self._closed = True
         self._queue.put(_STOP)
         self._writer.join()
+        self._closing.set()
+        if self._checkpointer.is_alive():
+            self._checkpointer.join()
         self._write_engine.dispose()
         self._read_engine.dispose()
 
@@ -633,6 +642,21 @@ class Store:
                 expected = max(len(batch), (expected + len(batch)) // 2)  # decays after a burst
         if self._conn is not None:
             self._conn.close()
+
+    def _checkpoint_loop(self) -> None:
+        """SQLite: copy the write-ahead log into the database every `sqlite_checkpoint_s`, beside the
+        writer rather than inside one of its commits. A passive checkpoint waits for no one; the
+        log is reused from its start once a checkpoint has caught up with it."""
+        conn = self._read_engine.raw_connection()
+        driver: Any = conn.driver_connection
+        try:
+            while not self._closing.wait(self.settings.sqlite_checkpoint_s):
+                try:
+                    driver.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                except Exception as e:  # noqa: BLE001 - the next one may succeed; the log only grows meanwhile
+                    log.warning("WAL checkpoint failed: %s", e)
+        finally:
+            conn.close()
 
     def _commit(self, batch: list[_Op], *, isolated: bool = False) -> None:
         """Commit a group of writes in one transaction. Plain writes each run in a savepoint; runs

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from array import array
 
 import pytest
 import sqlalchemy as sa
 
+from agl.settings import StoreSettings
 from agl.store import (
     IllegalTransition,
     InvalidData,
@@ -449,3 +451,23 @@ def test_writes_go_on_after_the_database_drops_the_writers_connection(store):
         )
     assert store.append_call(make_call(rid)).seq == 1
     assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1]
+
+
+@pytest.mark.parametrize("every_s", [0.05, 0.0])
+def test_sqlite_checkpoints_beside_the_writer(tmp_path, every_s):
+    """The WAL is copied into the database by the store's checkpoint thread, not inside a commit
+    (with 0, by SQLite's automatic checkpoint: only once the log passes 1,000 pages)."""
+    db = tmp_path / "agl.db"
+    with Store(f"sqlite:///{db}", StoreSettings(sqlite_checkpoint_s=every_s)) as store:
+        rid = store.create_rollout({}, "g").rollout.id
+        store.transition(rid, Status.RUNNING)
+        empty = db.stat().st_size
+        for _ in range(20):  # ~100 pages of log
+            store.append_call(make_call(rid, n_prompt=4096))
+        deadline = time.monotonic() + 10
+        while every_s and db.stat().st_size == empty and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (db.stat().st_size > empty) == bool(every_s)
+        assert len(store.calls_for([rid])[rid]) == 20
+    with Store(f"sqlite:///{db}") as store:
+        assert len(store.calls_for([rid])[rid]) == 20
