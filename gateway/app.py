@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import gc
 import hmac
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -303,10 +304,15 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         return rollout
 
     async def body(request: Request, schema: type[Any]) -> Any:
+        data = await request.body()
         try:
-            raw = await request.json()
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RenderError(f"the request body is not valid JSON: {e}") from e
+            raw = orjson.loads(data)  # a quarter of the standard library's time on a harness's body
+        except orjson.JSONDecodeError:
+            try:  # what only the standard library takes: NaN, integers beyond 64 bits
+                raw = json.loads(data)
+                json.dumps(raw, ensure_ascii=False).encode()  # and lone surrogates, which no tokenizer takes
+            except ValueError as e:
+                raise RenderError(f"the request body is not valid JSON: {e}") from e
         if not isinstance(raw, dict):
             raise RenderError("the request body must be a JSON object")
         request.state.body = raw

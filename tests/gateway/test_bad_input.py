@@ -22,6 +22,8 @@ def s(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory):
 CHAT_CASES = [
     ("malformed JSON", b"{not json", 400),
     ("not an object", b"[1, 2]", 400),
+    ("lone surrogate", b'{"messages": [{"role": "user", "content": "a \\ud800 b"}]}', 400),
+    ("NaN temperature", b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400),
     ("wrong type", {"messages": "hello"}, 400),
     ("no messages", {"messages": []}, 400),
     ("unknown role", {"messages": [{"role": "wizard", "content": "x"}]}, 400),
