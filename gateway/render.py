@@ -279,15 +279,15 @@ class Renderer:
         prompts, task statements: what many rollouts' first calls share) in a bounded cache."""
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        if self._split is None or len(text) < LONG_PIECE:
-            return list(self._backend.encode(text, add_special_tokens=False).ids)
+        if self._split is None or len(text) < LONG_PIECE:  # `_fast`: no offsets, a quarter less time
+            return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
         return self._encode_pieces(text, self._split, self._specials)
 
     def _encode_pieces(self, text: str, split: re.Pattern[str], specials: dict[str, int]) -> list[int]:
         """`text` split at special tokens, each piece tokenized on its own (long ones cached)."""
         parts = split.split(text)  # text, special, text, ...
         todo = list({p for p in parts[::2] if p and p not in self._pieces})
-        encoded = self._backend.encode_batch(todo, add_special_tokens=False)
+        encoded = self._backend.encode_batch_fast(todo, add_special_tokens=False)
         fresh = {p: e.ids for p, e in zip(todo, encoded, strict=True)}
         ids: list[int] = []
         for i, part in enumerate(parts):
