@@ -569,13 +569,16 @@ class Store:
             raise
         self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
         self._conn: Connection | None = None
-        self._bare_appends = self.url.startswith("sqlite")  # on PostgreSQL, SQLAlchemy handles disconnects
+        self._sqlite = self.url.startswith("sqlite")
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
         self._writer.start()
         self._closing = threading.Event()
-        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True)
-        if self._bare_appends and self.settings.sqlite_checkpoint_s:  # SQLite
+        self._checkpointer: threading.Thread | None = None
+        if self._sqlite and self.settings.sqlite_checkpoint_s:
+            self._checkpointer = threading.Thread(
+                target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True
+            )
             self._checkpointer.start()
         self.aio = AsyncStore(self)
 
@@ -589,7 +592,7 @@ class Store:
         self._queue.put(_STOP)
         self._writer.join()
         self._closing.set()
-        if self._checkpointer.is_alive():
+        if self._checkpointer is not None:
             self._checkpointer.join()
         self._write_engine.dispose()
         self._read_engine.dispose()
@@ -667,7 +670,8 @@ class Store:
             if self._conn is None:  # the writer's own connection, kept: a pool checkout per group costs
                 self._conn = self._write_engine.connect()  # after a disconnect it reconnects by itself
             conn = self._conn
-            if not isolated and self._bare_appends and all(op is _bulk_append_calls for op, _, _ in batch):
+            # On PostgreSQL, SQLAlchemy's transaction is kept: it handles disconnects.
+            if not isolated and self._sqlite and all(op is _bulk_append_calls for op, _, _ in batch):
                 outcomes = self._append_bare(conn, [args for _, args, _ in batch])
             else:
                 with conn.begin():

@@ -172,9 +172,10 @@ class Trainer:
         self.groups = [g for g in self.groups if g.id not in self.trained[-1]]
         freq = int(self.cfg.trainer.save_freq)
         due = (freq > 0 and self.step % freq == 0) or (freq >= 0 and self.step == self.steps)  # and the last
+        update = bool(batch.n_samples) or due
         started = paused = time.monotonic()
         metrics: dict[str, float] = {}
-        if batch.n_samples or due:
+        if update:
             await self.gw.pause()
             paused = time.monotonic()
             self.backend.sleep()
@@ -183,13 +184,13 @@ class Trainer:
         metrics |= self.step_metrics(rollouts, calls, batch, base, started, paused)
         metrics["groups/carried_over"] = sum(g.version < base for g in groups)
         self.history.append(metrics)
-        if self.version > base:
+        if update:
             path = await asyncio.to_thread(self.save) if due else None
             await asyncio.to_thread(self.backend.push, path, self.version)
             self.backend.wake()
             await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
             await self.gw.resume(self.version)
-        metrics["timing/paused_s"] = time.monotonic() - started if self.version > base else 0.0
+        metrics["timing/paused_s"] = time.monotonic() - started if update else 0.0
         self.tracker.log(data=metrics, step=self.step)
         self.progress(metrics)
         if self.val_tasks and self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
