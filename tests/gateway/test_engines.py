@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import socket
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable
+from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable, TransportError
 from tests.gateway.conftest import serve
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
@@ -45,6 +46,7 @@ class StandIn:
     def __init__(self) -> None:
         self.script: list[tuple[int, Any, float]] = []
         self.requests: list[tuple[str, str, Any]] = []
+        self.peers: list[int] = []  # the client port of each request: which connection carried it
         self.app = FastAPI()
 
         @self.app.api_route("/{path:path}", methods=["GET", "POST"])
@@ -52,6 +54,7 @@ class StandIn:
             raw = await request.body()
             body = json.loads(raw) if raw else None
             self.requests.append((request.method, "/" + path, body))
+            self.peers.append(request.client.port if request.client else 0)
             status, reply, delay = self.script.pop(0) if self.script else (200, None, 0.0)
             await asyncio.sleep(delay)
             if reply is None:
@@ -76,6 +79,7 @@ def stand_ins(replicas: list[tuple[str, StandIn]]) -> list[tuple[str, StandIn]]:
     for _, s in replicas:
         s.script.clear()
         s.requests.clear()
+        s.peers.clear()
     return replicas
 
 
@@ -85,6 +89,54 @@ def dead_url() -> str:
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there: connection refused
     return f"http://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def raw_replica(replies: list[bytes], *, close_after_reply: bool = False) -> AsyncIterator[tuple[str, list[int]]]:
+    """A replica that answers each request with the next scripted bytes, as they are: for the
+    framings and connection endings uvicorn never produces; an empty reply closes the connection
+    without a word, as a server does whose keep-alive ran out just as a request came. Yields its
+    URL and a list that gets one entry per connection accepted. `close_after_reply`: it closes
+    each connection after one reply."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while replies:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"content-length: *(\d+)", head.lower())
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                reply = replies.pop(0)
+                if not reply:
+                    break
+                writer.write(reply)
+                await writer.drain()
+                if close_after_reply:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", connections
+    finally:
+        server.close()
+
+
+def reply_bytes(body: Any, framing: str = "length") -> bytes:
+    """An HTTP/1.1 200 reply: sized by Content-Length, chunked, or read to the end of the stream."""
+    data = json.dumps(body).encode()
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+    if framing == "chunked":
+        middle = len(data) // 2
+        chunks = b"".join(b"%x\r\n%b\r\n" % (len(c), c) for c in (data[:middle], data[middle:]))
+        return head + b"transfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+    if framing == "to_end":
+        return head + b"connection: close\r\n\r\n" + data
+    return head + b"content-length: %d\r\n\r\n" % len(data) + data
 
 
 def rollout_homed_at(index: int, n: int) -> str:
@@ -108,6 +160,45 @@ async def test_generate_parses_sglang_reply(stand_ins: list[tuple[str, StandIn]]
         "sampling_params": {"max_new_tokens": 3, "temperature": 0.5},
         "return_logprob": True,
     }
+
+
+async def test_requests_share_one_kept_alive_connection(stand_ins: list[tuple[str, StandIn]]) -> None:
+    url, s = stand_ins[0]
+    async with client([url]) as engines:
+        for _ in range(3):
+            await engines.generate([1], {})
+    assert len(s.peers) == 3 and len(set(s.peers)) == 1
+
+
+async def test_a_kept_connection_the_engine_closes_unanswered_is_replaced_without_a_retry() -> None:
+    replies = [reply_bytes(sglang_reply([1])), b"", reply_bytes(sglang_reply([1, 2]))]
+    async with raw_replica(replies) as (url, connections), client([url], attempts=1) as engines:
+        assert (await engines.generate([1], {})).output_ids == [1, 2, 3]
+        assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]  # sent again on a new connection
+        assert engines.replicas[0].down_until == 0.0
+    assert len(connections) == 2
+
+
+@pytest.mark.parametrize("framing", ["chunked", "to_end"])
+async def test_chunked_replies_and_replies_that_run_to_the_end_of_the_stream(framing: str) -> None:
+    replies = [reply_bytes(sglang_reply([1, 2]), framing) for _ in range(2)]
+    async with (
+        raw_replica(replies, close_after_reply=framing == "to_end") as (url, connections),
+        client([url], attempts=1) as engines,
+    ):
+        for _ in range(2):
+            assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]
+    assert len(connections) == (2 if framing == "to_end" else 1)  # a reply read to the end used up its connection
+
+
+async def test_a_reply_cut_off_midway_is_a_transport_failure_and_retried() -> None:
+    whole = reply_bytes(sglang_reply([1]))
+    async with (
+        raw_replica([whole[:-10], whole], close_after_reply=True) as (url, connections),
+        client([url], attempts=2) as engines,
+    ):
+        assert (await engines.generate([1], {})).output_ids == [1, 2, 3]
+    assert len(connections) == 2
 
 
 async def test_4xx_is_rejected_at_once_with_the_engines_message(stand_ins: list[tuple[str, StandIn]]) -> None:
@@ -199,7 +290,7 @@ async def test_a_single_dead_replica_is_unavailable_after_all_attempts() -> None
     async with client([dead_url()], attempts=3) as engines:
         with pytest.raises(EngineUnavailable, match="after 3 attempts") as e:
             await engines.generate([1], {})
-    assert isinstance(e.value.__cause__, aiohttp.ClientConnectionError)
+    assert isinstance(e.value.__cause__, TransportError)
 
 
 async def test_memory_and_weight_commands_go_to_every_replica(stand_ins: list[tuple[str, StandIn]]) -> None:
