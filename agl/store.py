@@ -568,6 +568,7 @@ class Store:
             self._read_engine.dispose()
             raise
         self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
+        self._writing = threading.Lock()  # held by whoever is writing: the writer thread or `append_now`
         self._conn: Connection | None = None
         self._sqlite = self.url.startswith("sqlite")
         self._closed = False
@@ -641,7 +642,8 @@ class Store:
                     except queue.Empty:
                         break
             if batch:
-                self._commit(batch)
+                with self._writing:
+                    self._commit(batch)
                 expected = max(len(batch), (expected + len(batch)) // 2)  # decays after a burst
         if self._conn is not None:
             self._conn.close()
@@ -779,6 +781,24 @@ class Store:
         """Record a model call under its rollout's current attempt; returns it with attempt and seq
         (its row id is read back by `calls_for`)."""
         return self.submit(_bulk_append_calls, call, self.settings.max_tokens_per_array).result()
+
+    def append_now(self, call: Call) -> _Outcome | None:
+        """SQLite: commit one call on the caller's thread when nothing else is queued or being
+        written, and return its outcome; else None, with nothing done (`submit` it then). For a
+        lone call the two thread hand-offs of `submit` cost more than the commit itself
+        (~0.2 ms of ~0.8 on these machines). Writes whose callers do not order them may commit
+        in either order, as with concurrent submits."""
+        if self._closed or not self._sqlite or self._conn is None or not self._queue.empty():
+            return None
+        if not self._writing.acquire(blocking=False):
+            return None
+        try:
+            ((ok, value),) = self._append_bare(self._conn, [(call, self.settings.max_tokens_per_array)])
+        except Exception:  # noqa: BLE001 - rolled back; the writer thread retries it and reports
+            return None
+        finally:
+            self._writing.release()
+        return ok, value
 
     def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
         return self.submit(_op_append_event, rollout_id, *_event_args(kind, data)).result()
@@ -1019,8 +1039,18 @@ class AsyncStore:
         return await self._write(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt)
 
     def append_call(self, call: Call) -> asyncio.Future[Call]:
-        """Submitted at once, so the caller can work while it commits; await it for the result."""
-        return self._write(_bulk_append_calls, call, self.store.settings.max_tokens_per_array)
+        """Submitted at once, so the caller can work while it commits; await it for the result.
+        A lone call on SQLite is committed before this returns (`Store.append_now`)."""
+        done = self.store.append_now(call)
+        if done is None:
+            return self._write(_bulk_append_calls, call, self.store.settings.max_tokens_per_array)
+        future = asyncio.get_running_loop().create_future()
+        ok, value = done
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+        return future
 
     async def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
         return await self._write(_op_append_event, rollout_id, *_event_args(kind, data))

@@ -336,6 +336,31 @@ def test_concurrent_writers_lose_nothing(store):
     assert sum(len(store.events(rid, kind="harness")) for rid in rids) == (8 + 16) * 50
 
 
+def test_a_lone_call_on_sqlite_commits_on_the_callers_thread(store):
+    """When nothing else is queued or being written, a call on SQLite commits on the caller's
+    thread (no hand-offs to the writer and back); otherwise it goes to the writer thread, and
+    lands all the same. PostgreSQL always goes through the writer."""
+    rid = _drive_to(store, Status.RUNNING)
+    if store._write_engine.dialect.name != "sqlite":
+        assert store.append_now(make_call(rid)) is None
+        return
+    ok, call = store.append_now(make_call(rid))
+    assert ok and call.seq == 0 and [c.seq for c in store.calls_for([rid])[rid]] == [0]
+    ok, error = store.append_now(make_call("missing"))
+    assert not ok and isinstance(error, NotFound)
+
+    async def while_the_writer_is_busy() -> Call:
+        with store._writing:
+            assert store.append_now(make_call(rid)) is None
+            queued = store.aio.append_call(make_call(rid))
+            await asyncio.sleep(0.05)
+            assert not queued.done()
+        return await queued
+
+    assert asyncio.run(while_the_writer_is_busy()).seq == 1
+    assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1]
+
+
 def test_a_failing_write_does_not_disturb_its_group(store):
     """Good and bad writes committed in the same group: the bad ones are undone, the rest land."""
     rid = _drive_to(store, Status.RUNNING)
