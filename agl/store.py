@@ -571,6 +571,8 @@ class Store:
         self._writing = threading.Lock()  # held by whoever is writing: the writer thread or `append_now`
         self._conn: Connection | None = None
         self._sqlite = self.url.startswith("sqlite")
+        # Not with an fsync per commit (FULL, EXTRA): milliseconds a caller's event loop would stall.
+        self._lone_commits = self._sqlite and self.settings.sqlite_synchronous in ("OFF", "NORMAL")
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
         self._writer.start()
@@ -783,12 +785,12 @@ class Store:
         return self.submit(_bulk_append_calls, call, self.settings.max_tokens_per_array).result()
 
     def append_now(self, call: Call) -> _Outcome | None:
-        """SQLite: commit one call on the caller's thread when nothing else is queued or being
-        written, and return its outcome; else None, with nothing done (`submit` it then). For a
-        lone call the two thread hand-offs of `submit` cost more than the commit itself
-        (~0.2 ms of ~0.8 on these machines). Writes whose callers do not order them may commit
-        in either order, as with concurrent submits."""
-        if self._closed or not self._sqlite or self._conn is None or not self._queue.empty():
+        """SQLite with no fsync per commit (synchronous OFF or NORMAL): commit one call on the
+        caller's thread when nothing else is queued or being written, and return its outcome;
+        else None, with nothing done (`submit` it then). For a lone call the two thread hand-offs
+        of `submit` cost more than the commit itself (~0.2 ms of ~0.8 on these machines). Writes
+        whose callers do not order them may commit in either order, as with concurrent submits."""
+        if self._closed or not self._lone_commits or self._conn is None or not self._queue.empty():
             return None
         if not self._writing.acquire(blocking=False):
             return None

@@ -361,6 +361,18 @@ def test_a_lone_call_on_sqlite_commits_on_the_callers_thread(store):
     assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1]
 
 
+def test_with_an_fsync_per_commit_every_call_goes_to_the_writer(tmp_path):
+    """synchronous=FULL: a commit waits for the disk, which must not stall a caller's event loop."""
+    with Store(f"sqlite:///{tmp_path}/agl.db", StoreSettings(sqlite_synchronous="FULL")) as store:
+        rid = _drive_to(store, Status.RUNNING)
+        assert store.append_now(make_call(rid)) is None
+        assert asyncio.run(_append(store, rid)).seq == 0
+
+
+async def _append(store: Store, rid: str) -> Call:
+    return await store.aio.append_call(make_call(rid))
+
+
 def test_a_failing_write_does_not_disturb_its_group(store):
     """Good and bad writes committed in the same group: the bad ones are undone, the rest land."""
     rid = _drive_to(store, Status.RUNNING)
