@@ -106,13 +106,18 @@ class _Connection:
         self._parser: Any = None
 
     def usable(self) -> bool:
-        return time.monotonic() - self.idle_since < KEEPALIVE_S and not self.reader.at_eof()
+        """Idle for less than the keep-alive, and neither ended nor reset by the server meanwhile."""
+        fresh = time.monotonic() - self.idle_since < KEEPALIVE_S
+        return fresh and not (self.reader.at_eof() or self.reader.exception() or self.writer.transport.is_closing())
 
     async def request(self, payload: bytes) -> tuple[_Reply, bool]:
         """Send one request; the reply, and whether the connection may carry another one."""
         self._body, self._json, self._sized, self._headers, self._done = [], False, False, False, False
         self._parser = parser = httptools.HttpResponseParser(self)
-        self.writer.write(payload)
+        try:
+            self.writer.write(payload)
+        except RuntimeError as e:  # uvloop's word for a transport closed under us
+            raise _Unanswered(repr(e)) from e
         received = False
         while not self._done:
             try:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import re
 import socket
+import struct
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -20,6 +21,12 @@ from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUna
 from tests.gateway.conftest import serve
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    """uvloop, as in `agl gateway`: its transports fail differently from asyncio's own."""
+    return "asyncio", {"use_uvloop": True}
 
 
 def sglang_reply(input_ids: list[int]) -> dict[str, Any]:
@@ -92,12 +99,14 @@ def dead_url() -> str:
 
 
 @contextlib.asynccontextmanager
-async def raw_replica(replies: list[bytes], *, close_after_reply: bool = False) -> AsyncIterator[tuple[str, list[int]]]:
+async def raw_replica(
+    replies: list[bytes], *, close_after_reply: bool | str = False
+) -> AsyncIterator[tuple[str, list[int]]]:
     """A replica that answers each request with the next scripted bytes, as they are: for the
     framings and connection endings uvicorn never produces; an empty reply closes the connection
     without a word, as a server does whose keep-alive ran out just as a request came. Yields its
     URL and a list that gets one entry per connection accepted. `close_after_reply`: it closes
-    each connection after one reply."""
+    each connection after one reply ("reset": with a TCP reset)."""
     connections: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -112,6 +121,10 @@ async def raw_replica(replies: list[bytes], *, close_after_reply: bool = False) 
                     break
                 writer.write(reply)
                 await writer.drain()
+                if close_after_reply == "reset":  # a TCP reset instead of an orderly close
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
                 if close_after_reply:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -176,6 +189,19 @@ async def test_a_kept_connection_the_engine_closes_unanswered_is_replaced_withou
         assert (await engines.generate([1], {})).output_ids == [1, 2, 3]
         assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]  # sent again on a new connection
         assert engines.replicas[0].down_until == 0.0
+    assert len(connections) == 2
+
+
+@pytest.mark.parametrize("ending", [True, "reset"])
+async def test_a_kept_connection_the_engine_ended_while_idle_is_not_reused(ending: bool | str) -> None:
+    replies = [reply_bytes(sglang_reply([1])), reply_bytes(sglang_reply([1, 2]))]
+    async with (
+        raw_replica(replies, close_after_reply=ending) as (url, connections),
+        client([url], attempts=1) as engines,
+    ):
+        assert (await engines.generate([1], {})).output_ids == [1, 2, 3]
+        await asyncio.sleep(0.05)  # the end reaches the client meanwhile
+        assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]
     assert len(connections) == 2
 
 
