@@ -159,6 +159,12 @@ def test_litellm_openai_model(tiny_path: Path, tmp_path: Path):
         assert out.choices[0].message.content == "four"
         (call,) = check_fidelity(s, r["id"])
         assert call["agent"] == "solver"
+    # litellm keeps the OpenAI client it made, and its connection, for later calls: closed here,
+    # so no socket outlives the test
+    for client in litellm.in_memory_llm_clients_cache.cache_dict.values():
+        if isinstance(client, openai.OpenAI):
+            client.close()
+    litellm.in_memory_llm_clients_cache.flush_cache()
 
 
 def test_responses_api(tiny_path: Path, tmp_path: Path):
