@@ -123,7 +123,9 @@ class _Connection:
             try:
                 chunk = await self.reader.read(2**16)
             except ConnectionError as e:
-                raise (e if received else _Unanswered(repr(e))) from e
+                if received:
+                    raise
+                raise _Unanswered(repr(e)) from e
             if not chunk:
                 if not received:
                     raise _Unanswered("the engine closed the connection without replying")
@@ -351,7 +353,7 @@ class EngineClient:
                 reply = await r.send(head.encode() + data)
         except TimeoutError as e:
             raise TimeoutError(f"{r.url}{path}: no complete reply within {self._timeout_s:g} s") from e
-        except (OSError, asyncio.IncompleteReadError, httptools.HttpParserError) as e:
+        except (OSError, httptools.HttpParserError) as e:
             raise TransportError(f"{r.url}{path}: {e!r}") from e
         if reply.status >= 400:
             text = reply.body.decode(errors="replace")
