@@ -89,9 +89,13 @@ class GatewayClient:
         mode: Mode | str = Mode.TRAIN,
         grader: Any = None,
         metadata: JSON | None = None,
+        sampling: JSON | None = None,
     ) -> JSON:
-        """Create a rollout; the reply holds its id, tokens (only ever shown here) and base URLs."""
+        """Create a rollout; the reply holds its id, tokens (only ever shown here) and base URLs.
+
+        `sampling` ({"temperature", "top_p", "top_k"}) overrides what the harness asks on every call."""
         body = {"task": task, "group": group, "mode": str(mode), "grader": grader, "metadata": metadata or {}}
+        body |= {"sampling": sampling} if sampling else {}
         return dict(await self._request("POST", "/api/rollouts", json=body))
 
     async def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> JSON:

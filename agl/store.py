@@ -124,6 +124,7 @@ calls = sa.Table(
     sa.Column("finish_reason", sa.String(32), nullable=False),
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("temperature", sa.Float, nullable=True),  # NULL: recorded before 0002 (unknown)
     sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
 )
 
@@ -403,6 +404,7 @@ def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[
                 "finish_reason": call.finish_reason,
                 "latency_ms": call.latency_ms,
                 "created_at": now,
+                "temperature": call.temperature,
             }
         )
         outcomes.append((True, (call, attempt, seq)))

@@ -85,7 +85,8 @@ class Call:
     """One model call as the engine saw it: the contract between gateway and adapter.
 
     `prompt_ids` is exactly what was fed, `response_ids` exactly what was sampled, and
-    `logprobs[i]` is the sampling distribution's log-probability of `response_ids[i]`.
+    `logprobs[i]` is the sampling distribution's log-probability of `response_ids[i]`, at the
+    `temperature` it was sampled at (0: greedy; None: not recorded, a call from before it was).
     """
 
     rollout_id: str
@@ -98,6 +99,7 @@ class Call:
     model_version: int = 0
     finish_reason: str = "stop"
     latency_ms: float = 0.0
+    temperature: float | None = 1.0
     request: JSON = field(default_factory=dict)
     response: JSON = field(default_factory=dict)
     id: int | None = None

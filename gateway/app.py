@@ -32,7 +32,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.requests import ClientDisconnect
 
@@ -145,13 +145,30 @@ def _jsonable(record: Any) -> JSON:
     return out
 
 
+class SamplingIn(BaseModel):
+    """Sampling the gateway applies to every call of a rollout, whatever the harness asks (e.g. greedy validation)."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+
+
 class RolloutIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: JSON = Field(default_factory=dict)
     group: str = Field(min_length=1, max_length=255)
     mode: Mode = Mode.TRAIN
     grader: Any = None
+    sampling: SamplingIn | None = None
     metadata: JSON = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _no_sampling(cls, metadata: JSON) -> JSON:
+        if "sampling" in metadata:
+            raise ValueError("`sampling` is set through the request's own `sampling` field")
+        return metadata
 
 
 class StatusIn(BaseModel):
@@ -446,6 +463,8 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         admin(request)
         req = await body(request, RolloutIn)
         metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
+        if req.sampling and (sampling := req.sampling.model_dump(exclude_none=True)):
+            metadata["sampling"] = sampling
         created = await aio.create_rollout(
             req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata, token_ttl_s=settings.token_ttl_s
         )

@@ -240,6 +240,7 @@ class Proxy:
         }
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed + index
+        sampling |= rollout.metadata.get("sampling") or {}  # set by whoever made the rollout (greedy validation)
         started = time.monotonic()
         await self.gate.enter(self.max_hold_s)
         self.metrics.inflight.inc()
@@ -265,6 +266,7 @@ class Proxy:
                     model_version=version,
                     finish_reason=finish,
                     latency_ms=(time.monotonic() - started) * 1000,
+                    temperature=sampling["temperature"],
                     request=request,
                     response={"text": text, "api": api, "index": index, "stop": stop_sequence},
                 )

@@ -142,12 +142,13 @@ def test_token_arrays_round_trip(store, n):
     response = array("i", [(i * 104_729) % 2_147_483_647 for i in range(n)])
     logprobs = array("f", [-(i % 1000) / 37.0 for i in range(n)])
     stored = store.append_call(
-        Call(rid, prompt, response, logprobs, agent="solver", model_version=3, request={"m": [1]})
+        Call(rid, prompt, response, logprobs, agent="solver", model_version=3, temperature=0.7, request={"m": [1]})
     )
     (got,) = store.calls_for([rid])[rid]
     assert got.prompt_ids == prompt and got.response_ids == response and got.logprobs == logprobs
     assert got.prompt_ids.typecode == "i" and got.logprobs.typecode == "f"
     assert (got.seq, stored.seq, got.agent, got.model_version, got.request) == (0, 0, "solver", 3, {"m": [1]})
+    assert got.temperature == 0.7
     assert got.id is not None
     with store._read_engine.connect() as conn:
         blob = conn.execute(sa.select(calls.c.logprobs)).scalar()
@@ -418,6 +419,41 @@ def test_reopening_keeps_data_and_schema_matches_migrations(db_url):
         with store._write_engine.connect() as conn:
             diff = compare_metadata(MigrationContext.configure(conn), metadata)
     assert diff == []
+
+
+def test_calls_recorded_before_the_temperature_column_read_as_unknown(db_url):
+    """A store made by the first schema is upgraded in place: its calls keep everything, with no temperature."""
+    from alembic import command
+    from alembic.config import Config
+
+    from agl.store import MIGRATIONS
+
+    engine = sa.create_engine(db_url.replace("postgresql://", "postgresql+psycopg://"))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.execute(
+            sa.text(
+                "INSERT INTO rollouts (id, task, group_id, mode, status, attempt, metadata, agent_token_hash, n_calls,"
+                " created_at) VALUES ('r', '{}', 'g', 'train', 'running', 1, '{}', 'h', 1, 0)"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO calls (rollout_id, attempt, seq, agent, model_version, request, response, prompt_ids,"
+                " response_ids, logprobs, finish_reason, latency_ms, created_at)"
+                " VALUES ('r', 1, 0, 'a', 0, '{}', '{}', :p, :p, :l, 'stop', 1, 0)"
+            ),
+            {"p": array("i", [5]).tobytes(), "l": array("f", [-0.5]).tobytes()},
+        )
+    engine.dispose()
+    with Store(db_url) as store:
+        (old,) = store.calls_for(["r"])["r"]
+        assert old.temperature is None and list(old.response_ids) == [5]
+        new = store.append_call(Call("r", array("i", [5]), array("i", [6]), array("f", [-0.1]), temperature=0.0))
+        assert store.calls_for(["r"])["r"][1].temperature == 0.0 and new.seq == 1
 
 
 def test_a_newer_schema_is_refused_clearly(db_url):

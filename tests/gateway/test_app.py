@@ -76,6 +76,36 @@ def test_openai_sync_records_exact_tokens(free: Stack):
     assert rollout["status"] == "running"  # the first call started it
 
 
+def test_calls_record_their_temperature_and_a_rollouts_sampling_overrides_the_harness(free: Stack):
+    """Validation rollouts are greedy whatever the harness asks: the rollout's `sampling` is applied
+    to each of its calls, and every call records the temperature it was sampled at."""
+    messages = [{"role": "user", "content": "hello"}]
+    plain, greedy = free.rollout(), free.rollout(sampling={"temperature": 0})
+    for r in (plain, greedy):
+        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        for _ in range(2):
+            client.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0.3)
+    (a, b), (c, d) = (free.admin.get(f"/api/rollouts/{r['id']}/calls").json() for r in (plain, greedy))
+    assert a["temperature"] == b["temperature"] == pytest.approx(0.3)  # as asked
+    assert c["temperature"] == d["temperature"] == 0.0 and c["response_ids"] == d["response_ids"]  # greedy
+    assert free.admin.get(f"/api/rollouts/{greedy['id']}").json()["metadata"]["sampling"] == {"temperature": 0.0}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"sampling": {"temperature": "hot"}},
+        {"sampling": {"temperature": 3}},
+        {"sampling": {"tempreature": 0}},
+        {"metadata": {"sampling": {"temperature": 0}}},  # only through the validated field
+    ],
+)
+def test_bad_rollout_sampling_is_a_400_and_creates_nothing(free: Stack, body: dict):
+    reply = free.admin.post("/api/rollouts", json={"task": {}, "group": "bad", **body})
+    assert reply.status_code == 400, reply.text
+    assert free.admin.get("/api/rollouts", params={"group": "bad"}).json() == []
+
+
 def test_openai_async_concurrent_and_n(free: Stack):
     r = free.rollout()
 
