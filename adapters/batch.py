@@ -30,7 +30,7 @@ from agl.types import Call, FailureKind, Rollout, Sample, Status
 COUNTS = [
     *["rollouts_excluded_infra", "rollouts_dropped_stale", "missing_reward_filled", "rollouts_without_tokens"],
     *["groups", "groups_degenerate", "rollouts_dropped_degenerate"],
-    *["calls", "calls_untrained", "calls_merged", "overlong_samples"],
+    *["calls", "calls_untrained", "calls_temperature_mismatch", "calls_merged", "overlong_samples"],
     *[f"mismatch_{m}" for m in MISMATCHES],
 ]
 
@@ -274,7 +274,7 @@ def _assemble(
         metrics=dict(stats),
     )
     real = sum(1 for o in order if o[0] >= 0)
-    trained_calls = stats["calls"] - stats["calls_untrained"]
+    trained_calls = stats["calls"] - stats["calls_untrained"] - stats["calls_temperature_mismatch"]
     batch.metrics.update(
         rollouts=n_in,
         rollouts_trained=n,
@@ -282,6 +282,7 @@ def _assemble(
         padding_samples=len(order) - real,
         samples_per_rollout=real / n if n else 0.0,
         merge_rate=stats["calls_merged"] / trained_calls if trained_calls else 0.0,
+        degenerate_rate=stats["groups_degenerate"] / stats["groups"] if stats["groups"] else 0.0,
         tokens=total,
         trained_tokens=int(loss_mask.sum()),
     )

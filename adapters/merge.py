@@ -4,7 +4,8 @@ Owns the merge rule: in trajectory mode a call joins an open sample of the same 
 sample's full token sequence is a prefix of the call's prompt IDs (the tokens in between are
 fed, mask 0; the response is sampled, mask 1, with its recorded logprobs); otherwise it opens a
 new sample, and the reason is classified. Transition mode makes one sample per call. Calls of
-agents that are not trained are left out.
+agents that are not trained, and calls sampled at another temperature than the trained one, are
+left out (their tokens reach later calls' samples as fed context).
 
 A sample is kept as a list of segments (numpy views of the calls' arrays, no copies) and is
 concatenated once, for the whole batch, by `adapters.batch`. This module computes no
@@ -105,6 +106,9 @@ def merge(
         stats["calls"] += 1
         if settings.trained_agents is not None and call.agent not in settings.trained_agents:
             stats["calls_untrained"] += 1
+            continue
+        if settings.temperature is not None and call.temperature != settings.temperature:
+            stats["calls_temperature_mismatch"] += 1  # its log-probs are of another distribution: fed, not trained
             continue
         chain = None
         if settings.mode == "trajectory":

@@ -51,6 +51,9 @@ class AdapterSettings:
     # Optimizer steps per batch. Mini-batches are made of whole rollouts: consecutive runs of the
     # trained rollouts in input order, equal in count (within one).
     n_minibatches: int = 1
+    # The sampling temperature the trainer computes log-probs at; calls sampled at another one
+    # (their recorded log-probs are of another distribution) are not trained, and counted. None: no check.
+    temperature: float | None = None
     # Token ID of the one-token padding samples (any valid ID: they carry no weight).
     pad_token_id: int = 0
 

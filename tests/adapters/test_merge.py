@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from adapters import AdapterError, AdapterSettings, Batch, build_batch
@@ -101,6 +103,23 @@ def test_untrained_agents_are_left_out_and_counted() -> None:
     assert [ids for ids, _, _ in samples_of(batch)] == [[1, 10, 2, 11]]
     assert batch.metrics["calls_untrained"] == 1
     assert 20 not in batch.input_ids.tolist()
+
+
+def test_calls_sampled_at_another_temperature_are_fed_not_trained_and_counted() -> None:
+    """Their log-probs are of another distribution: the response becomes context of the next call."""
+    first, second, third = chain("a", [([1], [10]), ([2], [11]), ([3], [12])])
+    calls = [first, replace(second, temperature=0.0), replace(third, temperature=None)]  # greedy; not recorded
+    batch = build(calls, AdapterSettings(temperature=1.0))
+    [(ids, mask, _)] = samples_of(batch)
+    assert ids == [1, 10]  # the later calls were not trained (one sample, of the first call)
+    assert batch.metrics["calls_temperature_mismatch"] == 2 and batch.metrics["merge_rate"] == 0.0
+    calls = [first, replace(second, temperature=0.7), replace(third, temperature=0.7)]
+    batch = build(calls, AdapterSettings(temperature=1.0))
+    assert batch.metrics["calls_temperature_mismatch"] == 2
+    [(ids, mask, _)] = samples_of(build([replace(c, temperature=0.7) for c in calls], AdapterSettings(temperature=0.7)))
+    assert ids == [1, 10, 2, 11, 3, 12] and sum(mask) == 3
+    no_check = build(calls)  # AdapterSettings().temperature is None: every call trained
+    assert no_check.metrics["calls_temperature_mismatch"] == 0 and sum(samples_of(no_check)[0][1]) == 3
 
 
 def test_mismatched_logprobs_name_the_rollout_and_call() -> None:
