@@ -51,7 +51,15 @@ class AglConfig(BaseModel):
     max_length: int = Field(32_768, ge=1, description="Longest merged sample (tokens).")
     micro_batch_tokens: int = Field(4096, ge=1, description="CPU backend: tokens per forward/backward.")
     threads: int = Field(0, ge=0, description="CPU backend: torch threads while training (0: every core).")
-    temperature: float = Field(1.0, gt=0, description="The harnesses' sampling temperature (log-probs use it).")
+    temperature: float = Field(
+        1.0, gt=0, description="The harnesses' sampling temperature (log-probs use it); calls at others: not trained."
+    )
+    guard_drop: float | None = Field(
+        None, gt=0, description="Act when validation reward falls this far below its best (None: never)."
+    )
+    guard_action: Literal["stop", "restore"] = Field(
+        "stop", description="stop training, or restore the best-validated weights and go on."
+    )
     poll_s: float = Field(0.5, gt=0, description="How often rollout progress is read (seconds).")
     seed: int = 0
 
@@ -64,6 +72,7 @@ class AglConfig(BaseModel):
             is_cap=self.is_cap,
             dp_size=dp_size,
             n_minibatches=n_minibatches,
+            temperature=self.temperature,
         )
 
 
@@ -95,4 +104,47 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[DictCo
     with open_dict(actor):  # the loss that carries the adapter's weights, summed exactly (DESIGN.md 9)
         actor.policy_loss.loss_mode = LOSS
         actor.loss_agg_mode = "token-sum"
+        actor.optim.total_training_steps = cfg.trainer.total_training_steps  # the schedule's length, as verl sets it
+    _check_training(cfg, agl)
     return cfg, agl
+
+
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+")
+
+
+def warmup_steps(optim: DictConfig) -> int:
+    """verl's warm-up length: `lr_warmup_steps`, or when negative `lr_warmup_steps_ratio` of the steps."""
+    steps = int(optim.get("lr_warmup_steps", -1))
+    return steps if steps >= 0 else int(optim.get("lr_warmup_steps_ratio", 0.0) * optim.total_training_steps)
+
+
+def _check_training(cfg: DictConfig, agl: AglConfig) -> None:
+    """Refuse settings that would mis-train silently, naming the field."""
+    actor, a = cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor"
+    if cfg.get("algorithm", {}).get("use_kl_in_reward"):
+        raise ConfigError(f"algorithm.use_kl_in_reward is not supported (harnesses give rewards); use {a}.use_kl_loss")
+    if actor.use_kl_loss and not actor.kl_loss_coef > 0:
+        raise ConfigError(f"{a}.use_kl_loss needs {a}.kl_loss_coef > 0, got {actor.kl_loss_coef}")
+    if actor.use_kl_loss and actor.kl_loss_type not in KL_TYPES:
+        raise ConfigError(f"{a}.kl_loss_type must be one of {', '.join(KL_TYPES)}, got {actor.kl_loss_type!r}")
+    if actor.entropy_coeff < 0:
+        raise ConfigError(f"{a}.entropy_coeff must be >= 0 (a bonus), got {actor.entropy_coeff}")
+    if int(actor.ppo_epochs) < 1:
+        raise ConfigError(f"{a}.ppo_epochs must be at least 1")
+    if warmup_steps(actor.optim) >= cfg.trainer.total_training_steps:
+        raise ConfigError(f"{a}.optim.lr_warmup_steps must be below trainer.total_training_steps")
+    if agl.backend == "cpu" and actor.optim.get("lr_scheduler_type", "constant") != "constant":
+        raise ConfigError(f"{a}.optim.lr_scheduler_type: the CPU backend has constant (after warm-up) only")
+    validated = agl.val_tasks and (cfg.trainer.test_freq > 0 or cfg.trainer.get("val_before_train"))
+    if agl.guard_drop is not None and not (agl.val_tasks and cfg.trainer.test_freq > 0):
+        raise ConfigError("agl.guard_drop needs validation: agl.val_tasks and trainer.test_freq > 0")
+    val = cfg.actor_rollout_ref.rollout.val_kwargs
+    if validated and val.do_sample and not val.temperature > 0:
+        raise ConfigError("actor_rollout_ref.rollout.val_kwargs.temperature must be > 0 with do_sample (else greedy)")
+    if validated and int(val.n) < 1:
+        raise ConfigError("actor_rollout_ref.rollout.val_kwargs.n must be at least 1")
+    if agl.backend == "gpu" and actor.use_dynamic_bsz and agl.max_length > actor.ppo_max_token_len_per_gpu:
+        raise ConfigError(
+            f"agl.max_length ({agl.max_length}) exceeds {a}.ppo_max_token_len_per_gpu "
+            f"({actor.ppo_max_token_len_per_gpu}): a sample that long cannot be placed"
+        )

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from adapters import Batch, build_batch
 from agl.client import GatewayClient, GatewayError, call_from_json
-from agl.types import JSON, Mode, Rollout, Status
+from agl.types import JSON, FailureKind, Mode, Rollout, Status
 from trainer.config import AglConfig, ConfigError, load_config
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,9 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.trained: list[list[str]] = []  # the group IDs of each step: none trained twice, none lost
         self.flags: Counter[str] = Counter()  # per flag name: the batch's rollouts with such a `flag` event
+        self.val_step = -1  # the step of the last validation round launched
+        self.best: float | None = None  # the best validation reward so far (the guard's)
+        self.stopped = False  # by the guard
         self.last_step_at = time.monotonic()
         self.bar = tqdm(total=self.steps, desc="train", unit="step", dynamic_ncols=True)
 
@@ -98,8 +101,14 @@ class Trainer:
         self.bar.update(self.step - self.bar.n)
         shown = {"reward": m["reward/mean"], "stale": m["staleness/mean"], "calls/s": m["rollout/calls_per_s"]}
         self.bar.set_postfix({k: f"{v:.2f}" for k, v in shown.items()})
+        learned = (
+            f"entropy {m['actor/entropy']:.3f}, kl {m['actor/kl_k3']:.4f}, grad norm {m['actor/grad_norm']:.2f}, "
+            if "timing/update_s" in m
+            else ""
+        )
         self.bar.write(
-            f"step {self.step}: reward {m['reward/mean']:.3f} over {int(m['adapter/rollouts'])} rollouts, "
+            f"step {self.step}: reward {m['reward/mean']:.3f} over {int(m['adapter/rollouts'])} rollouts "
+            f"({m['adapter/degenerate_rate']:.0%} of groups degenerate), {learned}"
             f"staleness mean {m['staleness/mean']:.2f} max {int(m['staleness/max'])}, "
             f"{m['rollout/calls_per_s']:.1f} calls/s, step {m['timing/step_s']:.1f} s "
             + (f"(update {m['timing/update_s']:.1f} s)" if "timing/update_s" in m else "(no samples: no update)")
@@ -108,24 +117,31 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     async def run(self) -> None:
+        """Train until the last step (or the guard stops it); no update while a validation round is out."""
         await self.restore()
-        while self.step < self.steps:
-            await self.launch_groups()
-            ready = await self.complete(self.groups)
-            needed = self.agl.batch_groups if self.agl.mode == "async" else len(self.groups)
-            if len(ready) >= needed:
-                await self.train_step(ready[: self.agl.batch_groups])
-            else:
-                await self.log_validation()
+        try:
+            if self.step == 0 and self.cfg.trainer.get("val_before_train"):
+                await self.launch_validation()
+            while self.step < self.steps and not self.stopped:
+                await self.launch_groups()
+                ready = await self.complete(self.groups)
+                needed = self.agl.batch_groups if self.agl.mode == "async" else len(self.groups)
+                if await self.finish_validation() and len(ready) >= needed:
+                    await self.train_step(ready[: self.agl.batch_groups])
+                else:
+                    await asyncio.sleep(self.agl.poll_s)
+            if not self.stopped and self.val_step != self.step:  # the final validation
+                await self.launch_validation()
+            while not await self.finish_validation():
                 await asyncio.sleep(self.agl.poll_s)
-        while self.val and not await self.log_validation():
-            await asyncio.sleep(self.agl.poll_s)
-        await self.cancel_unfinished()
-        self.bar.close()
+        finally:
+            with contextlib.suppress(GatewayError):
+                await self.cancel_unfinished()
+            self.bar.close()
 
     async def cancel_unfinished(self) -> None:
         """The run is over: end the rollouts still running (their harnesses get 403 and stop)."""
-        for g in self.groups:
+        for g in self.groups + self.val:
             for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1):
                 if not r.status.terminal:
                     with contextlib.suppress(GatewayError):  # it ended meanwhile
@@ -139,21 +155,29 @@ class Trainer:
             self.groups.append(await self.launch(f"{self.name}/{self.cursor}", task, self.agl.n))
             self.cursor += 1
 
-    async def launch(self, group: str, entry: JSON, n: int, mode: Mode = Mode.TRAIN, known: int = 0) -> Group:
+    async def launch(
+        self, group: str, entry: JSON, n: int, mode: Mode = Mode.TRAIN, known: int = 0, sampling: JSON | None = None
+    ) -> Group:
         """`n - known` rollouts of one task entry: the task itself, or `{"task", "spec", "grader"}`."""
         task, spec = (entry.get("task", {}), entry["spec"]) if "spec" in entry else (entry, self.agl.spec)
         metadata = {"spec": spec, "trainer": self.name}
+        grader = entry.get("grader")
         made = [
-            (await self.gw.create_rollout(task, group, mode=mode, grader=entry.get("grader"), metadata=metadata))["id"]
+            (await self.gw.create_rollout(task, group, mode=mode, grader=grader, metadata=metadata, sampling=sampling))[
+                "id"
+            ]
             for _ in range(n - known)
         ]
         return Group(group, entry, made, self.version, mode.value)
+
+    async def members(self, g: Group) -> list[Rollout]:
+        return [r for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 100) if r.id in g.rollouts]
 
     async def complete(self, groups: list[Group]) -> list[Group]:
         """The groups whose rollouts have all ended, in launch order."""
         done = []
         for g in groups:
-            listed = await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1)
+            listed = await self.members(g)
             if len(listed) >= len(g.rollouts) and all(r.status.terminal for r in listed):
                 done.append(g)
         return done
@@ -167,6 +191,7 @@ class Trainer:
         rollouts, calls = await self.fetch(groups)  # they have ended: built while the harnesses still run
         base = self.version  # the policy the batch is trained against
         batch = build_batch(rollouts, calls, self.agl.adapter(self.backend.dp_size), version=base)
+        self.check_temperature(batch, calls)
         self.step += 1
         self.trained.append([g.id for g in groups])
         self.groups = [g for g in self.groups if g.id not in self.trained[-1]]
@@ -185,19 +210,30 @@ class Trainer:
         metrics["groups/carried_over"] = sum(g.version < base for g in groups)
         self.history.append(metrics)
         if update:
-            path = await asyncio.to_thread(self.save) if due else None
-            await asyncio.to_thread(self.backend.push, path, self.version)
-            self.backend.wake()
-            await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
-            await self.gw.resume(self.version)
+            await self.publish(await asyncio.to_thread(self.save) if due else None)
         metrics["timing/paused_s"] = time.monotonic() - started if update else 0.0
         self.tracker.log(data=metrics, step=self.step)
         self.progress(metrics)
-        if self.val_tasks and self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
-            self.val = [
-                await self.launch(f"{self.name}/val{self.step}/{i}", task, 1, Mode.VAL)
-                for i, task in enumerate(self.val_tasks)
-            ]
+        if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
+            await self.launch_validation()
+
+    def check_temperature(self, batch: Batch, calls: dict[str, list[Any]]) -> None:
+        """Log-probs are only comparable at the temperature they were sampled at: calls sampled at
+        another one than `agl.temperature` were left out of training; when that is every call, the
+        config is wrong."""
+        m = batch.metrics
+        if not m["calls_temperature_mismatch"]:
+            return
+        seen = sorted({c.temperature for cs in calls.values() for c in cs}, key=lambda t: (t is None, t or 0))
+        if m["calls_temperature_mismatch"] == m["calls"] - m["calls_untrained"]:
+            raise ConfigError(
+                f"agl.temperature={self.agl.temperature} matches none of the batch's {int(m['calls'])} calls "
+                f"(sampled at {', '.join(map(str, seen))}); set it to the temperature the harnesses sample at"
+            )
+        log.warning(
+            "%d of %d calls were sampled at a temperature other than agl.temperature=%s (seen: %s): not trained",
+            m["calls_temperature_mismatch"], m["calls"], self.agl.temperature, seen,
+        )  # fmt: skip
 
     async def fetch(self, groups: list[Group]) -> tuple[list[Rollout], dict[str, list[Any]]]:
         rollouts = [r for g in groups for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1)]
@@ -220,10 +256,15 @@ class Trainer:
         oldest = [min((c.model_version for c in calls[r.id]), default=base) for r in rollouts]
         staleness = [base - v for v in oldest]
         n_calls = sum(len(c) for c in calls.values())
+        lengths = [len(c.response_ids) for cs in calls.values() for c in cs]
         now = time.monotonic()
         metrics = {f"adapter/{k}": float(v) for k, v in batch.metrics.items()}
+        if batch.loss_mask.any():  # the behaviour policy's entropy, estimated from what it sampled
+            metrics["rollout/sampled_entropy"] = -float(batch.logprobs[batch.loss_mask].mean())
         metrics |= {
             "reward/mean": float(np.mean(rewards)) if rewards else 0.0,
+            "response_length/mean": float(np.mean(lengths)) if lengths else 0.0,
+            "rollout/calls_per_rollout": n_calls / len(rollouts) if rollouts else 0.0,
             "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
             "staleness/max": float(max(staleness, default=0)),
             "rollout/calls_per_s": n_calls / max(now - self.last_step_at, 1e-9),
@@ -236,22 +277,80 @@ class Trainer:
         self.last_step_at = now
         return metrics
 
-    async def log_validation(self) -> bool:
-        """Once every validation rollout has ended: log their mean reward. True when none is pending."""
+    # ------------------------------------------------------------------ validation
+
+    async def launch_validation(self) -> None:
+        """A round of `val_kwargs.n` rollouts per validation task (greedy unless `val_kwargs.do_sample`);
+        no update happens until it has ended, so the whole round is served by one version."""
+        if not self.val_tasks:
+            return
+        kw = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        sampling = {"temperature": float(kw.temperature), "top_p": kw.top_p, "top_k": kw.top_k} if kw.do_sample else {}
+        sampling = sampling or {"temperature": 0.0}
+        self.val_step = self.step
+        self.val = [
+            await self.launch(f"{self.name}/val{self.step}/{i}", task, int(kw.n), Mode.VAL, sampling=sampling)
+            for i, task in enumerate(self.val_tasks)
+        ]
+
+    async def finish_validation(self) -> bool:
+        """Once every rollout of the round has ended: log its mean reward (infra failures aside) and
+        apply the guard. True when no round is out."""
         if not self.val or len(await self.complete(self.val)) < len(self.val):
             return not self.val
-        rollouts = [r for g in self.val for r in await self.gw.list_rollouts(group=g.id)]
-        rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts]
-        self.tracker.log(data={"val/reward_mean": float(np.mean(rewards))}, step=self.step)
-        self.history.append({"val/reward_mean": float(np.mean(rewards)), "val/step": float(self.step)})
+        rollouts = [r for g in self.val for r in await self.members(g)]
+        counted = [r for r in rollouts if r.failure_kind is not FailureKind.INFRA and r.status is not Status.CANCELLED]
+        reward = float(np.mean([r.reward or 0.0 for r in counted])) if counted else 0.0
+        m = {"val/reward_mean": reward, "val/step": float(self.step), "val/version": float(self.version)}
+        self.tracker.log(data=m | {"val/rollouts": float(len(counted))}, step=self.step)
+        self.history.append(m)
         self.val = []
+        self.bar.write(
+            f"validation at step {self.step} (version {self.version}): reward {reward:.3f} ({len(counted)} rollouts)"
+        )
+        await self.guard(reward)
         return True
+
+    async def guard(self, reward: float) -> None:
+        """Keep the best validated weights (for `restore`); act when reward falls `guard_drop` below the best."""
+        drop, action = self.agl.guard_drop, self.agl.guard_action
+        if drop is None:
+            return
+        if self.best is None or reward > self.best:
+            self.best = reward
+            if action == "restore":
+                await asyncio.to_thread(self.save, "best")
+            return
+        if reward > self.best - drop:
+            return
+        self.history.append({"guard/step": float(self.step), "guard/best": self.best, "guard/reward": reward})
+        self.tracker.log(data={"guard/triggered": 1.0}, step=self.step)
+        log.warning(
+            "validation reward %.3f is more than %.3f below its best, %.3f: %s", reward, drop, self.best, action
+        )
+        if action == "stop":
+            self.stopped = True
+            return
+        await self.gw.pause()
+        self.backend.sleep()
+        await asyncio.to_thread(self.backend.load, self.dir / "best")
+        self.version += 1
+        await self.publish(self.dir / "best")
+
+    async def publish(self, path: Path | None) -> None:
+        """The paused gateway resumes on `self.version`: weights pushed (saved at `path`), engines awake, registered."""
+        await asyncio.to_thread(self.backend.push, path, self.version)
+        self.backend.wake()
+        await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
+        await self.gw.resume(self.version)
 
     # ------------------------------------------------------------------ checkpoints
 
-    def save(self) -> Path:
-        """step_N/{model, optimizer.pt, state.json}, written aside and renamed; `latest` names it."""
-        path, tmp = self.dir / f"step_{self.step}", self.dir / f".step_{self.step}.tmp"
+    def save(self, name: str = "") -> Path:
+        """step_N/{model, optim.pt, state.json}, written aside and renamed; `latest` names it.
+        With a `name` (the guard's `best`), that folder instead, and `latest` stays."""
+        path = self.dir / (name or f"step_{self.step}")
+        tmp = self.dir / f".{path.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.backend.save(tmp)
@@ -262,10 +361,13 @@ class Trainer:
             "groups": [dataclasses.asdict(g) for g in self.groups],
             "history": self.history,
             "trained": self.trained,
+            "best": self.best,
         }
         (tmp / "state.json").write_text(json.dumps(state))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
+        if name:
+            return path
         (self.dir / "latest.tmp").write_text(path.name)
         os.replace(self.dir / "latest.tmp", self.dir / "latest")
         keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)  # the engine serves the newest
@@ -294,7 +396,7 @@ class Trainer:
             state = json.loads((path / "state.json").read_text())
             self.step, self.version, self.cursor = state["step"], state["version"], state["cursor"]
             self.groups, self.history = [Group(**g) for g in state["groups"]], state["history"]
-            self.trained = state["trained"]
+            self.trained, self.best = state["trained"], state.get("best")
             self.bar.update(self.step)
             await asyncio.to_thread(self.backend.load, path)
             self.backend.sleep()
@@ -319,22 +421,30 @@ class Trainer:
 
 
 def reward_curve(history: list[dict[str, float]], path: Path) -> None:
-    """Mean training reward per step (and validation reward when there is one), as a PNG."""
+    """Training and validation reward per step, and below them the entropy, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train = [h["reward/mean"] for h in history if "reward/mean" in h]
+    steps = [h for h in history if "reward/mean" in h]
+
+    def series(key: str) -> tuple[list[float], list[float]]:
+        return [float(i) for i, h in enumerate(steps, 1) if key in h], [h[key] for h in steps if key in h]
+
     val = [(h["val/step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(range(1, len(train) + 1), train, marker="o", label="train reward (mean)")
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5.5), sharex=True)
+    top.plot(*series("reward/mean"), marker="o", label="train reward (mean)")
     if val:
-        ax.plot(*zip(*val, strict=True), marker="s", label="validation reward (mean)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.legend()
-    ax.grid(alpha=0.3)
+        top.plot(*zip(*val, strict=True), marker="s", label="validation reward (mean)")
+    top.set_ylabel("reward")
+    bottom.plot(*series("rollout/sampled_entropy"), marker=".", label="sampled tokens (-logprob)")
+    bottom.plot(*series("actor/entropy"), marker=".", label="policy (full distribution)")
+    bottom.set_ylabel("entropy (nats/token)")
+    bottom.set_xlabel("step")
+    for ax in (top, bottom):
+        ax.legend()
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -390,9 +500,9 @@ def main(argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call otherwise
     try:
         cfg, agl = load_config(args.config, args.overrides)
-    except ConfigError as e:
+        asyncio.run(train(cfg, agl))
+    except ConfigError as e:  # also one found once calls are seen (a temperature none was sampled at)
         parser.error(str(e))
-    asyncio.run(train(cfg, agl))
     return 0
 
 

@@ -5,7 +5,8 @@ The `agl` loss is clipped PPO with the dual clip, each token's loss multiplied b
 verl's `rollout_is_weights` field) and summed: the objective of DESIGN.md section 6.3, exact
 however samples are split over micro-batches and data-parallel ranks. The weights carry the
 normalization, so verl's `loss_agg_mode` is not consulted. Importing this module registers the
-loss; verl's worker processes must import it too. Nothing here runs a model.
+loss; verl's worker processes must import it too. `regularizers` adds verl's KL-to-reference and
+entropy terms with the same weights. Nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from verl import DataProto
-from verl.trainer.ppo.core_algos import register_policy_loss
+from verl.trainer.ppo.core_algos import kl_penalty, register_policy_loss
 
 from adapters import Batch, truncated_is_weights
 from trainer.config import LOSS
@@ -51,6 +52,30 @@ def agl_policy_loss(
         "actor/ppo_kl": (-(log_ratio * mask).sum() / n).item(),
     }
     return loss, metrics
+
+
+def regularizers(
+    config: Any,
+    log_prob: torch.Tensor,
+    weights: torch.Tensor,
+    entropy: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """verl's KL loss to the reference (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy
+    bonus (`entropy_coeff`), each summed with the adapter's per-token loss `weights` (0 off the
+    trained tokens), so that they are normalized per rollout exactly as the policy loss is.
+    Returns the term to add to the loss and its parts (partial sums: add them over micro-batches)."""
+    term = torch.zeros((), dtype=log_prob.dtype)
+    parts: dict[str, float] = {}
+    if config.get("use_kl_loss"):
+        kl = (kl_penalty(log_prob, ref_log_prob, config.kl_loss_type) * weights).sum()  # type: ignore[arg-type]
+        term = term + config.kl_loss_coef * kl
+        parts["actor/kl_loss"] = kl.detach().item()
+    if config.get("entropy_coeff") and entropy is not None:
+        bonus = (entropy * weights).sum()
+        term = term - config.entropy_coeff * bonus
+        parts["actor/entropy_loss"] = bonus.detach().item()
+    return term, parts
 
 
 def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 0) -> DataProto:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import LOSS, ConfigError, load_config
+from trainer.config import LOSS, ConfigError, load_config, warmup_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "calculator" / "train.yaml"
@@ -18,12 +18,25 @@ def test_the_demo_config_composes_with_verls_and_takes_overrides() -> None:
     )
     assert agl.admin_key == "k" and agl.n == 8 and agl.max_staleness is None and agl.mode == "async"
     actor = cfg.actor_rollout_ref.actor
-    assert actor.clip_ratio == 0.3 and actor.optim.lr == 5e-5  # ours over verl's default
+    assert actor.clip_ratio == 0.3 and actor.optim.lr == 1e-5 and actor.use_kl_loss  # ours over verl's defaults
     assert actor.clip_ratio_c == 3.0 and "ppo_mini_batch_size" in actor  # verl's defaults are there
     assert actor.policy_loss.loss_mode == LOSS and actor.loss_agg_mode == "token-sum"
-    assert cfg.trainer.total_training_steps == 12
+    assert cfg.trainer.total_training_steps == 16
     settings = agl.adapter(dp_size=2)
     assert settings.dp_size == 2 and settings.loss_mode == "rollout" and settings.max_staleness is None
+    assert settings.temperature == agl.temperature == 0.7  # calls at other temperatures are not trained
+    assert actor.optim.total_training_steps == 16  # the warm-up and schedule know the run's length
+
+
+def test_warmup_steps_follow_verls_two_settings() -> None:
+    cfg, _ = load_config(DEMO, ["agl.admin_key=k", "actor_rollout_ref.actor.optim.lr_warmup_steps=-1"])
+    assert warmup_steps(cfg.actor_rollout_ref.actor.optim) == 0  # verl's ratio default: 0.0
+    overrides = [
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=-1",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.25",
+    ]
+    cfg, _ = load_config(DEMO, ["agl.admin_key=k", *overrides])
+    assert warmup_steps(cfg.actor_rollout_ref.actor.optim) == 4
 
 
 def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
@@ -40,6 +53,27 @@ def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
         (["agl.admin_key=k", "agl.bogus=1"], "agl.bogus"),
         (["agl.admin_key=k", "agl.batch_groups=9", "agl.active_groups=4"], "active_groups"),
         (["agl.admin_key=k", "trainer.total_training_steps=null"], "total_training_steps"),
+        (["agl.admin_key=k", "algorithm.use_kl_in_reward=true"], "use_kl_in_reward"),
+        (["agl.admin_key=k", "actor_rollout_ref.actor.kl_loss_coef=0"], "kl_loss_coef"),
+        (["agl.admin_key=k", "actor_rollout_ref.actor.kl_loss_type=k9"], "kl_loss_type"),
+        (["agl.admin_key=k", "actor_rollout_ref.actor.entropy_coeff=-0.01"], "entropy_coeff"),
+        (["agl.admin_key=k", "actor_rollout_ref.actor.ppo_epochs=0"], "ppo_epochs"),
+        (["agl.admin_key=k", "actor_rollout_ref.actor.optim.lr_warmup_steps=16"], "lr_warmup_steps"),
+        (["agl.admin_key=k", "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"], "lr_scheduler_type"),
+        (["agl.admin_key=k", "agl.guard_drop=0.2", "trainer.test_freq=0"], "agl.guard_drop"),
+        (["agl.admin_key=k", "agl.guard_action=pray"], "agl.guard_action"),
+        (["agl.admin_key=k", "actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "val_kwargs.temperature"),
+        (["agl.admin_key=k", "actor_rollout_ref.rollout.val_kwargs.n=0"], "val_kwargs.n"),
+        (["agl.admin_key=k", "agl.temperature=0"], "agl.temperature"),
+        (
+            [
+                "agl.admin_key=k",
+                "agl.backend=gpu",
+                "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                "agl.max_length=40000",
+            ],
+            "ppo_max_token_len_per_gpu",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(overrides: list[str], message: str) -> None:

@@ -16,13 +16,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from agl.types import Mode
 from tests.controller.conftest import controller, script
 from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 from tests.gateway.stack import ADMIN, Stack, stack
-from trainer.config import load_config
+from trainer.config import ConfigError, load_config
 from trainer.loop import train
 
 pytestmark = pytest.mark.slow
@@ -48,6 +52,12 @@ auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
 if task.get("flag"):  # as a reward-hacking check would
     httpx.post(url + "/events", json={"kind": "flag", "data": {"flag": "network"}}, headers=auth).raise_for_status()
 reward = task.get("reward")
+if reward is None and task.get("once"):  # 1 the first time this task runs, then 0: a validation that gets worse
+    try:
+        os.close(os.open(os.path.join(task["marks"], "once " + task["q"]), os.O_CREAT | os.O_EXCL))
+        reward = 1.0
+    except FileExistsError:
+        reward = 0.0
 if reward is None:
     try:
         os.close(os.open(os.path.join(task["marks"], task["q"]), os.O_CREAT | os.O_EXCL))
@@ -68,35 +78,42 @@ def overrides(
     *extra: str,
     own_spec: bool = False,
     rewards: dict[int, float] | None = None,
+    val: list[dict] | None = None,
 ) -> list[str]:
     """The demo's config pointed at this stack; with `own_spec`, each task entry carries its spec (and a flag);
-    `rewards`: the tasks (by index) whose rollouts all get that reward."""
+    `rewards`: the tasks (by index) whose rollouts all get that reward; `val`: validation tasks (else none)."""
     command = script(tmp_path, "harness.py", HARNESS)
     (tmp_path / "marks").mkdir(exist_ok=True)
-    tasks = [{"q": f"count to {i}", "sleep": sleep, "marks": str(tmp_path / "marks")} for i in range(20)]
+    marks = str(tmp_path / "marks")
+    tasks = [{"q": f"count to {i}", "sleep": sleep, "marks": marks} for i in range(20)]
     tasks = [t | ({"reward": rewards[i]} if i in (rewards or {}) else {}) for i, t in enumerate(tasks)]
     if own_spec:
         tasks = [{"task": t | {"flag": True}, "spec": {"harness": {"command": command}}} for t in tasks]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(t | {"marks": marks}) + "\n" for t in val or []))
     return [
         *[f"agl.gateway={gw.url}", f"agl.engine={gw.engine_url}", f"agl.admin_key={ADMIN}"],
         *[
             f"agl.tasks={tmp_path / 'tasks.jsonl'}",
             "agl.spec=null" if own_spec else f"agl.spec.harness.command=[{','.join(command)}]",
         ],
-        *["agl.val_tasks=", "agl.n=2", "agl.threads=1", "agl.poll_s=0.1", "trainer.total_training_steps=3"],
+        f"agl.val_tasks={tmp_path / 'val.jsonl' if val else ''}",
+        *["agl.n=2", "agl.threads=1", "agl.poll_s=0.1", "trainer.total_training_steps=3"],
+        "agl.temperature=1.0",  # what HARNESS samples at
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         *[f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[console]", *extra],
         *[f"agl.{k}={v}" for k, v in PINNED.items() if not any(e.startswith(f"agl.{k}=") for e in extra)],
     ]
 
 
 def run_loop(
-    gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0, own_spec: bool = False, **kw: dict[int, float]
+    gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0, own_spec: bool = False, full: bool = False, **kw: Any
 ) -> list[dict]:
+    """The training steps' metrics (with `full`, the whole history: validation and guard entries too)."""
     cfg, agl = load_config(DEMO, overrides(gw, tmp_path, sleep, *extra, own_spec=own_spec, **kw))
     with controller(gw, tmp_path, None):
         history = asyncio.run(train(cfg, agl))
-    return [h for h in history if "reward/mean" in h]
+    return history if full else [h for h in history if "reward/mean" in h]
 
 
 def check_versions(gw: Stack, steps: int) -> None:
@@ -182,3 +199,62 @@ def test_a_killed_run_resumes_without_losing_or_repeating_groups(tiny_path: Path
         for group in launched:  # none launched twice
             assert len(gw.store.list_rollouts(group=group, limit=10)) == 2
     assert [h["version"] for h in state["history"] if "version" in h] == [1.0, 2.0, 3.0]
+
+
+def test_validation_runs_before_training_every_test_freq_steps_and_at_the_end_each_round_greedy_on_one_version(
+    tiny_path: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    val = [{"q": f"held out {i}", "reward": float(i % 2)} for i in range(3)]
+    with stack(tiny_path, tmp_path) as gw:
+        extra = ["agl.mode=async", "trainer.test_freq=2", "trainer.val_before_train=true"]
+        history = run_loop(gw, tmp_path, *extra, val=val, full=True)
+        rounds = [h for h in history if "val/reward_mean" in h]
+        val_rollouts = [r for r in gw.store.list_rollouts(limit=1000) if r.mode is Mode.VAL]
+        calls = gw.store.calls_for([r.id for r in val_rollouts])
+    assert [(h["val/step"], h["val/version"]) for h in rounds] == [(0, 0), (2, 2), (3, 3)]
+    assert all(h["val/reward_mean"] == pytest.approx(1 / 3) for h in rounds)
+    assert len(val_rollouts) == 3 * len(val)
+    by_round = {}
+    for r in val_rollouts:
+        by_round.setdefault(r.group.split("/")[1], set()).update(c.model_version for c in calls[r.id])
+    assert by_round == {"val0": {0}, "val2": {2}, "val3": {3}}  # no update while a round was out
+    assert {c.temperature for cs in calls.values() for c in cs} == {0.0}  # greedy, whatever the harness asked
+    steps = [h for h in history if "reward/mean" in h]
+    assert all(s["adapter/calls_temperature_mismatch"] == 0 for s in steps)  # training calls: the harness's 1.0
+    for key in ("actor/entropy", "actor/kl_k3", "actor/grad_norm", "actor/tis_max", "rollout/sampled_entropy"):
+        assert all(key in s for s in steps if "timing/update_s" in s), key
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == history
+
+
+@pytest.mark.parametrize("action", ["stop", "restore"])
+def test_the_guard_stops_or_restores_the_best_weights_when_validation_falls(
+    tiny_path: Path,  # noqa: F811
+    tmp_path: Path,
+    action: str,
+) -> None:
+    """Validation scores 1 before training and 0 after it (each task scores 1 only the first time it runs)."""
+    val = [{"q": f"held out {i}", "once": True} for i in range(2)]
+    extra = ["agl.mode=sync", "trainer.test_freq=1", "agl.guard_drop=0.5", f"agl.guard_action={action}"]
+    with stack(tiny_path, tmp_path) as gw:
+        history = run_loop(gw, tmp_path, *extra, "trainer.total_training_steps=2", val=val, full=True)
+        served = {n: p.detach().clone() for n, p in gw.engine.model.named_parameters()}
+        models = gw.store.models()
+    rounds = [h["val/reward_mean"] for h in history if "val/reward_mean" in h]
+    guards = [h for h in history if "guard/step" in h]
+    trained = [h for h in history if "reward/mean" in h]
+    if action == "stop":
+        assert rounds == [1.0, 0.0] and len(trained) == 1  # stopped at the first fall; no final round
+        assert [(g["guard/step"], g["guard/best"], g["guard/reward"]) for g in guards] == [(1, 1.0, 0.0)]
+        return
+    assert rounds == [1.0, 0.0, 0.0] and len(trained) == 2 and [g["guard/step"] for g in guards] == [1, 2]
+    # each fall restored the weights validated first (the starting ones) as a new version
+    assert [m.version for m in models] == [0, 1, 2, 3, 4] and models[2].path.endswith("best")
+    start = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    assert all(torch.equal(served[n], p) for n, p in start.named_parameters())
+
+
+def test_a_temperature_no_call_was_sampled_at_fails_naming_the_field(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    with stack(tiny_path, tmp_path) as gw, pytest.raises(ConfigError, match=r"agl.temperature=0.5 .*sampled at 1.0"):
+        run_loop(gw, tmp_path, "agl.mode=sync", "agl.temperature=0.5")
