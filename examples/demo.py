@@ -5,8 +5,10 @@ controller (local processes) as real processes on 127.0.0.1, then runs `agl trai
 examples/calculator/train.yaml: collocated async RL of the calculator agent (a multi-call
 harness written with the plain openai SDK). Each step pauses the gateway, puts the engine to
 sleep, trains on the finished groups, loads the new weights into the engine and resumes.
-Prints the reward per step, and at the end the first-3 vs last-3 step mean reward and where
-the reward curve (PNG), TensorBoard logs and checkpoints are.
+Prints a line per step (reward, entropy, KL, grad norm) and per validation round, and at the end
+the greedy validation reward on held-out tasks before and after training, the first-3 vs last-3
+step training reward, and where the curves (PNG), TensorBoard logs and checkpoints are; the
+figures also go to `summary.json` in the output folder.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_KEY = "demo-admin-key"
+VAL = (ROOT / "examples" / "calculator" / "val.jsonl").read_text().splitlines()
 
 
 def free_port() -> int:
@@ -49,6 +52,20 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float
             pass
         time.sleep(0.5)
     raise SystemExit(f"{what} did not come up in {timeout_s:.0f} s")
+
+
+def summary(metrics: Path) -> dict[str, float]:
+    """Validation reward before and after training, and the first-3 and last-3 steps' training reward."""
+    history = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
+    val = [h["val/reward_mean"] for h in history if "val/reward_mean" in h]
+    return {
+        "val_before": val[0] if val else float("nan"),
+        "val_after": val[-1] if val else float("nan"),
+        "train_first3": sum(rewards[:3]) / max(len(rewards[:3]), 1),
+        "train_last3": sum(rewards[-3:]) / max(len(rewards[-3:]), 1),
+        "steps": len(rewards),
+    }
 
 
 def main() -> int:
@@ -92,12 +109,14 @@ def main() -> int:
         print("running:", " ".join(train[2:]))
         if subprocess.run(train, cwd=ROOT).returncode != 0:
             return 1
-        history = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
-        rewards = [h["reward/mean"] for h in history if "reward/mean" in h]
-        first, last = sum(rewards[:3]) / len(rewards[:3]), sum(rewards[-3:]) / len(rewards[-3:])
-        print(f"mean training reward: first 3 steps {first:.3f}, last 3 steps {last:.3f} ({len(rewards)} steps)")
+        result = summary(out / "train" / "metrics.jsonl") | {"wall_s": time.monotonic() - started}
+        (out / "summary.json").write_text(json.dumps(result))
         print(f"reward curve: {out / 'train' / 'reward_curve.png'}; TensorBoard: {out / 'train' / 'tensorboard'}")
-        print(f"total {time.monotonic() - started:.0f} s")
+        print(
+            f"validation reward (greedy, {len(VAL)} held-out tasks): before training {result['val_before']:.3f}, "
+            f"after {result['val_after']:.3f}; training reward: first 3 steps {result['train_first3']:.3f}, "
+            f"last 3 steps {result['train_last3']:.3f} ({result['steps']} steps, {result['wall_s']:.0f} s)"
+        )
         return 0
     finally:
         for proc in reversed(procs):

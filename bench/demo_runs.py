@@ -1,0 +1,75 @@
+"""`make demo-check`: the demo, five times (seeds 0-4), two of them beside a busy core.
+
+Each run is `examples/demo.py --seed N` from scratch (fresh store, no checkpoint), as a user
+would run it; seeds 1 and 3 run while another process keeps one core busy for the whole run,
+as on a shared machine. Per run: greedy validation reward on the held-out tasks before training
+and at the end, the first-3 and last-3 steps' training reward, and wall time.
+
+Pass: every run's final validation reward is at least its initial one plus 0.15, and no run's
+last-3 training mean is below its first-3. Exits 1 otherwise. Last line:
+`demo_runs=5 improved=K collapsed=C val_before_mean=A val_after_mean=B max_wall_s=W`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARGIN = 0.15
+
+
+def run(seed: int, out: Path, loaded: bool) -> dict[str, float]:
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
+    try:
+        with (out.parent / f"seed{seed}.log").open("wb") as log:
+            demo = [sys.executable, str(ROOT / "examples" / "demo.py"), "--seed", str(seed), "--out", str(out)]
+            code = subprocess.run(demo, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    finally:
+        if busy:
+            busy.kill()
+            busy.wait()
+    if code != 0:
+        raise SystemExit(f"seed {seed}: the demo exited with {code}; see {out.parent / f'seed{seed}.log'}")
+    return dict(json.loads((out / "summary.json").read_text()))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--loaded", type=int, nargs="*", default=[1, 3], help="seeds run beside a busy core")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo_runs")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    print("| seed | machine | validation before | validation after | train first 3 | train last 3 | wall |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for seed in args.seeds:
+        loaded = seed in args.loaded
+        r = run(seed, args.out / f"seed{seed}", loaded) | {"seed": seed, "loaded": loaded}
+        results.append(r)
+        print(
+            f"| {seed} | {'one core busy' if loaded else 'quiet'} | {r['val_before']:.3f} | {r['val_after']:.3f} "
+            f"| {r['train_first3']:.3f} | {r['train_last3']:.3f} | {r['wall_s']:.0f} s |",
+            flush=True,
+        )
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    improved = sum(r["val_after"] >= r["val_before"] + MARGIN for r in results)
+    collapsed = sum(r["train_last3"] < r["train_first3"] for r in results)
+    n = len(results)
+    ok = improved == n and collapsed == 0
+    print("PASS" if ok else f"FAIL: {n - improved} run(s) improved by less than {MARGIN}, {collapsed} collapsed")
+    print(
+        f"demo_runs={n} improved={improved} collapsed={collapsed} "
+        f"val_before_mean={sum(r['val_before'] for r in results) / n:.3f} "
+        f"val_after_mean={sum(r['val_after'] for r in results) / n:.3f} "
+        f"max_wall_s={max(r['wall_s'] for r in results):.0f}"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
