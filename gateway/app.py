@@ -610,6 +610,8 @@ def make_app(
     """The gateway over an open store and engine client, given the engine's /model_info."""
     tokenizer = tokenizer or load_tokenizer(settings.tokenizer or info["tokenizer_path"])
     latest = store.latest_model()
+    if not settings.context_length and "max_context_length" not in info:
+        log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
     proxy = Proxy(
         store.aio,
         engines,

@@ -298,8 +298,13 @@ class EngineClient:
         return dict(zip([r.url for r in self.replicas], await asyncio.gather(*map(probe, self.replicas)), strict=True))
 
     async def model_info(self) -> dict[str, Any]:
-        """`model_path`, `tokenizer_path`, `weight_version`, ... of the first replica that answers."""
-        return (await self._call("GET", "/model_info", None))[1]
+        """`model_path`, `tokenizer_path`, `weight_version`, ... of the first replica that answers, and
+        `max_context_length`: the embedded engine's own, else sglang's `context_length` (`/server_info`)."""
+        info = dict((await self._call("GET", "/model_info", None))[1])
+        if "max_context_length" not in info:
+            context = (await self._call("GET", "/server_info", None))[1].get("context_length")
+            info |= {"max_context_length": context} if context else {}
+        return info
 
     # ------------------------------------------------------------------ plumbing
 

@@ -348,6 +348,20 @@ async def test_a_failed_command_on_one_replica_raises(stand_ins: list[tuple[str,
 async def test_model_info_fails_over(stand_ins: list[tuple[str, StandIn]]) -> None:
     (url, s) = stand_ins[0]
     s.script = [(200, {"model_path": "/m", "tokenizer_path": "/t", "weight_version": "2"}, 0.0)]
+    s.script.append((200, {"context_length": None}, 0.0))  # sglang's server args: none set
     async with client([dead_url(), url], attempts=2) as engines:
         info = await engines.model_info()
-    assert info["tokenizer_path"] == "/t"
+    assert info["tokenizer_path"] == "/t" and "max_context_length" not in info
+
+
+async def test_sglangs_context_length_comes_from_its_server_args(stand_ins: list[tuple[str, StandIn]]) -> None:
+    """sglang's /model_info has no context length; the one it serves is its `context_length` server arg."""
+    (url, s) = stand_ins[0]
+    s.script = [(200, {"model_path": "/m", "tokenizer_path": "/t"}, 0.0), (200, {"context_length": 8192}, 0.0)]
+    async with client([url]) as engines:
+        info = await engines.model_info()
+    assert info["max_context_length"] == 8192 and s.paths() == ["/model_info", "/server_info"]
+    s.requests.clear()
+    s.script = [(200, {"model_path": "/m", "max_context_length": 4096}, 0.0)]  # the embedded engine says it itself
+    async with client([url]) as engines:
+        assert (await engines.model_info())["max_context_length"] == 4096 and s.paths() == ["/model_info"]
