@@ -126,7 +126,7 @@ class Trainer:
                 await self.launch_groups()
                 ready = await self.complete(self.groups)
                 needed = self.agl.batch_groups if self.agl.mode == "async" else len(self.groups)
-                if await self.finish_validation() and len(ready) >= needed:
+                if await self.finish_validation() and not self.stopped and len(ready) >= needed:
                     await self.train_step(ready[: self.agl.batch_groups])
                 else:
                     await asyncio.sleep(self.agl.poll_s)

@@ -234,8 +234,9 @@ def test_the_guard_stops_or_restores_the_best_weights_when_validation_falls(
     tmp_path: Path,
     action: str,
 ) -> None:
-    """Validation scores 1 before training and 0 after it (each task scores 1 only the first time it runs)."""
-    val = [{"q": f"held out {i}", "once": True} for i in range(2)]
+    """Validation scores 1 before training and 0 after it (each task scores 1 only the first time it runs).
+    Its rollouts are slow, so training groups are ready when a round ends: none is trained after a stop."""
+    val = [{"q": f"held out {i}", "once": True, "sleep": 1.0} for i in range(2)]
     extra = ["agl.mode=sync", "trainer.test_freq=1", "agl.guard_drop=0.5", f"agl.guard_action={action}"]
     with stack(tiny_path, tmp_path) as gw:
         history = run_loop(gw, tmp_path, *extra, "trainer.total_training_steps=2", val=val, full=True)
