@@ -163,8 +163,8 @@ class LocalLauncher:
     """Harnesses as local processes; `state_dir` holds one JSON file per attempt, `log_dir` the logs."""
 
     def __init__(self, state_dir: str | Path, log_dir: str | Path | None = None) -> None:
-        self.state_dir = Path(state_dir)
-        self.log_dir = Path(log_dir) if log_dir else self.state_dir / "logs"
+        self.state_dir = Path(state_dir).absolute()  # runs write their exit codes here from their own folders
+        self.log_dir = Path(log_dir).absolute() if log_dir else self.state_dir / "logs"
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runs: dict[Key, _Run] = {}
         self.ended: dict[Key, Outcome] = {}

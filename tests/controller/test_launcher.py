@@ -32,6 +32,20 @@ def test_success_env_and_logs(gateway, tmp_path: Path) -> None:
     assert reply.status_code == 403
 
 
+def test_a_relative_state_dir_works_from_every_run_s_own_folder(gateway, tmp_path: Path, monkeypatch) -> None:
+    """`agl controller --state-dir runs/x` (and the default, `agl-controller`): each run starts in its own
+    workspace, and still writes its exit code where the controller reads it."""
+    from controller.launcher import LocalLauncher
+
+    monkeypatch.chdir(tmp_path)
+    rid = gateway.rollout()["id"]
+    runner = LocalLauncher("relative/runs", "relative/logs")
+    with controller(gateway, tmp_path, harness_spec(tmp_path), runner=runner):
+        done = wait_status(gateway, rid)
+    assert done["status"] == "succeeded", reasons(gateway, rid)
+    assert (tmp_path / "relative" / "logs" / rid / "1" / "harness.log").is_file()
+
+
 def test_nonzero_exit_is_a_task_failure(gateway, tmp_path: Path) -> None:
     rid = gateway.rollout()["id"]
     with controller(gateway, tmp_path, harness_spec(tmp_path, env={"HARNESS_EXIT": "3"})):
