@@ -1,125 +1,175 @@
-"""The GPU backend: verl's Ray workers (FSDP actor) with sglang servers collocated on the same GPUs.
+"""The backend: verl's Ray workers (FSDP actor and reference) train the model; engines serve it.
 
 Wired from verl 0.9.1's own parts (DESIGN.md section 9), not its trainer: a worker group of
-`ActorRolloutRefWorker` (our subclass only makes sure the `agl` loss is registered inside each
-worker process), `LLMServerManager` for the hybrid-engine sglang replicas the gateway calls,
-and `CheckpointEngineManager` for sleep (free weights and KV cache) and the in-memory weight
-update that is also the wake-up. One step: old log-probs (`compute_log_prob`), then one
-`update_actor` per mini-batch of whole rollouts, in verl's no-padding layout.
-
-This module needs GPUs, Ray and sglang (`pip install .[train,gpu]`); it is exercised by
-`bench/gpu_smoke.sh`, not by the CPU test suite.
+`ActorRolloutRefWorker` (our `AglWorker`), in verl's no-padding layout. One step: reference
+log-probs (`compute_ref_log_prob`, with the KL loss), old log-probs (`compute_log_prob`), one
+`update_actor` per mini-batch of whole rollouts with our loss (`trainer.loss.agl_ppo_loss`:
+verl's, with KL and entropy weighted per rollout), then one more `compute_log_prob` for the
+step's k3 KL. The device changes only where the rollouts are served (`trainer/engines.py`):
+`trainer.device: cuda` collocates verl's sglang replicas on the same GPUs; `cpu` runs the same
+workers on verl's `cpu` platform (`trainer/cpu_platform.py`, gloo), which gather the weights
+into a Hugging Face folder that the embedded engine loads: the demo and CI run the very code
+that runs on GPUs. GPUs need `pip install .[gpu]` (README); the CPU needs the `train` extra.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
 from omegaconf import DictConfig
-from verl.checkpoint_engine.base import CheckpointEngineManager
+from verl.single_controller.base.decorator import Dispatch, register
 from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
-from verl.single_controller.ray.base import ResourcePoolManager, create_colocated_worker_cls
-from verl.trainer.ppo.utils import Role
+from verl.single_controller.ray.base import RayResourcePool, create_colocated_worker_cls
 from verl.utils import tensordict_utils as tu
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.engine_workers import ActorRolloutRefWorker
-from verl.workers.rollout.llm_server import LLMServerManager
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
 from adapters import Batch
-from trainer.config import AglConfig
-from trainer.loss import set_old_log_probs, to_dataproto  # importing trainer.loss registers the `agl` loss
+from trainer import cpu_platform
+from trainer.config import AglConfig, ConfigError
+from trainer.engines import Collocated, DiskEngine
+from trainer.loss import agl_ppo_loss, set_old_log_probs, to_dataproto  # importing trainer.loss registers `agl`
 
 log = logging.getLogger(__name__)
 
 
 class AglWorker(ActorRolloutRefWorker):
-    """verl's worker; defined here so that unpickling it in a Ray worker imports (registers) our loss."""
+    """verl's worker, and: defined here so that unpickling it in a Ray worker registers our loss;
+    our loss function; role `actor_ref` (actor and reference without a rollout engine, which
+    verl's roles do not offer); a gloo process group on the CPU (verl would ask for
+    `cpu:gloo,cpu:gloo`); `save_weights` for engines that load from disk."""
+
+    def __init__(self, config: DictConfig, role: str, **kwargs: Any) -> None:
+        super().__init__(config, "actor" if role == "actor_ref" else role, **kwargs)
+        self.role = role  # init_model builds what the role names: "actor_ref" holds "actor" and "ref"
+        if cpu_platform.active() and not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]
+    def init_model(self) -> None:
+        super().init_model()
+        assert self.actor is not None
+        self.actor.set_loss_fn(lambda *a, **k: agl_ppo_loss(self.actor_config, *a, **k))
+
+    @property
+    def actor_config(self) -> Any:
+        if not hasattr(self, "_actor_config"):
+            self._actor_config = omega_conf_to_dataclass(self.config.actor)
+        return self._actor_config
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]
+    def save_weights(self, path: str) -> None:
+        """The actor's full weights as a Hugging Face folder at `path` (every rank gathers, rank 0 writes)."""
+        from transformers import AutoModelForCausalLM
+
+        assert self.actor is not None
+        params, _ = self.actor.engine.get_per_tensor_param()
+        state = {name: t.detach().to("cpu", torch.float32) for name, t in params}
+        if self.rank == 0:
+            model = AutoModelForCausalLM.from_pretrained(str(self.actor.model_config.local_path), dtype=torch.float32)
+            model.load_state_dict(state, strict=False)
+            model.save_pretrained(path)
 
 
-class GpuBackend:
-    """Actor and rollout on `trainer.n_gpus_per_node` x `trainer.nnodes` GPUs; sglang replicas for the gateway."""
+def _log_probs(call: Any, data: Any) -> torch.Tensor:
+    """A worker-group log-prob call on the batch `data` (a DataProto), padded back to verl's (rows, response) shape."""
+    td = left_right_2_no_padding(data.to_tensordict())
+    tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False)
+    return no_padding_2_padding(tu.get(call(td), "log_probs"), td).float()
+
+
+class Backend:
+    """Actor (and reference) on `trainer.n_gpus_per_node` x `trainer.nnodes` devices, and the engines they feed."""
 
     def __init__(self, cfg: DictConfig, agl: AglConfig) -> None:
         self.cfg, self.agl = cfg, agl
+        self.actor = cfg.actor_rollout_ref.actor
+        on_cpu = cfg.trainer.device == "cpu"
+        env = dict(cpu_platform.ENV) if on_cpu else {}
+        os.environ.update(env)  # this process asks verl's platform too (resource pools)
+        if on_cpu:  # Ray gives each worker one thread; the engine sleeps while they train
+            env["OMP_NUM_THREADS"] = str(agl.threads or os.cpu_count() or 1)
         if not ray.is_initialized():
-            ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN"}})
-        role = Role.ActorRolloutRef if cfg.actor_rollout_ref.actor.use_kl_loss else Role.ActorRollout
-        pools = ResourcePoolManager(
-            resource_pool_spec={"global_pool": [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes},
-            mapping={role: "global_pool"},  # type: ignore[dict-item]
-        )
-        pools.create_resource_pool()
-        pool = pools.get_resource_pool(role)
-        worker = RayClassWithInitArgs(cls=ray.remote(AglWorker), config=cfg.actor_rollout_ref, role=str(role))
+            ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", **env}})
+        kl = bool(self.actor.use_kl_loss)
+        role = ("actor_ref" if kl else "actor") if on_cpu else ("actor_rollout_ref" if kl else "actor_rollout")
+        nodes = [int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes)
+        kind = "CPU" if on_cpu else "GPU"
+        have = ray.cluster_resources().get(kind, 0)
+        if have < sum(nodes):  # verl would wait for them forever
+            ray.shutdown()
+            raise ConfigError(
+                f"trainer.n_gpus_per_node x trainer.nnodes asks for {sum(nodes)} ranks, but Ray has {have:g} {kind}s"
+            )
+        pool = RayResourcePool(process_on_nodes=nodes, use_gpu=not on_cpu, max_colocate_count=1, name_prefix="agl")
+        worker = RayClassWithInitArgs(cls=ray.remote(AglWorker), config=cfg.actor_rollout_ref, role=role)
         group = RayWorkerGroup(
             resource_pool=pool,
-            ray_cls_with_init=create_colocated_worker_cls(class_dict={str(role): worker}),
+            ray_cls_with_init=create_colocated_worker_cls(class_dict={role: worker}),
             device_name=cfg.trainer.device,
         )
-        self.wg = group.spawn(prefix_set={str(role)})[str(role)]
+        self.wg = group.spawn(prefix_set={role})[role]
         self.wg.init_model()
         self.dp_size = self.wg.world_size  # FSDP: every rank is a data-parallel rank
-        self.servers = LLMServerManager.create(config=cfg, worker_group=self.wg, rollout_resource_pool=pool)
-        engine_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
-        engine_cfg.backend = "naive"  # collocated: weights move inside each GPU
-        self.weights = CheckpointEngineManager(
-            config=engine_cfg, actor_wg=self.wg, replicas=self.servers.get_replicas()
+        weights = Path(cfg.trainer.default_local_dir) / "weights"
+        self.engine: DiskEngine | Collocated = (
+            DiskEngine(agl.engine, weights, lambda p: self.wg.save_weights(str(p)))
+            if on_cpu
+            else Collocated(cfg, self.wg, pool)
         )
-        self.version = 0
-        self.weights.sleep_replicas()
-        self.weights.update_weights(0)  # the servers start with dummy weights
-        log.info("sglang replicas for the gateway: %s", self.endpoints())
-
-    def endpoints(self) -> list[str]:
-        return [a if a.startswith("http") else f"http://{a}" for a in self.servers.get_addresses()]
-
-    def sleep(self) -> None:
-        self.weights.sleep_replicas()
-
-    def push(self, path: Path | None, version: int) -> None:
-        """Only remembered: in hybrid mode the weights move (in GPU memory) on `wake`."""
-        self.version = version
-
-    def wake(self) -> None:
-        self.weights.update_weights(self.version)  # resume weights, push, flush cache, resume KV cache
+        log.info("engines for the gateway: %s", self.engine.endpoints())
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """Old log-probs for the batch, then one `update_actor` per mini-batch (verl's shapes, no padding)."""
+        """Reference and old log-probs for the batch, one `update_actor` per mini-batch, then the step's KL."""
+        started = time.monotonic()
         data = to_dataproto(batch, temperature=self.agl.temperature)
-        td = left_right_2_no_padding(data.to_tensordict())
-        tu.assign_non_tensor(td, calculate_entropy=False, compute_loss=False)
-        out = self.wg.compute_log_prob(td)
-        set_old_log_probs(data, no_padding_2_padding(tu.get(out, "log_probs"), td).float(), self.agl.is_cap)
-        actor = self.cfg.actor_rollout_ref.actor
-        metrics: dict[str, list[float]] = {}
+        if self.actor.use_kl_loss:
+            data.batch["ref_log_prob"] = _log_probs(self.wg.compute_ref_log_prob, data)
+        set_old_log_probs(data, _log_probs(self.wg.compute_log_prob, data), self.agl.is_cap)
+        metrics: dict[str, list[float]] = defaultdict(list)
         for m in range(int(data.batch["minibatch"].max()) + 1):
             rows = torch.nonzero(data.batch["minibatch"] == m).flatten()
             td = left_right_2_no_padding(data.select_idxs(rows).to_tensordict())
             tu.assign_non_tensor(
                 td,
-                calculate_entropy=False,
+                calculate_entropy=True,
                 distillation_use_topk=False,
                 distillation_only=False,
                 global_batch_size=len(rows),
                 mini_batch_size=len(rows),  # one optimizer step per mini-batch of whole rollouts
-                epochs=actor.ppo_epochs,
-                seed=actor.data_loader_seed,
+                epochs=self.actor.ppo_epochs,
+                seed=self.actor.data_loader_seed,
                 dataloader_kwargs={"shuffle": False},  # samples are ordered by rank already
                 compute_loss=True,
             )
             for k, v in tu.get(self.wg.update_actor(td), "metrics").items():
-                metrics.setdefault(f"actor/{k}", []).extend(v if isinstance(v, list) else [v])
-        return {k: float(sum(v) / len(v)) for k, v in metrics.items() if v}
+                metrics[k if "/" in k else f"actor/{k}"].extend(v if isinstance(v, list) else [v])
+        out = {k: float(sum(v) / len(v)) for k, v in metrics.items() if v}
+        b, trained = data.batch, data.batch["response_mask"].bool()
+        tis = (b["rollout_is_weights"] / b["loss_weights"].clamp(min=1e-30))[trained]
+        out["actor/tis_mean"], out["actor/tis_max"] = float(tis.mean()), float(tis.max())
+        # k3 estimate of KL(behaviour || updated policy) on the batch's sampled tokens
+        log_ratio = (_log_probs(self.wg.compute_log_prob, data) - b["rollout_log_probs"])[trained].clamp(-20, 20)
+        out["actor/kl_k3"] = float((log_ratio.exp() - 1 - log_ratio).mean())
+        out["timing/update_s"] = time.monotonic() - started
+        return out
 
     def save(self, path: Path) -> None:
-        self.wg.save_checkpoint(str(path / "actor"), global_step=self.version)
+        """verl's checkpoint (`path/actor`: model, optimizer, schedule) and the weights engines load (`path/model`)."""
+        self.wg.save_checkpoint(str(path / "actor"), global_step=0)
+        self.wg.save_weights(str(path / "model"))
 
     def load(self, path: Path) -> None:
         self.wg.load_checkpoint(str(path / "actor"))
 
     def close(self) -> None:
+        self.engine.close()
         ray.shutdown()

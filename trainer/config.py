@@ -33,8 +33,7 @@ class AglConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gateway: str = Field("http://127.0.0.1:8000", description="Gateway URL (admin API).")
     admin_key: str = Field(min_length=1, description="The gateway's admin key.")
-    engine: str = Field("", description="CPU backend: the embedded engine's URL (sleep, wake, weight push).")
-    backend: Literal["cpu", "gpu"] = "cpu"
+    engine: str = Field("", description="trainer.device cpu: the embedded engine's URL (sleep, wake, weight push).")
     mode: Literal["async", "sync"] = Field("async", description="async: collocated; sync: the baseline.")
     spec: dict[str, Any] | None = Field(
         None, description="The controller spec rollouts run (metadata.spec), unless a task entry carries its own."
@@ -49,8 +48,7 @@ class AglConfig(BaseModel):
     loss_mode: Literal["rollout", "token-mean", "seq-mean-token-mean"] = "rollout"
     is_cap: float = Field(2.0, gt=0, description="Truncated importance weight cap.")
     max_length: int = Field(32_768, ge=1, description="Longest merged sample (tokens).")
-    micro_batch_tokens: int = Field(4096, ge=1, description="CPU backend: tokens per forward/backward.")
-    threads: int = Field(0, ge=0, description="CPU backend: torch threads while training (0: every core).")
+    threads: int = Field(0, ge=0, description="trainer.device cpu: torch threads of each worker (0: every core).")
     temperature: float = Field(
         1.0, gt=0, description="The harnesses' sampling temperature (log-probs use it); calls at others: not trained."
     )
@@ -113,9 +111,9 @@ KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k
 
 
 def warmup_steps(optim: DictConfig) -> int:
-    """verl's warm-up length: `lr_warmup_steps`, or when negative `lr_warmup_steps_ratio` of the steps."""
+    """verl's warm-up length: `lr_warmup_steps`, or when not positive `lr_warmup_steps_ratio` of the steps."""
     steps = int(optim.get("lr_warmup_steps", -1))
-    return steps if steps >= 0 else int(optim.get("lr_warmup_steps_ratio", 0.0) * optim.total_training_steps)
+    return steps if steps > 0 else int(optim.get("lr_warmup_steps_ratio", 0.0) * optim.total_training_steps)
 
 
 def _check_training(cfg: DictConfig, agl: AglConfig) -> None:
@@ -133,8 +131,6 @@ def _check_training(cfg: DictConfig, agl: AglConfig) -> None:
         raise ConfigError(f"{a}.ppo_epochs must be at least 1")
     if warmup_steps(actor.optim) >= cfg.trainer.total_training_steps:
         raise ConfigError(f"{a}.optim.lr_warmup_steps must be below trainer.total_training_steps")
-    if agl.backend == "cpu" and actor.optim.get("lr_scheduler_type", "constant") != "constant":
-        raise ConfigError(f"{a}.optim.lr_scheduler_type: the CPU backend has constant (after warm-up) only")
     validated = agl.val_tasks and (cfg.trainer.test_freq > 0 or cfg.trainer.get("val_before_train"))
     if agl.guard_drop is not None and not (agl.val_tasks and cfg.trainer.test_freq > 0):
         raise ConfigError("agl.guard_drop needs validation: agl.val_tasks and trainer.test_freq > 0")
@@ -143,7 +139,9 @@ def _check_training(cfg: DictConfig, agl: AglConfig) -> None:
         raise ConfigError("actor_rollout_ref.rollout.val_kwargs.temperature must be > 0 with do_sample (else greedy)")
     if validated and int(val.n) < 1:
         raise ConfigError("actor_rollout_ref.rollout.val_kwargs.n must be at least 1")
-    if agl.backend == "gpu" and actor.use_dynamic_bsz and agl.max_length > actor.ppo_max_token_len_per_gpu:
+    if cfg.trainer.device == "cpu" and not agl.engine:
+        raise ConfigError("trainer.device cpu trains for the embedded engine: set agl.engine to its URL")
+    if actor.use_dynamic_bsz and agl.max_length > actor.ppo_max_token_len_per_gpu:
         raise ConfigError(
             f"agl.max_length ({agl.max_length}) exceeds {a}.ppo_max_token_len_per_gpu "
             f"({actor.ppo_max_token_len_per_gpu}): a sample that long cannot be placed"

@@ -3,8 +3,8 @@
 Owns the training loop of DESIGN.md section 7, its checkpoints and its progress output. The
 trainer only talks to the gateway's admin API: it creates rollouts (each carrying the spec the
 controller runs), reads their status and calls, pauses and resumes the gateway and registers
-model versions. A backend (`trainer/cpu.py`, `trainer/gpu.py`) owns the model: sleep, update,
-push, wake. It launches no harness itself (the controller does) and never opens the store.
+model versions. The backend (`trainer/backend.py`: verl's workers) owns the model and its
+engines: sleep, update, push, wake. It launches no harness itself (the controller does) and never opens the store.
 
 Groups are named `{experiment_name}/{index}`, so a restarted run finds the groups it launched
 after its last checkpoint instead of launching them again.
@@ -25,10 +25,10 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm import tqdm
 
 from adapters import Batch, build_batch
@@ -36,22 +36,10 @@ from agl.client import GatewayClient, GatewayError, call_from_json
 from agl.types import JSON, FailureKind, Mode, Rollout, Status
 from trainer.config import AglConfig, ConfigError, load_config
 
+if TYPE_CHECKING:
+    from trainer.backend import Backend
+
 log = logging.getLogger(__name__)
-
-
-class Backend(Protocol):
-    """What the loop needs from the side that owns the model and the engines."""
-
-    dp_size: int  # data-parallel ranks: the adapter pads each mini-batch to a multiple of it
-
-    def sleep(self) -> None: ...  # free the engines' memory for training
-    def update(self, batch: Batch) -> dict[str, float]: ...  # one training step; metrics
-    def save(self, path: Path) -> None: ...  # model (HF folder `path/model`) and optimizer
-    def load(self, path: Path) -> None: ...
-    def push(self, path: Path | None, version: int) -> None: ...  # new weights to the engines (saved at `path`)
-    def wake(self) -> None: ...  # engines serve again, with the pushed weights
-    def endpoints(self) -> list[str]: ...
-    def close(self) -> None: ...
 
 
 @dataclasses.dataclass
@@ -203,7 +191,7 @@ class Trainer:
         if update:
             await self.gw.pause()
             paused = time.monotonic()
-            self.backend.sleep()
+            self.backend.engine.sleep()
             metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
             self.version += 1
         metrics |= self.step_metrics(rollouts, calls, batch, base, started, paused)
@@ -332,16 +320,16 @@ class Trainer:
             self.stopped = True
             return
         await self.gw.pause()
-        self.backend.sleep()
+        self.backend.engine.sleep()
         await asyncio.to_thread(self.backend.load, self.dir / "best")
         self.version += 1
         await self.publish(self.dir / "best")
 
     async def publish(self, path: Path | None) -> None:
         """The paused gateway resumes on `self.version`: weights pushed (saved at `path`), engines awake, registered."""
-        await asyncio.to_thread(self.backend.push, path, self.version)
-        self.backend.wake()
-        await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.endpoints())
+        await asyncio.to_thread(self.backend.engine.push, path, self.version)
+        self.backend.engine.wake()
+        await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.engine.endpoints())
         await self.gw.resume(self.version)
 
     # ------------------------------------------------------------------ checkpoints
@@ -399,14 +387,14 @@ class Trainer:
             self.trained, self.best = state["trained"], state.get("best")
             self.bar.update(self.step)
             await asyncio.to_thread(self.backend.load, path)
-            self.backend.sleep()
-            self.backend.push(path, self.version)
-            self.backend.wake()
+            self.backend.engine.sleep()
+            self.backend.engine.push(path, self.version)
+            self.backend.engine.wake()
             log.info("resumed from %s: step %d, version %d", path, self.step, self.version)
         else:
             self.version = registered["version"] + 1 if registered else 0
         if not registered or registered["version"] < self.version:
-            await self.gw.register_model(self.version, endpoints=self.backend.endpoints())
+            await self.gw.register_model(self.version, endpoints=self.backend.engine.endpoints())
         await self.gw.resume(self.version)
         while True:  # groups launched after the checkpoint (or before a crash that left none)
             group = f"{self.name}/{self.cursor}"
@@ -450,29 +438,27 @@ def reward_curve(history: list[dict[str, float]], path: Path) -> None:
     plt.close(fig)
 
 
-def make_backend(cfg: DictConfig, agl: AglConfig, model_path: str) -> Backend:
-    if agl.backend == "cpu":
-        from trainer.cpu import CpuBackend
-
-        return CpuBackend(cfg, agl, model_path)
-    from trainer.gpu import GpuBackend
-
-    return GpuBackend(cfg, agl)
-
-
 async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
     import httpx
     from verl.utils.tracking import Tracking
 
-    import trainer.loss  # noqa: F401  (registers the policy loss)
+    from trainer.backend import Backend  # verl, Ray, torch: only once training starts
 
-    model_path = str(cfg.actor_rollout_ref.model.get("path") or "")
-    if agl.backend == "cpu" and (not model_path or model_path.startswith("~/models")):  # verl's placeholder
-        model_path = httpx.get(f"{agl.engine}/model_info", timeout=30).json()["model_path"]
-    backend = make_backend(cfg, agl, model_path)
     out = Path(cfg.trainer.default_local_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "engines.txt").write_text(",".join(backend.endpoints()) + "\n")  # for `agl gateway --engine-url`
+    model_path = str(cfg.actor_rollout_ref.model.get("path") or "")
+    if agl.engine and (not model_path or model_path.startswith("~/models")):  # verl's placeholder
+        # the model the engine served when the run began: training starts there and the KL's reference is it
+        first = out / "base_model"
+        if first.is_file() and cfg.trainer.resume_mode != "disable":
+            model_path = first.read_text().strip()
+        else:
+            model_path = httpx.get(f"{agl.engine}/model_info", timeout=30).json()["model_path"]
+            first.write_text(model_path)
+        with open_dict(cfg):
+            cfg.actor_rollout_ref.model.path = model_path
+    backend = Backend(cfg, agl)
+    (out / "engines.txt").write_text(",".join(backend.engine.endpoints()) + "\n")  # for `agl gateway --engine-url`
     os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))
     tracker = Tracking(
         project_name=cfg.trainer.project_name,

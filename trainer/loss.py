@@ -78,6 +78,38 @@ def regularizers(
     return term, parts
 
 
+def agl_ppo_loss(
+    config: Any, model_output: Any, data: Any, dp_group: Any = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's `ppo_loss` (its actor's loss function), with the KL and entropy terms weighted per
+    rollout by `loss_weights` like the policy loss, where verl sums them over tokens unweighted.
+    Set on verl's workers by `trainer/backend.py`."""
+    from verl.utils.metric import AggregationType, Metric
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    entropy = model_output.get("entropy", None)
+    entropy = no_padding_2_padding(entropy, data) if entropy is not None else None
+    dp = data["dp_size"]
+    config.global_batch_info["dp_size"] = dp
+    fields = ["response_mask", "old_log_probs", "advantages", "rollout_is_weights", "loss_weights"]
+    fields += ["ref_log_prob"] if "ref_log_prob" in data else []
+    d = data.select(*fields).to_padded_tensor()
+    mask = d["response_mask"].to(bool)
+    pg, pg_metrics = agl_policy_loss(
+        d["old_log_probs"], log_prob, d["advantages"], mask, "token-sum", config, d["rollout_is_weights"]
+    )
+    weights = d["loss_weights"] * mask
+    extra, parts = regularizers(config, log_prob, weights, entropy, d.get("ref_log_prob", None))
+    metrics: dict[str, Any] = Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
+    metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)
+    metrics |= {k: Metric(value=v, aggregation=AggregationType.SUM) for k, v in parts.items()}
+    if entropy is not None:  # the policy's entropy at the trained tokens (mean)
+        n = mask.sum().clamp(min=1)
+        metrics["actor/entropy"] = Metric(value=((entropy.detach() * mask).sum() / n).item(), aggregation="mean")
+    return pg + extra * dp, metrics
+
+
 def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 0) -> DataProto:
     """Samples as verl rows: prompt = the tokens before the first trained one (left-padded),
     response = the rest (right-padded), `response_mask` = which response tokens are trained.

@@ -59,7 +59,7 @@ def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
         (["agl.admin_key=k", "actor_rollout_ref.actor.entropy_coeff=-0.01"], "entropy_coeff"),
         (["agl.admin_key=k", "actor_rollout_ref.actor.ppo_epochs=0"], "ppo_epochs"),
         (["agl.admin_key=k", "actor_rollout_ref.actor.optim.lr_warmup_steps=16"], "lr_warmup_steps"),
-        (["agl.admin_key=k", "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"], "lr_scheduler_type"),
+        (["agl.admin_key=k", "agl.engine="], "agl.engine"),  # trainer.device cpu feeds the embedded engine
         (["agl.admin_key=k", "agl.guard_drop=0.2", "trainer.test_freq=0"], "agl.guard_drop"),
         (["agl.admin_key=k", "agl.guard_action=pray"], "agl.guard_action"),
         (["agl.admin_key=k", "actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "val_kwargs.temperature"),
@@ -68,7 +68,6 @@ def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
         (
             [
                 "agl.admin_key=k",
-                "agl.backend=gpu",
                 "actor_rollout_ref.actor.use_dynamic_bsz=true",
                 "agl.max_length=40000",
             ],
@@ -86,3 +85,13 @@ def test_a_config_without_verls_defaults_is_refused(tmp_path: Path) -> None:
     path.write_text("agl: {admin_key: k}\n")
     with pytest.raises(ConfigError, match="ppo_trainer"):
         load_config(path)
+
+
+def test_the_gpu_example_trains_fp32_master_weights_at_the_harness_temperature() -> None:
+    cfg, agl = load_config(ROOT / "examples" / "gpu" / "qwen3.5-9b-8gpu.yaml", ["agl.admin_key=k"])
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert actor.fsdp_config.model_dtype == "fp32" and actor.fsdp_config.mixed_precision.param_dtype == "bf16"
+    assert agl.temperature == 0.7  # what examples/calculator/harness.py samples at
+    assert rollout.engine_kwargs.sglang.context_length == rollout.max_model_len == 32768  # one setting, to sglang
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "flash_attention_2"
+    assert agl.max_length <= actor.ppo_max_token_len_per_gpu

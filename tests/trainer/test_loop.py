@@ -1,8 +1,9 @@
-"""The training loop end to end on the CPU backend: gateway, controller, engine, adapter, update, push.
+"""The training loop end to end: gateway, controller, engine, adapter, verl's workers, push.
 
 Everything is real and on 127.0.0.1: the embedded engine (tiny model) and the gateway as uvicorn
 servers, a controller running harness processes (the openai SDK, two calls each), and the
-trainer updating the tiny model and pushing its weights back into the engine each step.
+trainer updating the tiny model on verl's workers (the GPU code path, on the CPU) and pushing
+its weights back into the engine each step.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import os
 import signal
 import subprocess
@@ -136,8 +138,10 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path,
     versions = sorted({c.model_version for cs in calls.values() for c in cs})
     assert versions == [0, 1, 2]
     assert all(s["adapter/rollouts_trained"] == 4 for s in steps)  # mixed rewards: every group was trained
+    assert all(s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps)
     run = tmp_path / "run"
     assert (run / "reward_curve.png").stat().st_size > 0 and (run / "latest").read_text() == "step_3"
+    assert (run / "step_3" / "model" / "config.json").is_file() and (run / "step_3" / "actor").is_dir()
 
 
 def test_a_step_without_samples_pauses_nothing_and_keeps_the_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811

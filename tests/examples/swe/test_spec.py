@@ -60,5 +60,5 @@ def test_train_entries_feed_agl_train_with_the_recipes_config(tmp_path: Path) ->
         assert e["grader"] is True and "patch" not in e["task"]
         parse_spec(e["spec"])
     cfg, agl = load_config(RECIPE / "train.yaml", ["agl.admin_key=k", f"agl.tasks={out}"])
-    assert agl.spec is None and agl.backend == "gpu" and agl.loss_mode == "rollout" and agl.mode == "async"
+    assert agl.spec is None and cfg.trainer.device == "cuda" and agl.loss_mode == "rollout" and agl.mode == "async"
     assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3.5-9B" and cfg.trainer.n_gpus_per_node == 8

@@ -1,0 +1,173 @@
+"""The backend: verl's own workers (FSDP2 on verl's `cpu` platform, gloo) against a plain reference.
+
+Everything but the device is what runs on GPUs: verl 0.9.1's Ray worker group of `AglWorker`,
+`compute_ref_log_prob`, `compute_log_prob`, `update_actor` with our loss, checkpoints, and the
+weights gathered for the engine. The reference is a transformers model, one sample at a time,
+unpadded, with the objective written out token by token and `torch.optim.AdamW`. No engine is
+needed for an update (the engine URL is never called here).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from adapters import AdapterSettings, build_batch
+from tests.adapters.factory import chain, rollout
+from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
+from trainer.config import ConfigError, load_config
+
+torch.set_num_threads(1)
+pytestmark = [
+    pytest.mark.slow,
+    # verl and Ray, not our code: Ray's state API moved, verl warns of engines it cannot import
+    pytest.mark.filterwarnings("ignore:Ray state API:DeprecationWarning", "ignore::UserWarning:verl"),
+]
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "calculator" / "train.yaml"
+LR, TEMPERATURE, KL, ENTROPY = 1e-5, 0.7, 0.5, 0.01
+EPS = 1e-4  # Adam's epsilon, large enough that weights whose gradient is ~0 move smoothly in it
+EXACT = [  # no warm-up, no clipping, a live KL and entropy term: every part of the objective shows
+    f"actor_rollout_ref.actor.optim.lr={LR}",
+    f"+actor_rollout_ref.actor.optim.override_optimizer_config={{eps: {EPS}}}",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+    "actor_rollout_ref.actor.optim.clip_grad=1e9",
+    f"actor_rollout_ref.actor.kl_loss_coef={KL}",
+    f"actor_rollout_ref.actor.entropy_coeff={ENTROPY}",
+    f"agl.temperature={TEMPERATURE}",
+]
+
+
+def backend(model: Path, tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
+    from trainer.backend import Backend
+
+    common = [
+        "agl.admin_key=k",
+        "agl.engine=http://127.0.0.1:9",
+        "agl.threads=1",
+        f"trainer.default_local_dir={tmp_path}",
+    ]
+    return Backend(*load_config(DEMO, [*common, f"actor_rollout_ref.model.path={model}", *overrides]))
+
+
+def weights(b, path: Path) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    b.wg.save_weights(str(path))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+
+
+def make_batch(vocab: int, seed: int = 0) -> tuple:
+    rng = random.Random(seed)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    calls, rollouts = {}, []
+    for k in range(6):
+        rid = f"r{k}"
+        turns = [(ids(rng.randint(3, 9)), ids(rng.randint(2, 6))) for _ in range(rng.randint(1, 3))]
+        calls[rid] = chain(rid, turns)
+        rollouts.append(rollout(rid, group=f"g{k // 3}", reward=float(k % 3 == 0)))
+    return rollouts, calls
+
+
+def per_token(model: torch.nn.Module, batch, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample i on its own, unpadded, at TEMPERATURE: (trained mask, log p of its tokens, entropy before each)."""
+    s, e = int(batch.offsets[i]), int(batch.offsets[i + 1])
+    mask = torch.from_numpy(batch.loss_mask[s:e])
+    ids = torch.from_numpy(batch.input_ids[s:e]).long()[None]
+    logits = model(input_ids=ids).logits[0, :-1].float() / TEMPERATURE
+    logits = torch.cat([torch.zeros(1, model.config.vocab_size), logits])
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, ids[0, :, None]).squeeze(-1)
+    return mask, logp, -(logp_all.exp() * logp_all).sum(-1)
+
+
+def reference_step(model: torch.nn.Module, ref: torch.nn.Module, optimizer, batch, cap: float = 2.0) -> float:  # type: ignore[no-untyped-def]
+    """One AdamW step on the sum over trained tokens of weight * (-tis * advantage * log p
+    + KL * k3(log p, ref) - ENTROPY * entropy); returns the mean entropy of the trained tokens."""
+    optimizer.zero_grad()
+    entropies = []
+    for i in range(batch.n_samples):
+        s, e = int(batch.offsets[i]), int(batch.offsets[i + 1])
+        mask, logp, entropy = per_token(model, batch, i)
+        if not mask.any():
+            continue
+        logp, entropy = logp[mask], entropy[mask]
+        with torch.no_grad():
+            ref_logp = per_token(ref, batch, i)[1][mask]
+        behaviour = torch.from_numpy(batch.logprobs[s:e])[mask]
+        tis = torch.clamp(torch.exp(logp.detach() - behaviour), max=cap)
+        w = torch.from_numpy(batch.loss_weights[s:e])[mask]
+        adv = torch.from_numpy(batch.advantages[s:e])[mask]
+        k3 = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+        (-(w * tis * adv * logp).sum() + KL * (w * k3).sum() - ENTROPY * (w * entropy).sum()).backward()
+        entropies.append(entropy.detach())
+    optimizer.step()
+    return float(torch.cat(entropies).mean())
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_two_updates_through_verls_workers_equal_the_reference(tiny_path: Path, tmp_path: Path, ranks: int) -> None:  # noqa: F811
+    """The second update has the KL to the starting weights live (the first starts from them)."""
+    b = backend(tiny_path, tmp_path, *EXACT, f"trainer.n_gpus_per_node={ranks}")
+    try:
+        assert b.dp_size == ranks
+        model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32, attn_implementation="sdpa")
+        ref = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32, attn_implementation="sdpa")
+        start = {n: p.detach().clone() for n, p in model.state_dict().items()}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, weight_decay=0.0)
+        for seed in (4, 5):
+            batch = build_batch(*make_batch(model.config.vocab_size, seed), AdapterSettings(dp_size=ranks))
+            got = b.update(batch)
+            entropy = reference_step(model, ref, optimizer, batch)
+            assert got["actor/entropy"] == pytest.approx(entropy, rel=2e-3)
+            assert got["timing/update_s"] > 0 and got["actor/tis_max"] <= 2.0
+            assert "actor/pg_loss" in got and not any(k.startswith("actor/actor/") for k in got)  # prefixed once
+        served = weights(b, tmp_path / "weights")
+    finally:
+        b.close()
+    for name, p in model.state_dict().items():
+        moved, verl_moved = p - start[name], served[name] - start[name]
+        assert moved.abs().max() > 0.1 * LR, name  # the updates moved every tensor
+        # Adam moves each weight by about lr per step: the two agree to a small fraction of that
+        assert (verl_moved - moved).abs().max() < 0.02 * LR, name
+
+
+def test_the_demos_warm_up_starts_at_half_the_rate_and_a_checkpoint_resumes_exactly(
+    tiny_path: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The demo's schedule: 0.5 lr on the first update (verl's constant schedule would give it 0),
+    then lr. A checkpoint holds weights, optimizer and schedule: a backend loaded from it takes
+    the same next step as the one that saved it."""
+    first = backend(tiny_path, tmp_path / "a", "actor_rollout_ref.actor.optim.clip_grad=1e9", "agl.temperature=1.0")
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_path).config.vocab_size
+    batches = [build_batch(*make_batch(vocab, seed), AdapterSettings()) for seed in (6, 7)]
+    start = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).state_dict()
+    try:
+        first.update(batches[0])
+        after_one = weights(first, tmp_path / "one")
+        first.save(tmp_path / "ckpt")
+        assert (tmp_path / "ckpt" / "model" / "config.json").is_file()  # what the engine loads on a resume
+        first.update(batches[1])
+        want = weights(first, tmp_path / "two")
+    finally:
+        first.close()
+    step = max(float((after_one[n] - start[n]).abs().max()) for n in start)
+    assert step == pytest.approx(0.5e-5, rel=0.02)  # Adam's first step: about lr x warm-up factor per weight
+    second = backend(tiny_path, tmp_path / "b", "actor_rollout_ref.actor.optim.clip_grad=1e9", "agl.temperature=1.0")
+    try:
+        second.load(tmp_path / "ckpt")
+        second.update(batches[1])
+        got = weights(second, tmp_path / "resumed")
+    finally:
+        second.close()
+    assert all(torch.allclose(got[n], want[n], rtol=0, atol=1e-9) for n in want)
+
+
+def test_more_ranks_than_the_machine_has_fail_at_once_naming_the_field(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    with pytest.raises(ConfigError, match=r"trainer\.n_gpus_per_node"):
+        backend(tiny_path, tmp_path, "trainer.n_gpus_per_node=64")

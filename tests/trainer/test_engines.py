@@ -1,0 +1,67 @@
+"""The rollout engines the backends drive: the embedded engine from disk, and sglang's weight version.
+
+`DiskEngine` runs against the real embedded engine (tiny model). sglang cannot run here: its
+weight-version endpoints are played by a stand-in that answers as sglang 0.5.13's do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from transformers import AutoModelForCausalLM
+
+from gateway.embedded.batcher import Engine
+from gateway.embedded.server import create_app
+from tests.gateway.conftest import serve, tiny_path  # noqa: F401  (session fixture)
+from trainer.engines import DiskEngine, EngineCallError, set_weight_version
+
+
+def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    engine = Engine(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    try:
+        with serve(create_app(engine)) as url:
+            disk = DiskEngine(url, tmp_path / "weights", model.save_pretrained)
+            for version in (1, 2, 3):
+                disk.sleep()
+                disk.push(None, version)  # saved now, under weights/v{version}
+                disk.wake()
+                assert httpx.get(url + "/model_info").json()["weight_version"] == str(version)
+            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2", "v3"]  # the previous one stays
+            disk.push(tmp_path / "weights" / "v2", 4)  # a checkpoint's folder: loaded as it is
+            assert httpx.get(url + "/model_info").json()["model_path"].endswith("v2/model")
+            with pytest.raises(EngineCallError, match="update_weights_from_disk"):
+                disk.push(tmp_path / "nothing here", 5)
+            disk.close()
+    finally:
+        engine.close()
+
+
+def sglang_stand_in(accept: bool = True) -> FastAPI:
+    """sglang's `/update_weight_version` and `/model_info`; with `accept=False` the version never changes."""
+    app, state = FastAPI(), {"weight_version": "default"}
+
+    @app.post("/update_weight_version")
+    async def update(body: dict[str, Any]) -> dict[str, Any]:
+        assert body["abort_all_requests"] is False  # the gateway has drained: nothing to abort
+        state["weight_version"] = body["new_version"] if accept else state["weight_version"]
+        return {"success": True, "message": "ok", "new_version": body["new_version"]}
+
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
+        return {"model_path": "/m", "weight_version": state["weight_version"]}
+
+    return app
+
+
+def test_sglangs_weight_version_is_set_after_each_load_and_checked() -> None:
+    with serve(sglang_stand_in()) as url, httpx.Client() as client:
+        set_weight_version(client, url, 7)
+        assert client.get(url + "/model_info").json()["weight_version"] == "7"
+    refused = pytest.raises(EngineCallError, match="reports weight version 'default' after loading 7")
+    with serve(sglang_stand_in(accept=False)) as url, httpx.Client() as client, refused:
+        set_weight_version(client, url, 7)

@@ -1,0 +1,110 @@
+"""The rollout engines a backend drives around each update: sleep, push the new weights, wake.
+
+`DiskEngine` is an engine that loads weights from disk over sglang's HTTP API (the embedded
+engine of `agl engine`, or an sglang server of its own): the CPU backends use it. `Collocated`
+is verl's hybrid-engine sglang replicas on the trainer's GPUs, whose weights move in GPU
+memory. Neither trains anything or knows the trainer's loop.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from omegaconf import DictConfig
+
+
+class EngineCallError(RuntimeError):
+    """An engine refused a memory or weight command."""
+
+
+def _post(client: httpx.Client, url: str, body: dict[str, Any] | None = None) -> None:
+    reply = client.post(url, json=body or {})
+    if reply.status_code != 200 or reply.json().get("success") is False:
+        raise EngineCallError(f"{url}: {reply.status_code} {reply.text[:300]}")
+
+
+def set_weight_version(client: httpx.Client, url: str, version: int) -> None:
+    """Tell an sglang server which version its weights are, and check that it says so."""
+    _post(client, url + "/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
+    served = client.get(url + "/model_info").json().get("weight_version")
+    if served != str(version):
+        raise EngineCallError(f"{url} reports weight version {served!r} after loading {version}")
+
+
+class DiskEngine:
+    """One engine at `url` that loads pushed weights from a Hugging Face folder.
+
+    A push without a checkpoint has `save` write the weights to `weights_dir/v{version}/model`;
+    the folder of the previous version is kept (the engine may still be loading it)."""
+
+    def __init__(self, url: str, weights_dir: Path, save: Callable[[Path], None]) -> None:
+        self.url, self.weights, self.save = url.rstrip("/"), weights_dir, save
+        self.http = httpx.Client(timeout=600)
+
+    def endpoints(self) -> list[str]:
+        return [self.url]
+
+    def sleep(self) -> None:
+        _post(self.http, self.url + "/release_memory_occupation")
+
+    def push(self, path: Path | None, version: int) -> None:
+        """Serve the weights saved at `path/model` (else saved now) as `version`; loaded on wake."""
+        if path is None:
+            path = self.weights / f"v{version}"
+            self.save(path / "model")
+            for old in self.weights.glob("v*"):
+                if old != path and old.name != f"v{version - 1}":
+                    shutil.rmtree(old, ignore_errors=True)
+        body = {"model_path": str(path / "model"), "weight_version": str(version)}
+        _post(self.http, self.url + "/update_weights_from_disk", body)
+
+    def wake(self) -> None:
+        _post(self.http, self.url + "/resume_memory_occupation")
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class Collocated:
+    """verl's sglang replicas in hybrid mode, on the GPUs of the worker group `wg` (DESIGN.md section 9).
+
+    They start with dummy weights, so the first wake loads the actor's. Sleep frees their weights
+    and KV cache; `CheckpointEngineManager.update_weights` resumes, pushes in GPU memory, flushes
+    the cache and resumes the KV cache, which is the wake-up. sglang keeps reporting its start-up
+    weight version after in-memory updates, so each wake sets it, to the version the gateway serves."""
+
+    def __init__(self, cfg: DictConfig, wg: Any, pool: Any) -> None:
+        from verl.checkpoint_engine.base import CheckpointEngineManager
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.rollout.llm_server import LLMServerManager
+
+        self.servers = LLMServerManager.create(config=cfg, worker_group=wg, rollout_resource_pool=pool)
+        engine_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
+        engine_cfg.backend = "naive"  # collocated: weights move inside each GPU
+        self.weights = CheckpointEngineManager(config=engine_cfg, actor_wg=wg, replicas=self.servers.get_replicas())
+        self.http = httpx.Client(timeout=600)
+        self.version = 0
+        self.sleep()
+        self.wake()
+
+    def endpoints(self) -> list[str]:
+        return [a if a.startswith("http") else f"http://{a}" for a in self.servers.get_addresses()]
+
+    def sleep(self) -> None:
+        self.weights.sleep_replicas()
+
+    def push(self, path: Path | None, version: int) -> None:
+        """Only remembered: the weights move (in GPU memory) on `wake`."""
+        self.version = version
+
+    def wake(self) -> None:
+        self.weights.update_weights(self.version)
+        for url in self.endpoints():  # no request is in flight: the gateway is paused and drained
+            set_weight_version(self.http, url, self.version)
+
+    def close(self) -> None:
+        self.http.close()
