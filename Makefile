@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo demo-check test lint gpu-deps bench soak fmt clean
+.PHONY: venv demo demo-check test lint gpu-deps loc bench soak fmt clean
 
 # Creates or updates .venv; re-installs only when pyproject.toml changed.
 venv: $(VENV)/.installed
@@ -37,6 +37,12 @@ lint: venv
 # The gpu extra resolves to exactly its pins for Linux x86_64 (metadata only: no CUDA wheel, no GPU; needs PyPI).
 gpu-deps: venv
 	$(BIN)/python .ci/gpu_deps.py
+
+# Lines of code (not blank, not comments; docstrings count) of the control plane and of the CPU engine.
+LOC = find $(1) -name '*.py' -print0 | xargs -0 cat | grep -cvE '^\s*(\#|$$)'
+loc:
+	@for d in agl gateway controller trainer adapters engine; do printf '%-11s %5s\n' $$d "$$($(call LOC,$$d))"; done
+	@echo "control_plane_loc=$$($(call LOC,agl gateway controller trainer adapters)) engine_loc=$$($(call LOC,engine))"
 
 bench: venv
 	$(BIN)/python -m bench.store

@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=500)
     args = parser.parse_args()
 
-    from gateway.embedded import models
+    from engine import models
 
     tokenizer = str(
         models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())

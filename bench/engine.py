@@ -74,7 +74,7 @@ def main() -> int:
     url = f"http://127.0.0.1:{port}"
     # No prefix cache: the rounds repeat their prompts, and what is measured here is batching.
     argv = ["--model", args.model, "--port", str(port), "--max-batch", "8", "--prefix-cache-tokens", "0"]
-    server = subprocess.Popen([sys.executable, "-m", "gateway.embedded.server", *argv], cwd=ROOT)
+    server = subprocess.Popen([sys.executable, "-m", "engine.server", *argv], cwd=ROOT)
     try:
         t0 = time.perf_counter()
         info = wait_for(url, server)

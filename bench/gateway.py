@@ -228,7 +228,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from gateway.embedded import models
+    from engine import models
 
     tokenizer = str(
         models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())

@@ -70,7 +70,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from gateway.embedded import models
+    from engine import models
 
     this = Path(__file__).resolve().parents[1]
     tokenizer = str(

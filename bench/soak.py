@@ -57,7 +57,7 @@ RETRYABLE = (aiohttp.ClientError,)  # refused, reset, cut short: what SDKs retry
 
 
 def tiny_tokenizer() -> str:
-    from gateway.embedded import models
+    from engine import models
 
     cache = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
     return str(models.resolve("tiny", cache))

@@ -35,6 +35,6 @@ def serve(app: object) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gateway.embedded import models
+    from engine import models
 
     return models.resolve("tiny", tmp_path_factory.mktemp("models"))

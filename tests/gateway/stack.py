@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 
 from agl.store import Store
+from engine.batcher import Engine
+from engine.server import create_app as engine_app
 from gateway.app import GatewaySettings, make_app
-from gateway.embedded.batcher import Engine
-from gateway.embedded.server import create_app as engine_app
 from gateway.engines import EngineClient
 from tests.gateway.conftest import serve
 

@@ -14,8 +14,8 @@ import pytest
 from fastapi import FastAPI
 from transformers import AutoModelForCausalLM
 
-from gateway.embedded.batcher import Engine
-from gateway.embedded.server import create_app
+from engine.batcher import Engine
+from engine.server import create_app
 from tests.gateway.conftest import serve, tiny_path  # noqa: F401  (session fixture)
 from trainer.engines import DiskEngine, EngineCallError, set_weight_version
 

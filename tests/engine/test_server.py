@@ -20,9 +20,9 @@ import httpx
 import pytest
 import torch
 
-from gateway.embedded import models
-from gateway.embedded.batcher import Engine
-from gateway.embedded.server import EngineSettings, create_app
+from engine import models
+from engine.batcher import Engine
+from engine.server import EngineSettings, create_app
 from gateway.engines import EngineClient, EngineRejected, EngineUnavailable
 from tests.gateway.conftest import serve
 
@@ -304,7 +304,7 @@ async def test_smollm2_answers_from_its_gguf() -> None:
 
 
 def test_script_file_must_be_a_list_of_strings(tmp_path: Path) -> None:
-    from gateway.embedded.server import main
+    from engine.server import main
 
     bad = tmp_path / "script.json"
     bad.write_text(json.dumps({"not": "a list"}))

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.embedded import models
-from gateway.embedded.batcher import Engine, EngineReleased, Sampling, ScriptExhausted
+from engine import models
+from engine.batcher import Engine, EngineReleased, Sampling, ScriptExhausted
 
 M = TypeVar("M", bound=BaseModel)
 DISCONNECT_POLL_S = 0.1  # how often a waiting request checks whether its client is still there

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from gateway.embedded.models import load_model, load_tokenizer
+from engine.models import load_model, load_tokenizer
 
 log = logging.getLogger(__name__)
 _STOP = object()
