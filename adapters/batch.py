@@ -113,7 +113,7 @@ def balanced_partitions(lengths: Sequence[int], k: int) -> list[list[int]]:
     return [sorted(items) for _, items in heap[0][3]] if heap else [[] for _ in range(k)]
 
 
-def _checked(rollouts: Sequence[Rollout], calls: Mapping[str, Sequence[Call]], extra: Mapping[Any, Any]) -> None:
+def _checked(rollouts: Sequence[Rollout], calls: Mapping[str, Sequence[Call]]) -> None:
     ids = {r.id for r in rollouts}
     if len(ids) != len(rollouts):
         raise AdapterError("the same rollout is listed twice")
@@ -121,9 +121,6 @@ def _checked(rollouts: Sequence[Rollout], calls: Mapping[str, Sequence[Call]], e
         if rid not in ids:
             seq = rcalls[0].seq if rcalls else None
             raise AdapterError(f"calls reference unknown rollout {rid} (call seq {seq})")
-    for rid, seq in extra:
-        if rid not in ids:
-            raise AdapterError(f"intermediate reward references unknown rollout {rid} (call seq {seq})")
 
 
 def build_batch(
@@ -132,16 +129,13 @@ def build_batch(
     settings: AdapterSettings | None = None,
     *,
     version: int | None = None,
-    intermediate_rewards: Mapping[tuple[str, int], float] | None = None,
 ) -> Batch:
     """The training batch of finished rollouts; `calls` as `Store.calls_for` returns them.
 
     `version` is the model version being trained (needed for `max_staleness`);
-    `intermediate_rewards` maps (rollout ID, call seq) to a per-call reward from gateway events.
     """
     s = settings or AdapterSettings()
-    extra = intermediate_rewards or {}
-    _checked(rollouts, calls, extra)
+    _checked(rollouts, calls)
     stats: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
     valid: list[tuple[Rollout, float]] = []
     for r in rollouts:
@@ -175,20 +169,7 @@ def build_batch(
                 trained.append((r.id, float(a), chains))
             else:
                 stats["rollouts_without_tokens"] += 1
-    return _assemble(trained, s, extra, stats, len(rollouts))
-
-
-def _reward_to_go(extra: Mapping[tuple[str, int], float]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per rollout: its rewarded call seqs (sorted) and the sums of rewards from each one on."""
-    by_rollout: dict[str, list[tuple[int, float]]] = {}
-    for (rid, seq), reward in extra.items():
-        by_rollout.setdefault(rid, []).append((seq, reward))
-    result = {}
-    for rid, items in by_rollout.items():
-        items.sort()
-        suffix = np.cumsum([r for _, r in reversed(items)])[::-1]
-        result[rid] = (np.array([q for q, _ in items]), np.append(suffix, 0.0))
-    return result
+    return _assemble(trained, s, stats, len(rollouts))
 
 
 def _weights(chains: list[list[Chain]], mode: str) -> list[list[float]]:
@@ -205,7 +186,6 @@ def _weights(chains: list[list[Chain]], mode: str) -> list[list[float]]:
 def _assemble(
     trained: list[tuple[str, float, list[Chain]]],
     s: AdapterSettings,
-    extra: Mapping[tuple[str, int], float],
     stats: Counter[str],
     n_in: int,
 ) -> Batch:
@@ -235,20 +215,15 @@ def _assemble(
     loss_mask, logprobs = np.zeros(total, bool), np.zeros(total, np.float32)
     advantages, loss_weights = np.zeros(total, np.float32), np.zeros(total, np.float32)
     positions = np.arange(int(sample_len.max(initial=0)), dtype=np.int32)
-    rtg = _reward_to_go(extra)
     for (i, chain, w, _, _), start in zip(order, offsets.tolist(), strict=False):
-        rid, a = trained[i][:2] if i >= 0 else ("", 0.0)
+        a = trained[i][1] if i >= 0 else 0.0
         position_ids[start : start + chain.length] = positions[: chain.length]
         for g in chain.segments:
             end = start + len(g.ids)
             input_ids[start:end] = g.ids
             versions[start:end] = g.version
             if g.logprobs is not None:
-                if rid in rtg:
-                    seqs, suffix = rtg[rid]
-                    advantages[start:end] = a + s.intermediate_coef * float(suffix[np.searchsorted(seqs, g.seq)])
-                else:
-                    advantages[start:end] = a
+                advantages[start:end] = a
                 logprobs[start:end] = g.logprobs
                 loss_mask[start:end] = True
                 loss_weights[start:end] = w

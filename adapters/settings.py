@@ -35,9 +35,6 @@ class AdapterSettings:
     drop_degenerate: bool = True
     # Reward used for a rollout that ended without one (a task failure); None makes it an error.
     missing_reward: float | None = 0.0
-    # Weight of the intermediate reward-to-go (sum of per-call rewards from this call on) added
-    # to a call's token advantages. 0 keeps identical assignment: the final reward for every call.
-    intermediate_coef: float = 0.0
     # rollout: weight 1/(|M| * T_r) per token (section 6.3); the others are verl's sample-level
     # modes, kept for comparison.
     loss_mode: Literal["rollout", "token-mean", "seq-mean-token-mean"] = "rollout"

@@ -146,20 +146,6 @@ def test_missing_reward_is_filled_and_counted_or_an_error() -> None:
         build_batch(rollouts, calls, AdapterSettings(missing_reward=None))
 
 
-def test_intermediate_rewards_add_their_reward_to_go() -> None:
-    calls = chain("a", [([1], [10]), ([2], [11]), ([3], [12]), ([4], [13])])
-    extra = {("a", 0): 0.5, ("a", 2): 0.25}
-    plain = build(calls)
-    shaped = build(calls, AdapterSettings(intermediate_coef=2.0), intermediate_rewards=extra)
-    base = float(plain.rollout_advantages[plain.rollout_ids.index("a")])
-    j = shaped.sample_rollout.tolist().index(shaped.rollout_ids.index("a"))
-    lo, hi = shaped.offsets[j], shaped.offsets[j + 1]
-    trained = shaped.advantages[lo:hi][shaped.loss_mask[lo:hi]]
-    assert trained.tolist() == pytest.approx([base + 1.5, base + 0.5, base + 0.5, base])
-    with pytest.raises(AdapterError, match=r"unknown rollout zz \(call seq 1\)"):
-        build(calls, intermediate_rewards={("zz", 1): 1.0})
-
-
 def test_calls_of_another_attempt_or_out_of_order_are_an_error() -> None:
     retried = rollout("a")
     retried = type(retried)(**{**retried.__dict__, "attempt": 2})
