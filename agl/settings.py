@@ -1,15 +1,66 @@
 """Settings, one small group per component, read from the environment (prefix `AGL_`).
 
 Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...); entry
-points build the group they need and let command-line flags override fields. Every field
+points build the group they need with `from_flags`, whose command-line flags are made from the
+fields, so a setting is declared once. Every field
 says its unit and why its default is what it is. There is deliberately no global config
 file that collects every flag of every component.
 """
 
 from __future__ import annotations
 
-from pydantic import Field
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar, get_origin
+
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def problems(e: ValidationError, prefix: str = "") -> str:
+    """A pydantic error as one line naming each field: `prefix.field: message; ...`."""
+    return "; ".join(f"{prefix}{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors())
+
+
+def usage_error(prog: str, message: str) -> NoReturn:
+    """Exit as argparse does on a bad command line: the message on stderr, status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def from_flags(
+    cls: type[S],
+    argv: Sequence[str],
+    prog: str,
+    description: str,
+    *,
+    aliases: dict[str, str] | None = None,
+    extra: Callable[[argparse.ArgumentParser], object] | None = None,
+) -> tuple[S, argparse.Namespace]:
+    """Settings of `cls` from the environment, overridden by one `--flag` per field (`admin_key`:
+    `--admin-key`, or the flag `aliases` gives it), helped by the field's description; a list field
+    takes comma-separated values. `extra` adds flags that are not settings. Bad values exit with
+    the field named, as argparse does."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    prefix = cls.model_config.get("env_prefix", "")
+    for name, field in cls.model_fields.items():
+        flag = (aliases or {}).get(name, "--" + name.replace("_", "-"))
+        listed = get_origin(field.annotation) is list
+        parse: Any = (lambda v: [x.strip() for x in v.split(",") if x.strip()]) if listed else str
+        default = ",".join(field.default) if listed else field.default
+        help_ = f"{field.description} Default {default!r}; env {prefix}{name.upper()}."
+        parser.add_argument(flag, dest=name, type=parse, default=None, help=help_.replace("%", "%%"))
+    if extra:
+        extra(parser)
+    args = parser.parse_args(argv)
+    try:
+        settings = cls(**{k: v for k, v in vars(args).items() if k in cls.model_fields and v is not None})
+    except ValidationError as e:
+        parser.error(problems(e))
+    return settings, args
 
 
 class StoreSettings(BaseSettings):
@@ -39,13 +90,6 @@ class StoreSettings(BaseSettings):
         ge=1,
         description="Largest token or logprob array accepted (tokens). 4M is far beyond any "
         "context window and stops a runaway harness from filling the disk in one call.",
-    )
-    sqlite_checkpoint_s: float = Field(
-        1.0,
-        ge=0,
-        description="How often a background thread copies SQLite's write-ahead log into the database "
-        "(seconds). 0: SQLite's automatic checkpoint, which runs inside whichever commit takes the log "
-        "past 1,000 pages and holds that write and every write queued behind it (~30 ms here).",
     )
     sqlite_synchronous: str = Field(
         "NORMAL",

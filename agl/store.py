@@ -10,8 +10,9 @@ committed, so an acknowledged write is durable. A write that fails (unknown roll
 transition, bad array) changes nothing and does not disturb the others in its group: each
 write runs in its own savepoint, except call appends, which report such failures without
 writing and are retried one by one if the database rejects their group. Reads run on the
-caller's thread with their own connections. Async callers use `store.aio`, whose coroutines
-never block the event loop.
+caller's thread with their own connections. Every write returns a `concurrent.futures.Future`:
+`.result()` waits for the commit; async callers `await asyncio.wrap_future(...)`, which never
+blocks the event loop.
 
 It does not authenticate anyone (it only keeps token hashes), speak HTTP, or decide
 policy such as when to retry; those belong to the gateway and the controller.
@@ -19,11 +20,9 @@ policy such as when to retry; those belong to the gateway and the controller.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 import queue
@@ -33,13 +32,12 @@ import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -248,15 +246,8 @@ def _model(row: Any) -> ModelVersion:
 # Each runs on the writer thread inside its own savepoint and raises to undo itself.
 
 
-# Statements built once: building one per write (and its cache key) cost more than running it.
-_ROLLOUT_BY_ID = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rid"))
-_UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rid"))  # SET: the other parameters
-_INSERT_ROLLOUT = rollouts.insert()
-_INSERT_EVENT = events.insert()
-
-
 def _rollout_row(conn: Connection, rollout_id: str) -> Any:
-    row = conn.execute(_ROLLOUT_BY_ID, {"rid": rollout_id}).first()
+    row = conn.execute(sa.select(rollouts).where(rollouts.c.id == rollout_id)).first()
     if row is None:
         raise NotFound(f"unknown rollout {rollout_id!r}")
     return row
@@ -264,30 +255,34 @@ def _rollout_row(conn: Connection, rollout_id: str) -> Any:
 
 def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollout:
     """Change some of a rollout's columns; returns the rollout as it now is."""
-    conn.execute(_UPDATE_ROLLOUT, {"rid": row.id, **values})
+    conn.execute(rollouts.update().where(rollouts.c.id == row.id).values(**values))
     return _rollout({**row._mapping, **values})
 
 
 def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
     now = time.time()
     values = {"rollout_id": rollout_id, "attempt": attempt, "kind": kind, "data": data, "created_at": now}
-    (event_id,) = conn.execute(_INSERT_EVENT, values).inserted_primary_key or (None,)
+    (event_id,) = conn.execute(events.insert(), values).inserted_primary_key or (None,)
     return Event(rollout_id, kind, data, attempt, event_id, now)
 
 
-def _op_create_rollout(conn: Connection, values: dict[str, Any]) -> Rollout:
-    conn.execute(_INSERT_ROLLOUT, values)
+@dataclass(frozen=True)
+class Created:
+    """A new rollout and its plaintext credentials (only their hashes are stored)."""
+
+    rollout: Rollout
+    agent_token: str
+    grader_token: str | None
+
+
+def _op_create_rollout(conn: Connection, values: dict[str, Any], agent: str, grader: str | None) -> Created:
+    conn.execute(rollouts.insert(), values)
     _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
-    return _rollout(values)
+    return Created(_rollout(values), agent, grader)
 
 
 def _op_transition(
-    conn: Connection,
-    rollout_id: str,
-    to: Status,
-    failure_kind: FailureKind | None,
-    reason: str,
-    attempt: int | None,
+    conn: Connection, rollout_id: str, to: Status, failure_kind: FailureKind | None, reason: str, attempt: int | None
 ) -> Rollout:
     row = _rollout_row(conn, rollout_id)
     current = Status(row.status)
@@ -321,19 +316,6 @@ def _op_transition(
     return _update_rollout(conn, row, values)
 
 
-# The hot path's statements are plain SQL on the driver's own cursor, in its parameter style:
-# SQLAlchemy's statement compilation and result objects cost more than the writes themselves.
-_CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
-
-
-def _marks(conn: Connection, n: int) -> str:
-    return ", ".join(["?" if conn.dialect.paramstyle == "qmark" else "%s"] * n)
-
-
-def _insert_sql(conn: Connection) -> str:
-    return f"INSERT INTO calls ({', '.join(_CALL_COLUMNS)}) VALUES ({_marks(conn, len(_CALL_COLUMNS))})"
-
-
 def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
     """Validate a call's arrays and encode them; `InvalidData` names what is wrong."""
     where = f"rollout {call.rollout_id}"
@@ -342,81 +324,54 @@ def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
     logprobs = _array(call.logprobs, "f", f"{where}: logprobs", limit)
     if len(logprobs) != len(response):
         raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
-    # A sum of float32s is finite exactly when all of them are (it cannot overflow a double). Builtins,
-    # not numpy: numpy's per-call cost, ~100 us on a cold cache, is more than a reply's whole check.
+    # A sum of float32s is finite exactly when all of them are (it cannot overflow a double).
     if logprobs and not (math.isfinite(sum(logprobs)) and max(logprobs) <= 1e-3):
         raise InvalidData(f"{where}: logprobs must be finite and at most 0")
-    prompt_le, response_le = encode(prompt), encode(response)
-    if not (prompt_le[3::4].isascii() and response_le[3::4].isascii()):  # a sign bit set (little-endian int32)
+    if min(prompt, default=0) < 0 or min(response, default=0) < 0:
         raise InvalidData(f"{where}: negative token id")
-    return prompt_le, response_le, encode(logprobs)
+    return encode(prompt), encode(response), encode(logprobs)
 
 
-def _dumps(value: JSON) -> str:
-    """JSON text, by orjson (the request of a long-context call is tens of KiB), else by the
-    standard library for what orjson refuses (integers beyond 64 bits)."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:
-        return json.dumps(value)
-
-
-def _bulk_append_calls(conn: Connection, items: list[tuple[Call, int]]) -> list[_Outcome]:
-    """Record many calls with one query per table: the hot path, batched across writers."""
-    wanted = tuple({call.rollout_id for call, _ in items})
-    cursor = conn.connection.cursor()
-    cursor.execute(
-        f"SELECT id, status, attempt, n_calls FROM rollouts WHERE id IN ({_marks(conn, len(wanted))})", wanted
+def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[_Outcome]:
+    """Record a run of calls with one query per table: calls are most of what is written."""
+    wanted = list({call.rollout_id for call, _ in run})
+    found = conn.execute(
+        sa.select(rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls).where(
+            rollouts.c.id.in_(wanted)
+        )
     )
-    rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    rows = {row.id: row for row in found}
     outcomes: list[_Outcome] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
     now = time.time()
-    for call, limit in items:
-        try:  # here rather than on the callers' threads: one thread, no contention for the GIL
+    for call, limit in run:
+        try:
             prompt, response, logprobs = _encode_call(call, limit)
         except InvalidData as e:
             outcomes.append((False, e))
             continue
-        rid = call.rollout_id
-        if rid not in rows:
-            outcomes.append((False, NotFound(f"unknown rollout {rid!r}")))
+        row = rows.get(call.rollout_id)
+        if row is None:
+            outcomes.append((False, NotFound(f"unknown rollout {call.rollout_id!r}")))
             continue
-        status, attempt, n_calls = rows[rid]
-        if Status(status).terminal:
-            outcomes.append((False, IllegalTransition(f"rollout {rid} has ended ({status}); no more calls")))
+        if Status(row.status).terminal:
+            outcomes.append((False, IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")))
             continue
-        seq = next_seq.get(rid, n_calls)
-        next_seq[rid] = seq + 1
-        inserts.append(
-            {
-                "rollout_id": rid,
-                "attempt": attempt,
-                "seq": seq,
-                "agent": call.agent,
-                "model_version": call.model_version,
-                "request": _dumps(call.request),
-                "response": _dumps(call.response),
-                "prompt_ids": prompt,
-                "response_ids": response,
-                "logprobs": logprobs,
-                "finish_reason": call.finish_reason,
-                "latency_ms": call.latency_ms,
-                "created_at": now,
-                "temperature": call.temperature,
-            }
-        )
-        outcomes.append((True, (call, attempt, seq)))
+        seq = next_seq[row.id] = next_seq.get(row.id, row.n_calls) + 1
+        values = {f.name: getattr(call, f.name) for f in dataclasses.fields(Call) if f.name in _CALL_FIELDS}
+        values |= {"attempt": row.attempt, "seq": seq - 1, "created_at": now}
+        values |= {"prompt_ids": prompt, "response_ids": response, "logprobs": logprobs}
+        inserts.append(values)
+        outcomes.append((True, replace(call, attempt=row.attempt, seq=seq - 1, created_at=now)))
     if inserts:
-        cursor.executemany(_insert_sql(conn), [tuple(row[c] for c in _CALL_COLUMNS) for row in inserts])
-        count = f"UPDATE rollouts SET n_calls = {_marks(conn, 1)} WHERE id = {_marks(conn, 1)}"
-        cursor.executemany(count, [(n, rid) for rid, n in next_seq.items()])
-        outcomes = [
-            (True, replace(value[0], attempt=value[1], seq=value[2], created_at=now)) if ok else (ok, value)
-            for ok, value in outcomes
-        ]
+        conn.execute(calls.insert(), inserts)
+        for rid, n in next_seq.items():
+            conn.execute(rollouts.update().where(rollouts.c.id == rid).values(n_calls=n))
     return outcomes
+
+
+_CALL_FIELDS = {c.name for c in calls.columns} - {"id", "attempt", "seq", "created_at"}
 
 
 def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON) -> Event:
@@ -431,28 +386,22 @@ def _op_set_reward(conn: Connection, rollout_id: str, reward: float, data: JSON)
     return _insert_event(conn, rollout_id, row.attempt, "reward", data)
 
 
-def _op_rotate_tokens(conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None) -> Rollout:
+def _op_rotate_tokens(conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None) -> Created:
     row = _rollout_row(conn, rollout_id)
     if Status(row.status).terminal or (attempt is not None and attempt != row.attempt):
         raise IllegalTransition(f"rollout {rollout_id}: no new tokens ({row.status}, attempt {row.attempt})")
-    values = {"agent_token_hash": agent, "grader_token_hash": grader if row.grader_token_hash is not None else None}
+    has_grader = row.grader_token_hash is not None
+    values = {"agent_token_hash": hash_token(agent), "grader_token_hash": hash_token(grader) if has_grader else None}
     _insert_event(conn, rollout_id, row.attempt, "tokens", {"rotated": True})
-    return _update_rollout(conn, row, values)
+    return Created(_update_rollout(conn, row, values), agent, grader if has_grader else None)
 
 
 def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
     latest = conn.execute(sa.select(sa.func.max(models.c.version))).scalar()
     if latest is not None and model.version <= latest:
         raise InvalidData(f"model version {model.version} is not newer than the latest, {latest}")
-    conn.execute(
-        models.insert().values(
-            version=model.version,
-            path=model.path,
-            endpoints=list(model.endpoints),
-            metadata=dict(model.metadata),
-            created_at=model.created_at,
-        )
-    )
+    values = dataclasses.asdict(model) | {"endpoints": list(model.endpoints), "metadata": dict(model.metadata)}
+    conn.execute(models.insert().values(**values))
     return model
 
 
@@ -479,16 +428,13 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         cursor.execute("PRAGMA foreign_keys=ON")
-        if writer and settings.sqlite_checkpoint_s:
-            cursor.execute("PRAGMA wal_autocheckpoint=0")  # the store's checkpoint thread does it
         cursor.close()
 
-    if writer:  # reads run in autocommit: each statement sees the latest commit, no BEGIN round trip
+    if writer:  # reads run in autocommit: each statement sees the latest commit
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            driver = conn.connection.dbapi_connection  # SQLAlchemy's exec_driver_sql costs 4x the BEGIN itself
-            driver.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock at once, not at the first write
 
     return engine
 
@@ -517,15 +463,6 @@ def _migrate(engine: Engine) -> None:
 # --------------------------------------------------------------------------- the store
 
 
-@dataclass(frozen=True)
-class Created:
-    """A new rollout and its plaintext credentials (only their hashes are stored)."""
-
-    rollout: Rollout
-    agent_token: str
-    grader_token: str | None
-
-
 def _failure(e: Exception) -> _Outcome:
     if isinstance(e, sa.exc.IntegrityError):
         e = e.orig  # type: ignore[assignment]
@@ -534,29 +471,17 @@ def _failure(e: Exception) -> _Outcome:
     return False, e
 
 
-@contextlib.contextmanager
-def _savepoint(conn: Connection) -> Iterator[None]:
-    """Undo what the block wrote if it raises; the transaction goes on. Plain SQL: SQLAlchemy's
-    nested transactions cost several times the writes they wrap."""
-    conn.exec_driver_sql("SAVEPOINT agl_write")
-    try:
-        yield
-    except BaseException:
-        conn.exec_driver_sql("ROLLBACK TO SAVEPOINT agl_write")
-        conn.exec_driver_sql("RELEASE SAVEPOINT agl_write")
-        raise
-    conn.exec_driver_sql("RELEASE SAVEPOINT agl_write")
-
-
 _Op = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
-# Writes whose operation takes the argument tuples of a whole run of such writes and
-# returns one outcome per write: consecutive ones are executed together.
-_BULK: frozenset[Callable[..., Any]] = frozenset({_bulk_append_calls})
 _STOP = object()
 
 
 class Store:
-    """Thread-safe handle on one database. `Store(url)` migrates it and starts the writer."""
+    """Thread-safe handle on one database. `Store(url)` migrates it and starts the writer.
+
+    Writes return a `concurrent.futures.Future` that resolves once the write is committed (or
+    raises, undone): `.result()` from threads, `await asyncio.wrap_future(...)` from asyncio.
+    Their arguments are checked on the caller's thread, before anything is queued. Reads return
+    their result (from asyncio: `await asyncio.to_thread(store.get_rollout, id)`)."""
 
     def __init__(self, url: str | None = None, settings: StoreSettings | None = None) -> None:
         self.settings = settings or StoreSettings()
@@ -570,24 +495,10 @@ class Store:
             self._read_engine.dispose()
             raise
         self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
-        self._writing = threading.Lock()  # held by whoever is writing: the writer thread or `append_now`
         self._conn: Connection | None = None
-        self._sqlite = self.url.startswith("sqlite")
-        # Not with an fsync per commit (FULL, EXTRA): milliseconds a caller's event loop would stall.
-        self._lone_commits = self._sqlite and self.settings.sqlite_synchronous in ("OFF", "NORMAL")
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
         self._writer.start()
-        self._closing = threading.Event()
-        self._checkpointer: threading.Thread | None = None
-        if self._sqlite and self.settings.sqlite_checkpoint_s:
-            self._checkpointer = threading.Thread(
-                target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True
-            )
-            self._checkpointer.start()
-        self.aio = AsyncStore(self)
-
-    # ---- lifecycle
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, release connections."""
@@ -596,9 +507,6 @@ class Store:
         self._closed = True
         self._queue.put(_STOP)
         self._writer.join()
-        self._closing.set()
-        if self._checkpointer is not None:
-            self._checkpointer.join()
         self._write_engine.dispose()
         self._read_engine.dispose()
 
@@ -610,8 +518,7 @@ class Store:
 
     # ---- the writer thread
 
-    def submit(self, op: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Queue a write; the future resolves once it is committed (or raises, undone)."""
+    def _submit(self, op: Callable[..., Any], *args: Any) -> Future[Any]:
         if self._closed:
             raise StoreError("store is closed")
         future: Future[Any] = Future()
@@ -646,50 +553,35 @@ class Store:
                     except queue.Empty:
                         break
             if batch:
-                with self._writing:
+                try:
                     self._commit(batch)
+                except Exception as e:  # a bug must not leave writers waiting forever
+                    log.exception("store writer: a group failed unexpectedly")
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(StoreError(f"write failed: {e}"))
                 expected = max(len(batch), (expected + len(batch)) // 2)  # decays after a burst
         if self._conn is not None:
             self._conn.close()
 
-    def _checkpoint_loop(self) -> None:
-        """SQLite: copy the write-ahead log into the database every `sqlite_checkpoint_s`, beside the
-        writer rather than inside one of its commits. A passive checkpoint waits for no one; the
-        log is reused from its start once a checkpoint has caught up with it."""
-        conn = self._read_engine.raw_connection()
-        driver: Any = conn.driver_connection
+    def _commit(self, batch: list[_Op], *, retry: bool = True) -> None:
+        """Commit a group of writes in one transaction, each write in a savepoint (a run of call
+        appends in one). If the group cannot commit (a dropped connection, say), its writes are
+        committed one by one on a new connection."""
         try:
-            while not self._closing.wait(self.settings.sqlite_checkpoint_s):
-                try:
-                    driver.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                except Exception as e:  # noqa: BLE001 - the next one may succeed; the log only grows meanwhile
-                    log.warning("WAL checkpoint failed: %s", e)
-        finally:
-            conn.close()
-
-    def _commit(self, batch: list[_Op], *, isolated: bool = False) -> None:
-        """Commit a group of writes in one transaction. Plain writes each run in a savepoint; runs
-        of bulk writes run bare (savepoints cost as much as the writes) unless `isolated`, which is
-        how a group is retried when a bulk write fails or the commit itself does."""
-        outcomes: list[_Outcome] = []
-        try:
-            if self._conn is None:  # the writer's own connection, kept: a pool checkout per group costs
-                self._conn = self._write_engine.connect()  # after a disconnect it reconnects by itself
-            conn = self._conn
-            # On PostgreSQL, SQLAlchemy's transaction is kept: it handles disconnects.
-            if not isolated and self._sqlite and all(op is _bulk_append_calls for op, _, _ in batch):
-                outcomes = self._append_bare(conn, [args for _, args, _ in batch])
-            else:
-                with conn.begin():
-                    outcomes = self._run_batch(conn, batch, isolated=isolated)
-        except Exception as e:  # noqa: BLE001 - retried below, then handed to the callers
-            if not isolated:
-                return self._commit(batch, isolated=True)
-            if len(batch) > 1:
-                log.warning("group commit of %d writes failed (%s); retrying one by one", len(batch), e)
+            if self._conn is None:  # the writer's own connection, kept between groups
+                self._conn = self._write_engine.connect()
+            with self._conn.begin():
+                outcomes = self._run(self._conn, batch)
+        except Exception as e:  # noqa: BLE001 - retried one by one, then handed to the caller
+            with contextlib.suppress(Exception):
+                self._conn.close()  # type: ignore[union-attr]
+            self._conn = None
+            if retry:
+                log.warning("commit of %d writes failed (%s); retrying them one by one", len(batch), e)
                 for single in batch:
-                    self._commit([single], isolated=True)
-                return None
+                    self._commit([single], retry=False)
+                return
             outcomes = [(False, StoreError(f"commit failed: {e}"))]
             outcomes[0][1].__cause__ = e
         for (_, _, future), (ok, value) in zip(batch, outcomes, strict=True):
@@ -697,59 +589,38 @@ class Store:
                 future.set_result(value)
             else:
                 future.set_exception(value)
-        return None
 
-    @classmethod
-    def _run_batch(cls, conn: Connection, batch: list[_Op], *, isolated: bool) -> list[_Outcome]:
+    @staticmethod
+    def _run(conn: Connection, batch: list[_Op]) -> list[_Outcome]:
         outcomes: list[_Outcome] = []
         i = 0
         while i < len(batch):
             op, args, _ = batch[i]
-            if op not in _BULK:
-                outcomes.append(cls._run_in_savepoint(conn, op, args))
-                i += 1
-                continue
-            run = [args]
-            while i + len(run) < len(batch) and batch[i + len(run)][0] is op:
-                run.append(batch[i + len(run)][1])
-            outcomes.extend(cls._run_bulk(conn, op, run) if isolated else op(conn, run))
-            i += len(run)
+            j = i + 1
+            if op is _op_append_calls:  # consecutive appends together, one by one if the database rejects them
+                while j < len(batch) and batch[j][0] is op:
+                    j += 1
+                runs = [[args[0] for _, args, _ in batch[i:j]]]
+                while runs:
+                    run = runs.pop(0)
+                    try:
+                        with conn.begin_nested():
+                            outcomes.extend(op(conn, run))
+                    except Exception as e:  # noqa: BLE001 - find the call at fault
+                        if len(run) == 1:
+                            outcomes.append(_failure(e))
+                        else:
+                            runs[:0] = [[one] for one in run]
+            else:
+                try:
+                    with conn.begin_nested():
+                        outcomes.append((True, op(conn, *args)))
+                except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
+                    outcomes.append(_failure(e))
+            i = j
         return outcomes
 
-    @staticmethod
-    def _append_bare(conn: Connection, run: list[tuple[Any, ...]]) -> list[_Outcome]:
-        """The hot path on SQLite: a group of nothing but call appends, in a transaction of the
-        driver's own; SQLAlchemy's begin and commit cost more than a lone append's SQL."""
-        driver: Any = conn.connection.dbapi_connection
-        driver.execute("BEGIN IMMEDIATE")
-        try:
-            outcomes = _bulk_append_calls(conn, run)
-            driver.commit()
-        except BaseException:
-            driver.rollback()
-            raise
-        return outcomes
-
-    @classmethod
-    def _run_bulk(cls, conn: Connection, op: Callable[..., Any], run: list[tuple[Any, ...]]) -> list[_Outcome]:
-        """A run of bulk writes in a savepoint; if the database rejects the run, each one alone."""
-        try:
-            with _savepoint(conn):
-                return list(op(conn, run))
-        except Exception as e:  # noqa: BLE001 - isolate the write at fault
-            if len(run) == 1:
-                return [_failure(e)]
-            return [outcome for args in run for outcome in cls._run_bulk(conn, op, [args])]
-
-    @staticmethod
-    def _run_in_savepoint(conn: Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> _Outcome:
-        try:
-            with _savepoint(conn):
-                return True, op(conn, *args)
-        except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
-            return _failure(e)
-
-    # ---- writes (each returns once committed)
+    # ---- writes: each returns a Future that resolves once committed
 
     def create_rollout(
         self,
@@ -760,10 +631,30 @@ class Store:
         grader: bool = False,
         metadata: JSON | None = None,
         token_ttl_s: float | None = None,
-    ) -> Created:
-        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata, token_ttl_s)
-        rollout = self.submit(_op_create_rollout, values).result()
-        return Created(rollout, agent_token, grader_token)
+    ) -> Future[Created]:
+        if not isinstance(task, dict):
+            raise InvalidData("task must be a JSON object")
+        if not isinstance(group, str) or not 0 < len(group) <= 255:
+            raise InvalidData("group must be a non-empty string of at most 255 characters")
+        try:
+            mode = Mode(mode)
+        except ValueError as e:
+            raise InvalidData(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from e
+        agent, grader_token = new_token(token_ttl_s), new_token(token_ttl_s) if grader else None
+        values = {
+            "id": uuid.uuid4().hex,
+            "task": task,
+            "group_id": group,
+            "mode": mode.value,
+            "status": Status.QUEUED.value,
+            "attempt": 1,
+            "metadata": metadata or {},
+            "agent_token_hash": hash_token(agent),
+            "grader_token_hash": hash_token(grader_token) if grader_token else None,
+            "n_calls": 0,
+            "created_at": time.time(),
+        }
+        return self._submit(_op_create_rollout, values, agent, grader_token)
 
     def transition(
         self,
@@ -773,50 +664,29 @@ class Store:
         failure_kind: FailureKind | str | None = None,
         reason: str = "",
         attempt: int | None = None,
-    ) -> Rollout:
+    ) -> Future[Rollout]:
         """Move a rollout along the state machine (`types.TRANSITIONS`); illegal moves raise.
 
         `to=queued` is a retry after an infra failure: it starts attempt + 1. `attempt`, when
         given, must be the current attempt, so that a stale controller cannot end a new attempt.
         """
-        return self.submit(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt).result()
-
-    def append_call(self, call: Call) -> Call:
-        """Record a model call under its rollout's current attempt; returns it with attempt and seq
-        (its row id is read back by `calls_for`)."""
-        return self.submit(_bulk_append_calls, call, self.settings.max_tokens_per_array).result()
-
-    def append_now(self, call: Call) -> _Outcome | None:
-        """SQLite with no fsync per commit (synchronous OFF or NORMAL): commit one call on the
-        caller's thread when nothing else is queued or being written, and return its outcome;
-        else None, with nothing done (`submit` it then). For a lone call the two thread hand-offs
-        of `submit` cost more than the commit itself (~0.2 ms of ~0.8 on these machines). Writes
-        whose callers do not order them may commit in either order, as with concurrent submits."""
-        if self._closed or not self._lone_commits or self._conn is None or not self._queue.empty():
-            return None
-        if not self._writing.acquire(blocking=False):
-            return None
         try:
-            ((ok, value),) = self._append_bare(self._conn, [(call, self.settings.max_tokens_per_array)])
-        except Exception:  # noqa: BLE001 - rolled back; the writer thread retries it and reports
-            return None
-        finally:
-            self._writing.release()
-        return ok, value
+            target, kind = Status(to), FailureKind(failure_kind) if failure_kind is not None else None
+        except ValueError as e:
+            raise IllegalTransition(str(e)) from e
+        return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
 
-    def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
-        return self.submit(_op_append_event, rollout_id, *_event_args(kind, data)).result()
+    def append_call(self, call: Call) -> Future[Call]:
+        """Record a model call under its rollout's current attempt; it resolves to the call with
+        its attempt and seq (its row id is read back by `calls_for`)."""
+        return self._submit(_op_append_calls, (call, self.settings.max_tokens_per_array))
 
-    def submit_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Future[Event]:
-        """Queue an event without waiting for its commit; a failure is logged, not raised."""
-        future = self.submit(_op_append_event, rollout_id, *_event_args(kind, data))
-
-        def report(done: Future[Event]) -> None:
-            if done.exception() is not None:
-                log.warning("rollout_id=%s: event %s not recorded: %s", rollout_id, kind, done.exception())
-
-        future.add_done_callback(report)
-        return future
+    def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Future[Event]:
+        if not isinstance(kind, str) or not 0 < len(kind) <= 32:
+            raise InvalidData("event kind must be a non-empty string of at most 32 characters")
+        if data is not None and not isinstance(data, dict):
+            raise InvalidData("event data must be a JSON object")
+        return self._submit(_op_append_event, rollout_id, kind, data or {})
 
     def set_reward(
         self,
@@ -826,23 +696,26 @@ class Store:
         source: str = "harness",
         final: bool = True,
         call_seq: int | None = None,
-    ) -> Event:
+    ) -> Future[Event]:
         """Record a reward event; a final reward also becomes the rollout's reward."""
-        return self.submit(_op_set_reward, rollout_id, *_reward_args(reward, source, final, call_seq)).result()
+        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise InvalidData(f"reward must be a finite number, not {reward!r}")
+        data = {"value": float(reward), "source": source, "final": final, "call_seq": call_seq}
+        return self._submit(_op_set_reward, rollout_id, float(reward), data)
 
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
-    ) -> Created:
+    ) -> Future[Created]:
         """New agent (and grader) tokens for a rollout that has not ended; the old ones die.
 
         How a launcher that did not create the rollout gets credentials for an attempt."""
-        agent, grader = new_token(token_ttl_s), new_token(token_ttl_s)
-        rollout = self.submit(_op_rotate_tokens, rollout_id, hash_token(agent), hash_token(grader), attempt).result()
-        return Created(rollout, agent, grader if rollout.has_grader else None)
+        return self._submit(_op_rotate_tokens, rollout_id, new_token(token_ttl_s), new_token(token_ttl_s), attempt)
 
-    def register_model(self, model: ModelVersion) -> ModelVersion:
+    def register_model(self, model: ModelVersion) -> Future[ModelVersion]:
         """Add a policy version; versions only grow."""
-        return self.submit(_op_register_model, _model_args(model)).result()
+        if model.version < 0:
+            raise InvalidData("model version must be >= 0")
+        return self._submit(_op_register_model, model if model.created_at else replace(model, created_at=time.time()))
 
     # ---- reads
 
@@ -947,139 +820,3 @@ class Store:
     def latest_model(self) -> ModelVersion | None:
         rows = self._read(sa.select(models).order_by(models.c.version.desc()).limit(1))
         return _model(rows[0]) if rows else None
-
-
-# --------------------------------------------------------------------------- argument checks
-# Shared by the sync and async faces; they run on the caller's thread, before anything is queued.
-
-
-def _new_rollout(
-    task: JSON, group: str, mode: Mode | str, grader: bool, metadata: JSON | None, ttl_s: float | None
-) -> tuple[dict[str, Any], str, str | None]:
-    if not isinstance(task, dict):
-        raise InvalidData("task must be a JSON object")
-    if not isinstance(group, str) or not 0 < len(group) <= 255:
-        raise InvalidData("group must be a non-empty string of at most 255 characters")
-    try:
-        mode = Mode(mode)
-    except ValueError as e:
-        raise InvalidData(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from e
-    agent_token = new_token(ttl_s)
-    grader_token = new_token(ttl_s) if grader else None
-    values = {
-        "id": uuid.uuid4().hex,
-        "task": task,
-        "group_id": group,
-        "mode": mode.value,
-        "status": Status.QUEUED.value,
-        "attempt": 1,
-        "metadata": metadata or {},
-        "agent_token_hash": hash_token(agent_token),
-        "grader_token_hash": hash_token(grader_token) if grader_token else None,
-        "n_calls": 0,
-        "created_at": time.time(),
-    }
-    return values, agent_token, grader_token
-
-
-def _transition_args(to: Status | str, failure_kind: FailureKind | str | None) -> tuple[Status, FailureKind | None]:
-    try:
-        return Status(to), FailureKind(failure_kind) if failure_kind is not None else None
-    except ValueError as e:
-        raise IllegalTransition(str(e)) from e
-
-
-def _event_args(kind: str, data: JSON | None) -> tuple[str, JSON]:
-    if not isinstance(kind, str) or not 0 < len(kind) <= 32:
-        raise InvalidData("event kind must be a non-empty string of at most 32 characters")
-    if data is not None and not isinstance(data, dict):
-        raise InvalidData("event data must be a JSON object")
-    return kind, data or {}
-
-
-def _reward_args(reward: float, source: str, final: bool, call_seq: int | None) -> tuple[float, JSON]:
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise InvalidData(f"reward must be a finite number, not {reward!r}")
-    return float(reward), {"value": float(reward), "source": source, "final": final, "call_seq": call_seq}
-
-
-def _model_args(model: ModelVersion) -> ModelVersion:
-    if model.version < 0:
-        raise InvalidData("model version must be >= 0")
-    return model if model.created_at else replace(model, created_at=time.time())
-
-
-class AsyncStore:
-    """The store's operations as coroutines: writes await their commit, reads run in a thread."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def _write(self, op: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        return asyncio.wrap_future(self.store.submit(op, *args))
-
-    async def create_rollout(
-        self,
-        task: JSON,
-        group: str,
-        mode: Mode | str = Mode.TRAIN,
-        *,
-        grader: bool = False,
-        metadata: JSON | None = None,
-        token_ttl_s: float | None = None,
-    ) -> Created:
-        values, agent_token, grader_token = _new_rollout(task, group, mode, grader, metadata, token_ttl_s)
-        return Created(await self._write(_op_create_rollout, values), agent_token, grader_token)
-
-    async def transition(
-        self,
-        rollout_id: str,
-        to: Status | str,
-        *,
-        failure_kind: FailureKind | str | None = None,
-        reason: str = "",
-        attempt: int | None = None,
-    ) -> Rollout:
-        return await self._write(_op_transition, rollout_id, *_transition_args(to, failure_kind), reason, attempt)
-
-    def append_call(self, call: Call) -> asyncio.Future[Call]:
-        """Submitted at once, so the caller can work while it commits; await it for the result.
-        A lone call on SQLite is committed before this returns (`Store.append_now`)."""
-        done = self.store.append_now(call)
-        if done is None:
-            return self._write(_bulk_append_calls, call, self.store.settings.max_tokens_per_array)
-        future = asyncio.get_running_loop().create_future()
-        ok, value = done
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-        return future
-
-    async def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Event:
-        return await self._write(_op_append_event, rollout_id, *_event_args(kind, data))
-
-    async def set_reward(
-        self,
-        rollout_id: str,
-        reward: float,
-        *,
-        source: str = "harness",
-        final: bool = True,
-        call_seq: int | None = None,
-    ) -> Event:
-        return await self._write(_op_set_reward, rollout_id, *_reward_args(reward, source, final, call_seq))
-
-    async def register_model(self, model: ModelVersion) -> ModelVersion:
-        return await self._write(_op_register_model, _model_args(model))
-
-    async def rotate_tokens(
-        self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
-    ) -> Created:
-        agent, grader = new_token(token_ttl_s), new_token(token_ttl_s)
-        rollout = await self._write(_op_rotate_tokens, rollout_id, hash_token(agent), hash_token(grader), attempt)
-        return Created(rollout, agent, grader if rollout.has_grader else None)
-
-    async def read(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one of the store's read methods in a worker thread: `await aio.read(store.get_rollout, id)`."""
-        return await asyncio.to_thread(method, *args, **kwargs)

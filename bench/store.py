@@ -39,8 +39,8 @@ def bench_store(path: Path, writers: int, per_writer: int) -> float:
     with Store(f"sqlite:///{path}") as store:
         rollouts = []
         for _ in range(writers):
-            rid = store.create_rollout({}, "bench").rollout.id
-            store.transition(rid, Status.RUNNING)
+            rid = store.create_rollout({}, "bench").result().rollout.id
+            store.transition(rid, Status.RUNNING).result()
             rollouts.append(rid)
         calls = [[make_call(rid, k) for k in range(per_writer)] for rid in rollouts]
         start = threading.Barrier(writers + 1)
@@ -48,7 +48,7 @@ def bench_store(path: Path, writers: int, per_writer: int) -> float:
         def writer(mine: list[Call]) -> None:
             start.wait()
             for call in mine:
-                store.append_call(call)
+                store.append_call(call).result()
 
         threads = [threading.Thread(target=writer, args=(mine,)) for mine in calls]
         for t in threads:

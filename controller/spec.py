@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agl.settings import problems
+
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")  # Kubernetes resource quantity
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
@@ -90,8 +92,7 @@ def parse_spec(data: Any, where: str = "spec") -> Spec:
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'spec'}: {err['msg']}" for err in e.errors())
-        raise SpecError(f"{where}: {problems}") from e
+        raise SpecError(f"{where}: {problems(e)}") from e
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -11,7 +11,6 @@ names (that is `models.py`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -25,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agl.settings import from_flags, problems, usage_error
 from engine import models
 from engine.batcher import Engine, EngineReleased, Sampling, ScriptExhausted
 
@@ -37,6 +37,11 @@ class EngineSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGL_ENGINE_", extra="forbid")
 
+    model: str = Field("tiny", description="tiny | smollm2 | a Hugging Face model folder.")
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(30000, description="TCP port (sglang's default).")
+    script: Path | None = Field(None, description="Test facility: a JSON list of completion texts to answer with.")
+    weight_version: str = Field("0", description="Weight version reported until the first update.")
     cache_dir: Path = Field(
         default=Path("~/.cache/agl/models").expanduser(),
         description="Folder where built models (`tiny`, converted `smollm2`) are kept (path). Built once, "
@@ -106,7 +111,7 @@ async def parse(request: Request, schema: type[M]) -> M:
     except json.JSONDecodeError as e:
         raise BadRequest(f"malformed JSON: {e}") from e
     except ValidationError as e:
-        raise BadRequest("; ".join(f"{'.'.join(map(str, x['loc'])) or 'body'}: {x['msg']}" for x in e.errors())) from e
+        raise BadRequest(problems(e)) from e
 
 
 def create_app(engine: Engine) -> FastAPI:
@@ -208,23 +213,10 @@ def create_app(engine: Engine) -> FastAPI:
 
 
 def main(argv: list[str]) -> int:
-    settings = EngineSettings()
-    parser = argparse.ArgumentParser(prog="agl engine", description="The embedded CPU engine (sglang's HTTP API).")
-    parser.add_argument("--model", default="tiny", help="tiny | smollm2 | a Hugging Face model folder")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--script", type=Path, help="test facility: a JSON list of completion texts to answer with")
-    parser.add_argument("--max-batch", type=int, default=settings.max_batch, help="requests decoded together")
-    parser.add_argument("--threads", type=int, default=settings.threads, help="torch threads")
-    parser.add_argument(
-        "--prefix-cache-tokens", type=int, default=settings.prefix_cache_tokens, help="prefix cache size (0: off)"
-    )
-    parser.add_argument("--weight-version", default="0", help="weight version reported until the first update")
-    parser.add_argument("--cache-dir", type=Path, default=settings.cache_dir, help="where built models are kept")
-    args = parser.parse_args(argv)
+    args, _ = from_flags(EngineSettings, argv, "agl engine", "The embedded CPU engine (sglang's HTTP API).")
     script = json.loads(args.script.read_text()) if args.script else None
     if script is not None and not (isinstance(script, list) and all(isinstance(s, str) for s in script)):
-        parser.error("--script must name a JSON list of strings")
+        usage_error("agl engine", "--script must name a JSON list of strings")
     path = models.resolve(args.model, args.cache_dir)
     engine = Engine(
         path,

@@ -12,7 +12,6 @@ render templates (`gateway/render.py`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -21,6 +20,7 @@ import hmac
 import json
 import logging
 import time
+from asyncio import wrap_future
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any
@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from starlette.requests import ClientDisconnect
 
+from agl.settings import from_flags, problems, usage_error
 from agl.store import Created, IllegalTransition, InvalidData, NotFound, Store, StoreError, hash_token, token_expired
 from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
 from gateway import wire
@@ -216,7 +217,6 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
 
     app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
     started_at = time.time()  # in /healthz: a controller learns that the gateway restarted during a run
-    aio = store.aio
 
     # ------------------------------------------------------------------ auth
 
@@ -245,7 +245,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         if digest in tokens:
             return tokens[digest]
         seen = epoch
-        found = await aio.read(store.rollout_for_token, token)
+        found = await asyncio.to_thread(store.rollout_for_token, token)
         if found is not None and epoch == seen:
             cache(digest, found)
         return found
@@ -289,10 +289,10 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
             raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})")
         if rollout.status is Status.QUEUED:
             try:
-                rollout = await aio.transition(rollout.id, Status.RUNNING, reason="first model call")
+                rollout = await wrap_future(store.transition(rollout.id, Status.RUNNING, reason="first model call"))
             except IllegalTransition:  # started (or ended) by someone else meanwhile
                 changed(rollout.id)
-                rollout = await aio.read(store.get_rollout, rollout.id)
+                rollout = await asyncio.to_thread(store.get_rollout, rollout.id)
                 if rollout.status.terminal:
                     raise AuthError(403, f"rollout {rollout.id} has ended ({rollout.status.value})") from None
                 return rollout
@@ -307,7 +307,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         """The admin, or a token of this very rollout (for rewards: the grader's, or the agent's
         when the rollout has no grader)."""
         if is_admin(request):
-            return await aio.read(store.get_rollout, rollout_id)
+            return await asyncio.to_thread(store.get_rollout, rollout_id)
         found = await lookup(presented(request)) if presented(request) else None
         if found is None:
             raise AuthError(401, "the admin key or this rollout's token is required")
@@ -341,7 +341,9 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         rollout = getattr(request.state, "rollout", None)
         if rollout is not None and request.url.path.startswith("/v1"):
             try:
-                await aio.append_event(rollout.id, "error", {"status": status, "message": message[:2000]})
+                await wrap_future(
+                    store.append_event(rollout.id, "error", {"status": status, "message": message[:2000]})
+                )
             except StoreError:
                 log.warning("rollout_id=%s: could not record an error event", rollout.id)
         headers = {"Retry-After": "5"} if status == 503 else None
@@ -359,8 +361,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
             status = 409 if isinstance(e, IllegalTransition) else 400
             return await reply_error(request, status, str(e), "invalid_request_error")
         if isinstance(e, ValidationError):
-            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors())
-            return await reply_error(request, 400, f"invalid request: {problems}", "invalid_request_error")
+            return await reply_error(request, 400, f"invalid request: {problems(e)}", "invalid_request_error")
         if isinstance(e, NotFound):
             return await reply_error(request, 404, str(e), "not_found_error")
         if isinstance(e, HeldTooLong | EngineUnavailable):
@@ -465,8 +466,15 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
         if req.sampling and (sampling := req.sampling.model_dump(exclude_none=True)):
             metadata["sampling"] = sampling
-        created = await aio.create_rollout(
-            req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata, token_ttl_s=settings.token_ttl_s
+        created = await wrap_future(
+            store.create_rollout(
+                req.task,
+                req.group,
+                req.mode,
+                grader=bool(req.grader),
+                metadata=metadata,
+                token_ttl_s=settings.token_ttl_s,
+            )
         )
         issued(created)
         return credentials(created)
@@ -476,7 +484,9 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         """New credentials for a launcher (the old tokens die): same reply shape as a create."""
         admin(request)
         try:
-            created = await aio.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
+            created = await wrap_future(
+                store.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
+            )
         finally:
             changed(rollout_id)  # the old tokens are dead
         issued(created)
@@ -494,40 +504,42 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         admin(request)
         limit = max(1, min(limit, 10_000))
         if after is not None:
-            found = await aio.read(store.terminal_after, after, limit)
+            found = await asyncio.to_thread(store.terminal_after, after, limit)
         else:
-            found = await aio.read(store.list_rollouts, status=status, group=group, limit=limit, offset=offset)
+            found = await asyncio.to_thread(store.list_rollouts, status=status, group=group, limit=limit, offset=offset)
         return [_jsonable(r) for r in found]
 
     @app.get("/api/rollouts/{rollout_id}")
     async def get_rollout(request: Request, rollout_id: str) -> Any:
         await scoped(request, rollout_id)
-        return _jsonable(await aio.read(store.get_rollout, rollout_id))  # not the cached copy: rewards, calls
+        return _jsonable(await asyncio.to_thread(store.get_rollout, rollout_id))  # not the cached copy: rewards, calls
 
     @app.get("/api/rollouts/{rollout_id}/calls")
     async def get_calls(request: Request, rollout_id: str, all_attempts: bool = False) -> Any:
         await scoped(request, rollout_id)
-        found: dict[str, list[Call]] = await aio.read(store.calls_for, [rollout_id], all_attempts=all_attempts)
+        found: dict[str, list[Call]] = await asyncio.to_thread(store.calls_for, [rollout_id], all_attempts=all_attempts)
         return [_jsonable(c) for c in found[rollout_id]]
 
     @app.get("/api/rollouts/{rollout_id}/events")
     async def get_events(request: Request, rollout_id: str, after: Cursor = 0) -> Any:
         await scoped(request, rollout_id)
-        found: list[Event] = await aio.read(store.events, rollout_id, after=after)
+        found: list[Event] = await asyncio.to_thread(store.events, rollout_id, after=after)
         return [_jsonable(e) for e in found]
 
     @app.post("/api/rollouts/{rollout_id}/events")
     async def post_event(request: Request, rollout_id: str) -> Any:
         await scoped(request, rollout_id)
         req = await body(request, EventIn)
-        return _jsonable(await aio.append_event(rollout_id, req.kind, req.data))
+        return _jsonable(await wrap_future(store.append_event(rollout_id, req.kind, req.data)))
 
     @app.post("/api/rollouts/{rollout_id}/reward")
     async def post_reward(request: Request, rollout_id: str) -> Any:
         await scoped(request, rollout_id, reward=True)
         req = await body(request, RewardIn)
         source = req.source or ("admin" if is_admin(request) else "rollout token")
-        event = await aio.set_reward(rollout_id, req.reward, source=source, final=req.final, call_seq=req.call_seq)
+        event = await wrap_future(
+            store.set_reward(rollout_id, req.reward, source=source, final=req.final, call_seq=req.call_seq)
+        )
         return _jsonable(event)
 
     @app.post("/api/rollouts/{rollout_id}/status")
@@ -535,8 +547,10 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
         admin(request)
         req = await body(request, StatusIn)
         try:
-            rollout = await aio.transition(
-                rollout_id, req.status, failure_kind=req.failure_kind, reason=req.reason, attempt=req.attempt
+            rollout = await wrap_future(
+                store.transition(
+                    rollout_id, req.status, failure_kind=req.failure_kind, reason=req.reason, attempt=req.attempt
+                )
             )
         except StoreError:
             changed(rollout_id)
@@ -551,7 +565,9 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
     async def register_model(request: Request) -> Any:
         admin(request)
         req = await body(request, ModelIn)
-        return _jsonable(await aio.register_model(ModelVersion(req.version, req.path, req.endpoints, req.metadata)))
+        return _jsonable(
+            await wrap_future(store.register_model(ModelVersion(req.version, req.path, req.endpoints, req.metadata)))
+        )
 
     @app.post("/api/pause")
     async def pause(request: Request) -> Any:
@@ -569,7 +585,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
     @app.get("/api/state")
     async def state(request: Request) -> Any:
         admin(request)
-        latest = await aio.read(store.latest_model)
+        latest = await asyncio.to_thread(store.latest_model)
         return proxy.state() | {"latest_model": _jsonable(latest) if latest else None}
 
     @app.get("/healthz")
@@ -578,7 +594,7 @@ def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        for status, count in (await aio.read(store.status_counts)).items():
+        for status, count in (await asyncio.to_thread(store.status_counts)).items():
             proxy.metrics.rollouts.labels(status).set(count)
         return Response(generate_latest(proxy.metrics.registry), media_type="text/plain; version=0.0.4")
 
@@ -613,7 +629,7 @@ def make_app(
     if not settings.context_length and "max_context_length" not in info:
         log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
     proxy = Proxy(
-        store.aio,
+        store,
         engines,
         Renderer(tokenizer, tool_parser=settings.tool_parser),
         context_length=settings.context_length or int(info.get("max_context_length", 32768)),
@@ -626,21 +642,16 @@ def make_app(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agl gateway", description=__doc__.split("\n")[0])
-    parser.add_argument("--engine-url", help="engine replica URLs, comma-separated")
-    parser.add_argument("--db", help="store URL (default: AGL_STORE_URL or sqlite:///agl.db)")
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--admin-key")
-    parser.add_argument("--tokenizer")
-    parser.add_argument("--public-url")
-    args = parser.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None and k not in ("engine_url", "db")}
-    if args.engine_url:
-        overrides["engine_urls"] = [u.strip() for u in args.engine_url.split(",") if u.strip()]
-    settings = GatewaySettings(**overrides)
+    settings, args = from_flags(
+        GatewaySettings,
+        argv,
+        "agl gateway",
+        __doc__.split("\n")[0],
+        aliases={"engine_urls": "--engine-url"},
+        extra=lambda p: p.add_argument("--db", help="store URL (default: AGL_STORE_URL or sqlite:///agl.db)"),
+    )
     if not settings.admin_key:
-        parser.error("an admin key is required: --admin-key or AGL_GATEWAY_ADMIN_KEY")
+        usage_error("agl gateway", "an admin key is required: --admin-key or AGL_GATEWAY_ADMIN_KEY")
     store = Store(args.db)
 
     async def serve() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agl.store import AsyncStore
+from agl.store import Store
 from agl.types import JSON, Call, Rollout
 from gateway.engines import EngineClient
 from gateway.render import Message, Renderer, RenderError, parse_reply
@@ -130,7 +130,7 @@ class Proxy:
 
     def __init__(
         self,
-        store: AsyncStore,
+        store: Store,
         engines: EngineClient,
         renderer: Renderer,
         *,
@@ -167,7 +167,7 @@ class Proxy:
         kind = "extended" if prompt.extended else (prompt.mismatch or "first")
         self.metrics.prefix.labels(kind).inc()
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
-            self.store.store.submit_event(rollout.id, "prefix_mismatch", {"class": prompt.mismatch, "agent": agent})
+            self.store.append_event(rollout.id, "prefix_mismatch", {"class": prompt.mismatch, "agent": agent})
         out = await self._replay(rollout, request, n, parse=True)
         for i in range(len(out), n):
             out.append(await self._sample(rollout, agent, api, prompt.ids, params, i, request, parse=True))
@@ -200,7 +200,7 @@ class Proxy:
         if rollout.id in self.seen or rollout.created_at >= self.started:
             return []
         self.seen.add(rollout.id)
-        found = await self.store.read(self.store.store.last_calls, rollout.id, n)
+        found = await asyncio.to_thread(self.store.last_calls, rollout.id, n)
         if len(found) < n or any(c.request != request or c.created_at >= self.started for c in found):
             return []
         log.info("rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n)
@@ -256,19 +256,21 @@ class Proxy:
             sampled_text = text = self.renderer.reply_text(ids)
             if stop_sequence:
                 text = text[: text.find(stop_sequence)]
-            recorded = self.store.append_call(
-                Call(
-                    rollout_id=rollout.id,
-                    prompt_ids=prompt,  # type: ignore[arg-type]
-                    response_ids=ids,  # type: ignore[arg-type]
-                    logprobs=logprobs,  # type: ignore[arg-type]
-                    agent=agent,
-                    model_version=version,
-                    finish_reason=finish,
-                    latency_ms=(time.monotonic() - started) * 1000,
-                    temperature=sampling["temperature"],
-                    request=request,
-                    response={"text": text, "api": api, "index": index, "stop": stop_sequence},
+            recorded = asyncio.wrap_future(
+                self.store.append_call(
+                    Call(
+                        rollout_id=rollout.id,
+                        prompt_ids=prompt,  # type: ignore[arg-type]
+                        response_ids=ids,  # type: ignore[arg-type]
+                        logprobs=logprobs,  # type: ignore[arg-type]
+                        agent=agent,
+                        model_version=version,
+                        finish_reason=finish,
+                        latency_ms=(time.monotonic() - started) * 1000,
+                        temperature=sampling["temperature"],
+                        request=request,
+                        response={"text": text, "api": api, "index": index, "stop": stop_sequence},
+                    )
                 )
             )
             completion = self._completion(text, ids, logprobs, finish, stop_sequence, len(prompt), parse, request)

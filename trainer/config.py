@@ -18,6 +18,7 @@ from omegaconf.errors import MissingMandatoryValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapters import AdapterSettings
+from agl.settings import problems
 
 VERL_CONFIGS = "pkg://verl.trainer.config"
 LOSS = "agl"  # our policy loss's name in verl's registry (trainer/loss.py)
@@ -92,8 +93,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[DictCo
     except MissingMandatoryValue as e:
         raise ConfigError(f"{path}: {e.full_key} must be set") from e
     except ValidationError as e:
-        problems = "; ".join(f"agl.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"{path}: {problems}") from e
+        raise ConfigError(f"{path}: {problems(e, 'agl.')}") from e
     if agl.mode == "async" and agl.active_groups < agl.batch_groups:
         raise ConfigError("agl.active_groups must be at least agl.batch_groups")
     if not cfg.trainer.total_training_steps:

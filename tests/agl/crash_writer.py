@@ -23,8 +23,8 @@ def payload(k: int) -> tuple[array, array, array]:
 
 def main(url: str, threads: int) -> None:
     store = Store(url)
-    rid = store.create_rollout({"crash": True}, "crash").rollout.id
-    store.transition(rid, Status.RUNNING)
+    rid = store.create_rollout({"crash": True}, "crash").result().rollout.id
+    store.transition(rid, Status.RUNNING).result()
     lock = threading.Lock()
     counter = iter(range(10**9))
 
@@ -32,7 +32,7 @@ def main(url: str, threads: int) -> None:
         while True:
             with lock:
                 k = next(counter)
-            call = store.append_call(Call(rid, *payload(k)))
+            call = store.append_call(Call(rid, *payload(k))).result()
             with lock:
                 sys.stdout.write(f"ack {call.seq} {k}\n")
                 sys.stdout.flush()

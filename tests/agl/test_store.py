@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 from array import array
 
 import pytest
@@ -53,7 +52,7 @@ def counts(store: Store) -> tuple[int, int, int]:
 
 
 def test_create_rollout_returns_tokens_and_stores_only_hashes(store):
-    created = store.create_rollout({"q": "2+2"}, "g1", grader=True, metadata={"k": 1})
+    created = store.create_rollout({"q": "2+2"}, "g1", grader=True, metadata={"k": 1}).result()
     r = created.rollout
     assert r.status is Status.QUEUED and r.attempt == 1 and r.has_grader and r.task == {"q": "2+2"}
     assert created.agent_token and created.grader_token and created.agent_token != created.grader_token
@@ -69,13 +68,13 @@ def test_create_rollout_returns_tokens_and_stores_only_hashes(store):
 
 def _drive_to(store: Store, status: Status) -> str:
     """A fresh rollout brought to `status` by legal moves."""
-    rid = store.create_rollout({}, "g").rollout.id
+    rid = store.create_rollout({}, "g").result().rollout.id
     if status is Status.QUEUED:
         return rid
-    store.transition(rid, Status.RUNNING)
+    store.transition(rid, Status.RUNNING).result()
     if status is not Status.RUNNING:
         kind = FailureKind.TASK if status is Status.FAILED else None
-        store.transition(rid, status, failure_kind=kind)
+        store.transition(rid, status, failure_kind=kind).result()
     return rid
 
 
@@ -90,43 +89,43 @@ def test_every_transition_is_legal_or_rejected(db_url, start, to):
         rid = _drive_to(store, start)
         before = (store.get_rollout(rid), counts(store))
         if to in TRANSITIONS[start]:
-            r = store.transition(rid, to, failure_kind=_kind_for(to), reason="test")
+            r = store.transition(rid, to, failure_kind=_kind_for(to), reason="test").result()
             assert r.status is to
             assert (r.ended_at is not None) == (to in TERMINAL)
             assert r.attempt == (2 if to is Status.QUEUED else 1)
             assert store.events(rid)[-1].data["to"] == to.value
         else:
             with pytest.raises(IllegalTransition):
-                store.transition(rid, to, failure_kind=_kind_for(to))
+                store.transition(rid, to, failure_kind=_kind_for(to)).result()
             assert (store.get_rollout(rid), counts(store)) == before
 
 
 def test_transition_guards(store):
     rid = _drive_to(store, Status.RUNNING)
     with pytest.raises(IllegalTransition, match="only an infra failure"):
-        store.transition(rid, Status.QUEUED, failure_kind=FailureKind.TASK)
+        store.transition(rid, Status.QUEUED, failure_kind=FailureKind.TASK).result()
     with pytest.raises(IllegalTransition, match="failure kind"):
-        store.transition(rid, Status.FAILED)
+        store.transition(rid, Status.FAILED).result()
     with pytest.raises(IllegalTransition, match="takes no failure kind"):
-        store.transition(rid, Status.SUCCEEDED, failure_kind=FailureKind.TASK)
+        store.transition(rid, Status.SUCCEEDED, failure_kind=FailureKind.TASK).result()
     with pytest.raises(IllegalTransition, match="stale"):
-        store.transition(rid, Status.SUCCEEDED, attempt=2)
+        store.transition(rid, Status.SUCCEEDED, attempt=2).result()
     with pytest.raises(IllegalTransition):
-        store.transition(rid, "exploded")
+        store.transition(rid, "exploded").result()
     with pytest.raises(NotFound):
-        store.transition("missing", Status.RUNNING)
-    assert store.transition(rid, Status.TIMED_OUT).failure_kind is FailureKind.TASK
+        store.transition("missing", Status.RUNNING).result()
+    assert store.transition(rid, Status.TIMED_OUT).result().failure_kind is FailureKind.TASK
 
 
 def test_retry_starts_a_new_attempt_and_only_its_calls_count(store):
     rid = _drive_to(store, Status.RUNNING)
-    store.append_call(make_call(rid))
-    store.append_call(make_call(rid))
-    store.set_reward(rid, 1.0)
-    store.transition(rid, Status.QUEUED, failure_kind="infra", reason="pod evicted", attempt=1)
+    store.append_call(make_call(rid)).result()
+    store.append_call(make_call(rid)).result()
+    store.set_reward(rid, 1.0).result()
+    store.transition(rid, Status.QUEUED, failure_kind="infra", reason="pod evicted", attempt=1).result()
     assert store.get_rollout(rid).reward is None  # the failed attempt's reward does not carry over
-    store.transition(rid, Status.RUNNING, attempt=2)
-    third = store.append_call(make_call(rid, n_response=7))
+    store.transition(rid, Status.RUNNING, attempt=2).result()
+    third = store.append_call(make_call(rid, n_response=7)).result()
     assert (third.attempt, third.seq) == (2, 2)
     assert [c.seq for c in store.calls_for([rid])[rid]] == [2]
     assert [c.attempt for c in store.calls_for([rid], all_attempts=True)[rid]] == [1, 1, 2]
@@ -143,7 +142,7 @@ def test_token_arrays_round_trip(store, n):
     logprobs = array("f", [-(i % 1000) / 37.0 for i in range(n)])
     stored = store.append_call(
         Call(rid, prompt, response, logprobs, agent="solver", model_version=3, temperature=0.7, request={"m": [1]})
-    )
+    ).result()
     (got,) = store.calls_for([rid])[rid]
     assert got.prompt_ids == prompt and got.response_ids == response and got.logprobs == logprobs
     assert got.prompt_ids.typecode == "i" and got.logprobs.typecode == "f"
@@ -157,7 +156,7 @@ def test_token_arrays_round_trip(store, n):
 
 def test_lists_are_accepted_and_stored_compactly(store):
     rid = _drive_to(store, Status.RUNNING)
-    store.append_call(Call(rid, [1, 2, 3], [4], [-0.25]))  # type: ignore[arg-type]
+    store.append_call(Call(rid, [1, 2, 3], [4], [-0.25])).result()  # type: ignore[arg-type]
     (got,) = store.calls_for([rid])[rid]
     assert list(got.prompt_ids) == [1, 2, 3] and list(got.logprobs) == [-0.25]
 
@@ -167,7 +166,7 @@ def test_extreme_ids_and_logprobs_round_trip(db_url):
         rid = _drive_to(store, Status.RUNNING)
         ids = [0, 127, 128, 2**23, 2**24 - 1, 2**31 - 1]
         logprobs = [-3.0e38] * (len(ids) - 1) + [0.0]  # finite however large, and 0: accepted
-        store.append_call(Call(rid, ids, ids[::-1], logprobs))  # type: ignore[arg-type]
+        store.append_call(Call(rid, ids, ids[::-1], logprobs)).result()  # type: ignore[arg-type]
         (call,) = store.calls_for([rid])[rid]
         assert list(call.prompt_ids) == ids and list(call.response_ids) == ids[::-1]
         assert list(call.logprobs) == pytest.approx(logprobs, rel=1e-6)
@@ -191,24 +190,23 @@ def test_extreme_ids_and_logprobs_round_trip(db_url):
     ],
 )
 def test_bad_arrays_are_rejected_and_nothing_is_written(db_url, prompt, response, logprobs, message):
-    from agl.settings import StoreSettings
 
     with Store(db_url, StoreSettings(max_tokens_per_array=10)) as store:
         rid = _drive_to(store, Status.RUNNING)
         before = counts(store)
         with pytest.raises(InvalidData, match=message):
-            store.append_call(Call(rid, prompt, response, logprobs))  # type: ignore[arg-type]
+            store.append_call(Call(rid, prompt, response, logprobs)).result()  # type: ignore[arg-type]
         assert counts(store) == before
         assert store.get_rollout(rid).status is Status.RUNNING
 
 
 def test_calls_need_a_live_rollout(store):
     with pytest.raises(NotFound):
-        store.append_call(make_call("missing"))
+        store.append_call(make_call("missing")).result()
     rid = _drive_to(store, Status.SUCCEEDED)
     before = counts(store)
     with pytest.raises(IllegalTransition, match="has ended"):
-        store.append_call(make_call(rid))
+        store.append_call(make_call(rid)).result()
     assert counts(store) == before
 
 
@@ -216,7 +214,7 @@ def test_calls_for_many_rollouts_at_once(store):
     ids = [_drive_to(store, Status.RUNNING) for _ in range(600)]  # more than one query chunk
     for i, rid in enumerate(ids):
         for _ in range(i % 3):
-            store.append_call(make_call(rid))
+            store.append_call(make_call(rid)).result()
     got = store.calls_for([*ids, "missing"])
     assert [len(got[rid]) for rid in ids] == [i % 3 for i in range(600)]
     assert got["missing"] == []
@@ -228,10 +226,10 @@ def test_calls_for_many_rollouts_at_once(store):
 
 def test_events_and_rewards(store):
     rid = _drive_to(store, Status.RUNNING)
-    store.append_event(rid, "harness", {"step": 1})
-    store.set_reward(rid, 0.25, source="harness", final=False, call_seq=0)
+    store.append_event(rid, "harness", {"step": 1}).result()
+    store.set_reward(rid, 0.25, source="harness", final=False, call_seq=0).result()
     assert store.get_rollout(rid).reward is None
-    store.set_reward(rid, 1.0, source="grader")
+    store.set_reward(rid, 1.0, source="grader").result()
     assert store.get_rollout(rid).reward == 1.0
     rewards = store.events(rid, kind="reward")
     assert [(e.data["value"], e.data["final"], e.data["source"]) for e in rewards] == [
@@ -242,22 +240,22 @@ def test_events_and_rewards(store):
     before = counts(store)
     for bad in (math.nan, math.inf, "1", True):
         with pytest.raises(InvalidData):
-            store.set_reward(rid, bad)  # type: ignore[arg-type]
+            store.set_reward(rid, bad).result()  # type: ignore[arg-type]
     with pytest.raises(NotFound):
-        store.append_event("missing", "harness")
+        store.append_event("missing", "harness").result()
     with pytest.raises(InvalidData):
-        store.append_event(rid, "", {})
+        store.append_event(rid, "", {}).result()
     with pytest.raises(InvalidData):
-        store.append_event(rid, "x", [1])  # type: ignore[arg-type]
+        store.append_event(rid, "x", [1]).result()  # type: ignore[arg-type]
     assert counts(store) == before
 
 
 def test_model_versions_only_grow(store):
     assert store.latest_model() is None
-    store.register_model(ModelVersion(0, "/ckpt/0", ["127.0.0.1:30000"]))
-    store.register_model(ModelVersion(1, "/ckpt/1"))
+    store.register_model(ModelVersion(0, "/ckpt/0", ["127.0.0.1:30000"])).result()
+    store.register_model(ModelVersion(1, "/ckpt/1")).result()
     with pytest.raises(InvalidData, match="not newer"):
-        store.register_model(ModelVersion(1, "/ckpt/dup"))
+        store.register_model(ModelVersion(1, "/ckpt/dup")).result()
     assert [m.version for m in store.models()] == [0, 1]
     latest = store.latest_model()
     assert latest is not None and (latest.version, latest.path) == (1, "/ckpt/1")
@@ -265,11 +263,11 @@ def test_model_versions_only_grow(store):
 
 def test_bad_rollout_input(store):
     with pytest.raises(InvalidData):
-        store.create_rollout([1], "g")  # type: ignore[arg-type]
+        store.create_rollout([1], "g").result()  # type: ignore[arg-type]
     with pytest.raises(InvalidData):
-        store.create_rollout({}, "")
+        store.create_rollout({}, "").result()
     with pytest.raises(InvalidData, match="mode"):
-        store.create_rollout({}, "g", "test")
+        store.create_rollout({}, "g", "test").result()
     assert counts(store) == (0, 0, 0)
 
 
@@ -278,24 +276,24 @@ def test_bad_rollout_input(store):
 
 def test_terminal_rollouts_after_a_cursor_in_end_order(store):
     a, b, c = (_drive_to(store, Status.RUNNING) for _ in range(3))
-    store.transition(b, Status.SUCCEEDED)
-    store.transition(a, Status.FAILED, failure_kind="task")
+    store.transition(b, Status.SUCCEEDED).result()
+    store.transition(a, Status.FAILED, failure_kind="task").result()
     first = store.terminal_after(0)
     assert [r.id for r in first] == [b, a]
     cursor = first[-1].end_seq
     assert cursor is not None and store.terminal_after(cursor) == []
-    store.transition(c, Status.CANCELLED)
+    store.transition(c, Status.CANCELLED).result()
     assert [r.id for r in store.terminal_after(cursor)] == [c]
     assert [r.id for r in store.terminal_after(0, limit=1)] == [b]
 
 
 def test_group_completeness(store):
-    ids = [store.create_rollout({}, "g1").rollout.id for _ in range(3)]
-    store.create_rollout({}, "g2")
+    ids = [store.create_rollout({}, "g1").result().rollout.id for _ in range(3)]
+    store.create_rollout({}, "g2").result()
     assert store.group_counts(["g1", "nothing"]) == {"g1": (3, 0), "nothing": (0, 0)}
     for rid in ids:
-        store.transition(rid, Status.RUNNING)
-        store.transition(rid, Status.SUCCEEDED)
+        store.transition(rid, Status.RUNNING).result()
+        store.transition(rid, Status.SUCCEEDED).result()
     assert store.group_counts(["g1", "g2", "g3"]) == {"g1": (3, 3), "g2": (1, 0), "g3": (0, 0)}
     assert {r.id for r in store.list_rollouts(group="g1", status="succeeded")} == set(ids)
 
@@ -310,16 +308,16 @@ def test_concurrent_writers_lose_nothing(store):
     def thread_writer(k: int) -> None:
         try:
             for i in range(50):
-                store.append_call(make_call(rids[k % 8], n_response=1 + i % 5))
-                store.append_event(rids[k % 8], "harness", {"k": k, "i": i})
+                store.append_call(make_call(rids[k % 8], n_response=1 + i % 5)).result()
+                store.append_event(rids[k % 8], "harness", {"k": k, "i": i}).result()
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     async def async_writers() -> None:
         async def one(k: int) -> None:
             for _ in range(50):
-                await store.aio.append_call(make_call(rids[k % 8]))
-                await store.aio.append_event(rids[k % 8], "harness", {"k": k})
+                await asyncio.wrap_future(store.append_call(make_call(rids[k % 8])))
+                await asyncio.wrap_future(store.append_event(rids[k % 8], "harness", {"k": k}))
 
         await asyncio.gather(*(one(k) for k in range(16)))
 
@@ -337,43 +335,6 @@ def test_concurrent_writers_lose_nothing(store):
     assert sum(len(store.events(rid, kind="harness")) for rid in rids) == (8 + 16) * 50
 
 
-def test_a_lone_call_on_sqlite_commits_on_the_callers_thread(store):
-    """When nothing else is queued or being written, a call on SQLite commits on the caller's
-    thread (no hand-offs to the writer and back); otherwise it goes to the writer thread, and
-    lands all the same. PostgreSQL always goes through the writer."""
-    rid = _drive_to(store, Status.RUNNING)
-    if store._write_engine.dialect.name != "sqlite":
-        assert store.append_now(make_call(rid)) is None
-        return
-    ok, call = store.append_now(make_call(rid))
-    assert ok and call.seq == 0 and [c.seq for c in store.calls_for([rid])[rid]] == [0]
-    ok, error = store.append_now(make_call("missing"))
-    assert not ok and isinstance(error, NotFound)
-
-    async def while_the_writer_is_busy() -> Call:
-        with store._writing:
-            assert store.append_now(make_call(rid)) is None
-            queued = store.aio.append_call(make_call(rid))
-            await asyncio.sleep(0.05)
-            assert not queued.done()
-        return await queued
-
-    assert asyncio.run(while_the_writer_is_busy()).seq == 1
-    assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1]
-
-
-def test_with_an_fsync_per_commit_every_call_goes_to_the_writer(tmp_path):
-    """synchronous=FULL: a commit waits for the disk, which must not stall a caller's event loop."""
-    with Store(f"sqlite:///{tmp_path}/agl.db", StoreSettings(sqlite_synchronous="FULL")) as store:
-        rid = _drive_to(store, Status.RUNNING)
-        assert store.append_now(make_call(rid)) is None
-        assert asyncio.run(_append(store, rid)).seq == 0
-
-
-async def _append(store: Store, rid: str) -> Call:
-    return await store.aio.append_call(make_call(rid))
-
-
 def test_a_failing_write_does_not_disturb_its_group(store):
     """Good and bad writes committed in the same group: the bad ones are undone, the rest land."""
     rid = _drive_to(store, Status.RUNNING)
@@ -382,7 +343,7 @@ def test_a_failing_write_does_not_disturb_its_group(store):
         jobs = []
         for i in range(200):
             target = rid if i % 2 else "missing"
-            jobs.append(store.aio.append_call(make_call(target)))
+            jobs.append(asyncio.wrap_future(store.append_call(make_call(target))))
         return await asyncio.gather(*jobs, return_exceptions=True)
 
     results = asyncio.run(main())
@@ -392,13 +353,13 @@ def test_a_failing_write_does_not_disturb_its_group(store):
 
 def test_async_reads_and_rollout_creation(store):
     async def main() -> None:
-        created = await store.aio.create_rollout({"t": 1}, "g", grader=False)
-        r = await store.aio.transition(created.rollout.id, "running")
+        created = await asyncio.wrap_future(store.create_rollout({"t": 1}, "g", grader=False))
+        r = await asyncio.wrap_future(store.transition(created.rollout.id, "running"))
         assert r.status is Status.RUNNING
-        assert await store.aio.read(store.get_rollout, r.id) == r
-        await store.aio.set_reward(r.id, 0.5)
-        await store.aio.register_model(ModelVersion(7))
-        assert (await store.aio.read(store.get_rollout, r.id)).reward == 0.5
+        assert await asyncio.to_thread(store.get_rollout, r.id) == r
+        await asyncio.wrap_future(store.set_reward(r.id, 0.5))
+        await asyncio.wrap_future(store.register_model(ModelVersion(7)))
+        assert (await asyncio.to_thread(store.get_rollout, r.id)).reward == 0.5
 
     asyncio.run(main())
 
@@ -413,7 +374,7 @@ def test_reopening_keeps_data_and_schema_matches_migrations(db_url):
     from agl.store import metadata
 
     with Store(db_url) as store:
-        rid = store.create_rollout({}, "g").rollout.id
+        rid = store.create_rollout({}, "g").result().rollout.id
     with Store(db_url) as store:
         assert store.get_rollout(rid).status is Status.QUEUED
         with store._write_engine.connect() as conn:
@@ -452,7 +413,9 @@ def test_calls_recorded_before_the_temperature_column_read_as_unknown(db_url):
     with Store(db_url) as store:
         (old,) = store.calls_for(["r"])["r"]
         assert old.temperature is None and list(old.response_ids) == [5]
-        new = store.append_call(Call("r", array("i", [5]), array("i", [6]), array("f", [-0.1]), temperature=0.0))
+        new = store.append_call(
+            Call("r", array("i", [5]), array("i", [6]), array("f", [-0.1]), temperature=0.0)
+        ).result()
         assert store.calls_for(["r"])["r"][1].temperature == 0.0 and new.seq == 1
 
 
@@ -475,7 +438,7 @@ def test_closed_store_refuses_writes(db_url):
     store = Store(db_url)
     store.close()
     with pytest.raises(StoreError, match="closed"):
-        store.create_rollout({}, "g")
+        store.create_rollout({}, "g").result()
 
 
 def test_a_write_the_database_rejects_is_isolated_from_its_group(store):
@@ -501,7 +464,7 @@ def test_a_write_the_database_rejects_is_isolated_from_its_group(store):
         )
 
     async def main() -> list[object]:
-        jobs = [store.aio.append_call(make_call(good if i % 3 else bad)) for i in range(30)]
+        jobs = [asyncio.wrap_future(store.append_call(make_call(good if i % 3 else bad))) for i in range(30)]
         return await asyncio.gather(*jobs, return_exceptions=True)
 
     results = asyncio.run(main())
@@ -514,7 +477,7 @@ def test_writes_go_on_after_the_database_drops_the_writers_connection(store):
     """The writer keeps one connection; when the server ends it (a PostgreSQL restart, a proxy's
     idle timeout), the next group reconnects and commits instead of failing its writers."""
     rid = _drive_to(store, Status.RUNNING)
-    store.append_call(make_call(rid))
+    store.append_call(make_call(rid)).result()
     if store._write_engine.dialect.name != "postgresql":
         pytest.skip("SQLite has no server to drop a connection")
     with store._read_engine.connect() as conn:  # ends every other session of this database
@@ -522,25 +485,5 @@ def test_writes_go_on_after_the_database_drops_the_writers_connection(store):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-    assert store.append_call(make_call(rid)).seq == 1
+    assert store.append_call(make_call(rid)).result().seq == 1
     assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1]
-
-
-@pytest.mark.parametrize("every_s", [0.05, 0.0])
-def test_sqlite_checkpoints_beside_the_writer(tmp_path, every_s):
-    """The WAL is copied into the database by the store's checkpoint thread, not inside a commit
-    (with 0, by SQLite's automatic checkpoint: only once the log passes 1,000 pages)."""
-    db = tmp_path / "agl.db"
-    with Store(f"sqlite:///{db}", StoreSettings(sqlite_checkpoint_s=every_s)) as store:
-        rid = store.create_rollout({}, "g").rollout.id
-        store.transition(rid, Status.RUNNING)
-        empty = db.stat().st_size
-        for _ in range(20):  # ~100 pages of log
-            store.append_call(make_call(rid, n_prompt=4096))
-        deadline = time.monotonic() + 10
-        while every_s and db.stat().st_size == empty and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert (db.stat().st_size > empty) == bool(every_s)
-        assert len(store.calls_for([rid])[rid]) == 20
-    with Store(f"sqlite:///{db}") as store:
-        assert len(store.calls_for([rid])[rid]) == 20

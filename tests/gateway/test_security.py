@@ -57,7 +57,7 @@ def test_tokens_expire(s: Stack):
     issued = s.rollout()["agent_token"]
     expires = int(issued.split(".", 1)[0])
     assert abs(expires - (time.time() + 7 * 86400)) < 60  # the gateway's default lifetime
-    old = s.store.create_rollout({}, "g", grader=True, token_ttl_s=-1)
+    old = s.store.create_rollout({}, "g", grader=True, token_ttl_s=-1).result()
     for token in (old.agent_token, old.grader_token):
         assert token is not None
         reply = chat(s, token)
