@@ -27,10 +27,6 @@ from typing import Any
 JSON = dict[str, Any]
 
 
-LONG_PIECE = 1024  # characters: text between special tokens this long is worth caching as tokens
-PIECE_CACHE_CHARS = 4 * 2**20  # characters of text whose tokens are cached
-
-
 class RenderError(ValueError):
     """Messages or tools the chat template cannot render (the client's fault: a 400)."""
 
@@ -257,9 +253,6 @@ class Renderer:
         # Decoding is the Rust tokenizer's, unless the wrapper would add its clean-up pass.
         fast = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self._decoder: Any = self._backend if fast else tokenizer
-        self._pieces: OrderedDict[str, array[int]] = OrderedDict()
-        self._pieces_chars = 0
-        self._specials, self._split = self._special_splitter()
 
     def render_text(self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool) -> str:
         try:
@@ -274,58 +267,10 @@ class Renderer:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        """Token IDs of `text`, no special tokens added. The tokenizer splits text at special
-        tokens and tokenizes each piece on its own; so does this, keeping long pieces (system
-        prompts, task statements: what many rollouts' first calls share) in a bounded cache."""
+        """Token IDs of `text`, no special tokens added."""
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        if self._split is None or len(text) < LONG_PIECE:  # `_fast`: no offsets, a quarter less time
-            return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)
-        return self._encode_pieces(text, self._split, self._specials)
-
-    def _encode_pieces(self, text: str, split: re.Pattern[str], specials: dict[str, int]) -> list[int]:
-        """`text` split at special tokens, each piece tokenized on its own (long ones cached)."""
-        parts = split.split(text)  # text, special, text, ...
-        todo = list({p for p in parts[::2] if p and p not in self._pieces})
-        encoded = self._backend.encode_batch_fast(todo, add_special_tokens=False)
-        fresh = {p: e.ids for p, e in zip(todo, encoded, strict=True)}
-        ids: list[int] = []
-        for i, part in enumerate(parts):
-            if i % 2:
-                ids.append(specials[part])
-            elif part in fresh:
-                ids += fresh[part]
-                if len(part) >= LONG_PIECE:
-                    self._keep_piece(part, fresh[part])
-            elif part:
-                ids += self._pieces[part]
-                self._pieces.move_to_end(part)
-        return ids
-
-    def _keep_piece(self, text: str, ids: list[int]) -> None:
-        self._pieces[text] = array("i", ids)
-        self._pieces_chars += len(text)
-        while self._pieces_chars > PIECE_CACHE_CHARS:
-            old, _ = self._pieces.popitem(last=False)
-            self._pieces_chars -= len(old)
-
-    def _special_splitter(self) -> tuple[dict[str, int], re.Pattern[str] | None]:
-        """The special tokens that the tokenizer splits text at before anything else, and a
-        pattern that splits at them; none when splitting would not give the same IDs (checked)."""
-        if self._backend is None:
-            return {}, None
-        specials = {
-            t.content: i
-            for i, t in self._backend.get_added_tokens_decoder().items()
-            if t.special and not (t.normalized or t.lstrip or t.rstrip or t.single_word)
-        }
-        if not specials:
-            return {}, None
-        split = re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True))) + ")")
-        sep = next(iter(specials))
-        probe = f"Hi  there\n{sep}\n x y{sep}z \n"  # e.g. a prefix space added to the first piece only
-        whole = self._backend.encode(probe, add_special_tokens=False).ids
-        return (specials, split) if self._encode_pieces(probe, split, specials) == whole else ({}, None)
+        return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)  # no offsets
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._decoder.decode(list(ids), skip_special_tokens=False))

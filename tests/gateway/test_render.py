@@ -176,19 +176,16 @@ def long_chat(r: Renderer, salt: str) -> str:
     return r.render_text(messages, [], generation_prompt=True)
 
 
-def test_long_texts_encode_as_the_tokenizer_does_with_their_pieces_cached(renderer: Renderer, tiny_path):
+def test_long_texts_encode_as_the_tokenizer_does(renderer: Renderer, tiny_path):
     from transformers import AutoTokenizer
 
     for r in (renderer, Renderer(AutoTokenizer.from_pretrained(tiny_path))):
-        assert r._split is not None
-        for text in (long_chat(r, "a"), long_chat(r, "a"), long_chat(r, "b") + "tail"):
+        for text in (long_chat(r, "a"), long_chat(r, "b") + "tail"):
             assert r.encode(text) == list(r.tokenizer.encode(text, add_special_tokens=False))
-        assert len(r._pieces) == 3  # the two system prompts and the long user message: pieces of 1,024+ chars
 
 
-def test_a_tokenizer_that_treats_the_first_piece_differently_is_not_split():
-    """Metaspace with prepend_scheme="first" adds "▁" to the text's first piece only: splitting at
-    special tokens would change the IDs, so the renderer encodes such text whole."""
+def test_a_tokenizer_that_treats_the_first_piece_differently_encodes_as_it_does():
+    """Metaspace with prepend_scheme="first" adds "▁" to the text's first piece only."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -198,6 +195,5 @@ def test_a_tokenizer_that_treats_the_first_piece_differently_is_not_split():
     tok.train_from_iterator(["Hi there, x y z: a b c.\n"] * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>")
     r = Renderer(fast)
-    assert r._split is None
     text = "a b<|im_end|>a b" * 400
     assert r.encode(text) == list(fast.encode(text, add_special_tokens=False))
