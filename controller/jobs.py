@@ -30,10 +30,7 @@ async def render(gw: GatewayClient, spec: Spec, count: int, group: str, task: JS
     metadata = {"spec": spec.model_dump(mode="json"), "launch": "manifest"}
     for _ in range(count):
         made = await gw.create_rollout(task, group, grader=bool(spec.grader) or None, metadata=metadata)
-        creds = Credentials(
-            made["id"], 1, task, made["anthropic_base_url"], made["base_url"], made["anthropic_base_url"],
-            made["agent_token"], made.get("grader_token"),
-        )  # fmt: skip
+        creds = Credentials.from_reply(made, 1, task)
         docs.extend(manifests(spec, creds))
     return docs
 

@@ -52,6 +52,22 @@ class Credentials:
     agent_token: str
     grader_token: str | None = None
 
+    @classmethod
+    def from_reply(cls, reply: JSON, attempt: int, task: JSON) -> Credentials:
+        """From the gateway's create or rotate reply; runs reach the gateway at its public URL
+        (`anthropic_base_url` is that URL itself)."""
+        public = reply["anthropic_base_url"]
+        return cls(
+            reply["id"],
+            attempt,
+            task,
+            public,
+            reply["base_url"],
+            public,
+            reply["agent_token"],
+            reply.get("grader_token"),
+        )
+
     def harness_env(self) -> dict[str, str]:
         """DESIGN.md section 3; no grader token."""
         return {

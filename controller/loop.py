@@ -25,7 +25,6 @@ rollouts cancelled in the gateway (their calls get 403, which ends a harness).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import signal
@@ -36,6 +35,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agl.client import GatewayClient, GatewayError
+from agl.settings import from_flags, usage_error
 from agl.types import FailureKind, Rollout, Status
 from controller.launcher import Credentials, Key, Launcher, LaunchError, LocalLauncher, Outcome
 from controller.spec import Spec, SpecError, load_spec, parse_spec
@@ -145,11 +145,7 @@ class Controller:
         except GatewayError as e:
             log.warning("rollout_id=%s: no tokens for attempt %d: %s", rollout.id, rollout.attempt, e)
             return
-        public = reply["anthropic_base_url"]  # the gateway as runs reach it (its public URL)
-        creds = Credentials(
-            rollout.id, rollout.attempt, rollout.task, public, reply["base_url"], public,
-            reply["agent_token"], reply.get("grader_token"),
-        )  # fmt: skip
+        creds = Credentials.from_reply(reply, rollout.attempt, rollout.task)
         try:
             where = await self.launcher.launch(spec, creds)
         except LaunchError as e:
@@ -215,20 +211,13 @@ def make_launcher(settings: ControllerSettings) -> Launcher:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agl controller", description=__doc__.split("\n")[0])
-    for flag in ("gateway", "admin-key", "launcher", "spec", "state-dir", "namespace"):
-        parser.add_argument(f"--{flag}")
-    parser.add_argument("--max-running", type=int)
-    parser.add_argument("--launch-per-s", type=float)
-    parser.add_argument("--poll-s", type=float)
-    args = parser.parse_args(argv)
-    settings = ControllerSettings(**{k: v for k, v in vars(args).items() if v is not None})
+    settings, _ = from_flags(ControllerSettings, argv, "agl controller", __doc__.split("\n")[0])
     if not settings.admin_key:
-        parser.error("an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
+        usage_error("agl controller", "an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
     try:
         spec = load_spec(settings.spec) if settings.spec else None
     except SpecError as e:
-        parser.error(str(e))
+        usage_error("agl controller", str(e))
     return asyncio.run(serve(settings, spec))
 
 
