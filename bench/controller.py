@@ -75,7 +75,7 @@ def main() -> None:
             procs.append(subprocess.Popen([*gw, "--admin-key", ADMIN, "--db", f"sqlite:///{tmp}/bench.db"], env=env))
             wait(gateway + "/healthz")
             create(gateway, args.launches, "quick", {"harness": {"command": ["true"]}})
-            ctl = [py, "-m", "controller.loop", "--gateway", gateway, "--admin-key", ADMIN, "--state-dir", tmp]
+            ctl = [py, "-m", "agl.cli", "controller", "--gateway", gateway, "--admin-key", ADMIN, "--state-dir", tmp]
             ctl += ["--max-running", str(args.running + 100), "--launch-per-s", "100000", "--poll-s", "0.05"]
             controller = subprocess.Popen(ctl, env=env | {"AGL_LOG_LEVEL": "WARNING"}, stderr=subprocess.DEVNULL)
             procs.append(controller)

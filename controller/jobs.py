@@ -1,10 +1,9 @@
 """`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests.
 
-The output is for `kubectl apply -f -`. Each rollout is created with `metadata.spec` (so a
-controller can launch its retries) and `metadata.launch = "manifest"` (so no controller
-launches its first attempt: the applied Job is that attempt, and a running controller adopts
-it by label). The spec is validated before any rollout is created. It imports no
-`kubernetes` and never talks to a cluster.
+The output is for `kubectl apply -f -`. Each rollout carries `metadata.spec` (a controller
+launches its retries) and `metadata.launch = "manifest"` (no controller launches attempt 1:
+the applied Job is it, adopted by label). The spec is validated before any rollout is
+created. It imports no `kubernetes` and never talks to a cluster.
 """
 
 from __future__ import annotations
@@ -24,14 +23,14 @@ from controller.manifests import manifests
 from controller.spec import Spec, SpecError, load_spec
 
 
-async def render(gw: GatewayClient, spec: Spec, count: int, group: str, task: JSON) -> list[JSON]:
+async def render(gateway: str, admin_key: str, spec: Spec, count: int, group: str, task: JSON) -> list[JSON]:
     """Create `count` rollouts; return their manifests, Secret before Job."""
     docs: list[JSON] = []
     metadata = {"spec": spec.model_dump(mode="json"), "launch": "manifest"}
-    for _ in range(count):
-        made = await gw.create_rollout(task, group, grader=bool(spec.grader) or None, metadata=metadata)
-        creds = Credentials.from_reply(made, 1, task)
-        docs.extend(manifests(spec, creds))
+    async with GatewayClient(gateway, admin_key) as gw:
+        for _ in range(count):
+            made = await gw.create_rollout(task, group, grader=bool(spec.grader) or None, metadata=metadata)
+            docs.extend(manifests(spec, Credentials.from_reply(made, 1, task)))
     return docs
 
 
@@ -53,13 +52,8 @@ def main(argv: list[str]) -> int:
         parser.error(str(e))
     if not isinstance(task, dict) or args.count < 1 or not args.admin_key:
         parser.error("--task must be a JSON object, --count at least 1, and an admin key is required")
-
-    async def run() -> list[JSON]:
-        async with GatewayClient(args.gateway, args.admin_key) as gw:
-            return await render(gw, spec, args.count, args.group, task)
-
     try:
-        docs = asyncio.run(run())
+        docs = asyncio.run(render(args.gateway, args.admin_key, spec, args.count, args.group, task))
     except GatewayError as e:
         print(f"agl jobs render: {e}", file=sys.stderr)
         return 1

@@ -1,14 +1,12 @@
 """The Kubernetes launcher: one Job (and its Secret) per attempt, watched by label.
 
-The only module that imports `kubernetes`. It creates the Secret, then the Job, then makes
-the Job the Secret's owner; it watches every Job labelled `agl.dev/rollout` in its namespace
-(with resourceVersion; a 410 Gone re-lists), so Jobs applied by hand from `agl jobs render`
-are watched exactly like its own; a Job deleted before it finished is an infra failure. Pods
-of running Jobs are listed every `pod_check_s` to catch the failures that never end a Job
-(an image that cannot be pulled): such a Job is deleted and reported as infra. API errors on
-create: 400/422 are permanent (the spec is wrong: a task failure with the API's reason),
-anything else (5xx, 429, timeouts, connection errors) is retried as an infra failure.
-
+The only module that imports `kubernetes`. It creates the Secret, then the Job, then makes the
+Job the Secret's owner. It watches every Job labelled `agl.dev/rollout` in its namespace (with
+resourceVersion; a 410 Gone re-lists), so Jobs applied from `agl jobs render` are watched like
+its own; a Job deleted before it finished is an infra failure. Pods of running Jobs are listed
+every `pod_check_s` to catch failures that never end a Job (an image that cannot be pulled):
+such a Job is deleted, an infra failure. API errors on create: 400/422 are permanent (the spec
+is wrong: a task failure), others (5xx, 429, timeouts, no connection) infra failures, retried.
 It does not decide statuses or retries (`controller/loop.py`) or build manifests
 (`controller/manifests.py`). The blocking client runs in worker threads.
 """
@@ -32,22 +30,18 @@ from controller.manifests import ROLLOUT_LABEL, finished, job_outcome, key_of, m
 from controller.spec import Spec
 
 log = logging.getLogger(__name__)
-
-
-def load_config() -> None:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)  # a refusal, or no answer at all
 
 
 class KubeLauncher:
     """Runs attempts as Jobs in `namespace`; call `close()` to stop the watch thread."""
 
-    def __init__(self, namespace: str = "default", *, pod_check_s: float = 10.0, api: Any = None) -> None:
-        if api is None:
-            load_config()
-        self.api = api or client.ApiClient()
+    def __init__(self, namespace: str = "default", *, pod_check_s: float = 10.0) -> None:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self.api = client.ApiClient()
         self.batch, self.core = client.BatchV1Api(self.api), client.CoreV1Api(self.api)
         self.namespace, self.pod_check_s = namespace, pod_check_s
         self.lock = threading.Lock()
@@ -79,14 +73,8 @@ class KubeLauncher:
         while not self.stopping.is_set():
             try:
                 version = version or self._relist()
-                stream = watch.Watch().stream(
-                    self.batch.list_namespaced_job,
-                    self.namespace,
-                    label_selector=ROLLOUT_LABEL,
-                    resource_version=version,
-                    timeout_seconds=30,
-                )
-                for event in stream:
+                since = {"label_selector": ROLLOUT_LABEL, "resource_version": version, "timeout_seconds": 30}
+                for event in watch.Watch().stream(self.batch.list_namespaced_job, self.namespace, **since):
                     job = self._dict(event["object"])
                     version = job["metadata"].get("resourceVersion") or version
                     if (key := key_of(job)) is None:
@@ -99,15 +87,11 @@ class KubeLauncher:
                             self.jobs[key] = job
                     if self.stopping.is_set():
                         break
-            except ApiException as e:
-                if e.status != 410:
-                    log.warning("watching Jobs: %s %s", e.status, e.reason)
+            except API_ERRORS as e:
+                if not (isinstance(e, ApiException) and e.status == 410):  # 410 Gone: our version is too old
+                    log.warning("watching Jobs: %r", e)
                     self.stopping.wait(1)
-                version = ""  # 410 Gone: our resourceVersion is too old, re-list
-            except (urllib3.exceptions.HTTPError, OSError) as e:
-                log.warning("watching Jobs: %r", e)
-                version = ""
-                self.stopping.wait(1)
+                version = ""  # re-list
 
     def close(self) -> None:
         self.stopping.set()
@@ -134,21 +118,16 @@ class KubeLauncher:
                     raise
                 created = self._dict(self.batch.read_namespaced_job(name, ns))
             self._own(name, ns, created)
-        except ApiException as e:
-            self._forget_secret(name, ns)
+        except API_ERRORS as e:
+            with contextlib.suppress(*API_ERRORS):  # a launch that failed leaves no tokens behind
+                self.core.delete_namespaced_secret(name, ns)
+            if not isinstance(e, ApiException):
+                raise LaunchError(f"Kubernetes API unreachable: {e!r}") from e
             permanent = e.status in (400, 422)
             raise LaunchError(f"Kubernetes API {e.status}: {str(e.body)[:500]}", permanent=permanent) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            self._forget_secret(name, ns)
-            raise LaunchError(f"Kubernetes API unreachable: {e!r}") from e
         with self.lock:
             self.jobs.setdefault((creds.rollout_id, creds.attempt), created)
         return f"job {ns}/{name}"
-
-    def _forget_secret(self, name: str, ns: str) -> None:
-        """A launch that failed leaves no tokens behind (best effort: the API may be down)."""
-        with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError, OSError):
-            self.core.delete_namespaced_secret(name, ns)
 
     def _own(self, name: str, ns: str, job: JSON) -> None:
         body = {"metadata": {"ownerReferences": [owner_reference(job)]}}
@@ -175,18 +154,18 @@ class KubeLauncher:
             if (outcome := job_outcome(job, pods.get(key, []))) is not None:
                 self.ended[key] = outcome
                 if outcome.failure_kind and not finished(job):
-                    await self.kill(key)  # e.g. stuck pulling its image: nothing will end it
+                    await self._delete_job(key)  # e.g. stuck pulling its image: nothing will end it
         return list(self.ended.items())
 
     async def _pods(self, jobs: dict[Key, JSON]) -> dict[Key, list[JSON]]:
-        """The pods of Jobs that failed, and (every pod_check_s) of those still running."""
-        failed = any(job_outcome(job, []) is not None for k, job in jobs.items() if k not in self.released)
-        if not failed and time.monotonic() - self.pods_checked < self.pod_check_s:
+        """The pods of Jobs that ended, and (every pod_check_s) of those still running."""
+        ended = any(finished(job) for key, job in jobs.items() if key not in self.released)
+        if not ended and time.monotonic() - self.pods_checked < self.pod_check_s:
             return {}
         self.pods_checked = time.monotonic()
         try:
             found = await asyncio.to_thread(self.core.list_namespaced_pod, self.namespace, label_selector=ROLLOUT_LABEL)
-        except (ApiException, urllib3.exceptions.HTTPError, OSError) as e:
+        except API_ERRORS as e:
             log.warning("listing pods: %r", e)
             return {}
         pods: dict[Key, list[JSON]] = {}
@@ -201,7 +180,7 @@ class KubeLauncher:
         for key, job in jobs.items():
             if key in self.released or "uid" not in job["metadata"]:
                 continue
-            with contextlib.suppress(ApiException, urllib3.exceptions.HTTPError, OSError):
+            with contextlib.suppress(*API_ERRORS):
                 secret = await asyncio.to_thread(self.core.read_namespaced_secret, name_of(key), self.namespace)
                 if not secret.metadata.owner_references:
                     await asyncio.to_thread(self._own, name_of(key), self.namespace, job)
@@ -212,7 +191,7 @@ class KubeLauncher:
             if key in self.jobs:
                 self.released.add(key)
 
-    async def kill(self, key: Key) -> None:
+    async def _delete_job(self, key: Key) -> None:
         options = client.V1DeleteOptions(propagation_policy="Background")
         with contextlib.suppress(ApiException):
             await asyncio.to_thread(self.batch.delete_namespaced_job, name_of(key), self.namespace, body=options)

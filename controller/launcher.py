@@ -1,22 +1,17 @@
 """The launcher protocol, the credentials a run gets, and the local-process launcher.
 
-A launcher starts one attempt of a rollout, reports how attempts ended, finds the attempts it
-started before a restart, and kills one. It never talks to the gateway: the reconcile loop
-(`controller/loop.py`) turns its outcomes into rollout statuses and retries.
+A launcher starts attempts, reports how they ended, and finds those it started before a
+restart. It never talks to the gateway: the reconcile loop (`controller/loop.py`) turns its
+outcomes into statuses and retries.
 
-Local runs. Each attempt runs as `sh -c 'cd DIR; "$@"; echo $? > EXIT' EXIT DIR COMMAND...`
-(posix_spawn) in its own session, so its own process group, with stdout and stderr in
-`LOGS/<rollout>/<attempt>/harness.log`. The wrapper writes the exit code to a file, so that a
-restarted controller learns the code of a process it did not spawn, then kills its process
-group, so that what a run forked dies with it. A JSON state file per attempt (pid, process
-start time from /proc, deadline, phase) is written before the spawn and again after it, and is
-what a restarted controller adopts: pid and start time must both match, or the run counts as lost
-(an infra failure). A timeout kills the whole process group (grandchildren too, unless they
-started their own session). The grader, if any, runs only after the harness exited 0, as its
-own process in the same workspace, with `AGL_GRADER_TOKEN` and without the agent token; the
-harness never sees the grader token. The grader token is kept in the (0600) state file so a
-restarted controller can still start the grader. Processes are polled (`waitpid` for
-children, /proc for adopted ones), not awaited: no thread or watcher per process.
+Local runs: each attempt is a process group of its own (`WRAPPER`, posix_spawned in a new
+session) logging to `<state>/logs/<rollout>/<attempt>/`; its exit code goes to a file, so a
+restarted controller learns the code of a process it did not spawn, and what it forked dies
+with it, at its end or its timeout. A 0600 state file per attempt (pid, start time from /proc,
+deadline, phase, the grader's command and token) is written before the spawn; a restarted
+controller adopts the run if pid and start time match, else it is lost (infra). The grader, if
+any, runs after the harness exited 0, in the same workspace, with `AGL_GRADER_TOKEN` and no
+agent token. Processes are polled (`waitpid`, /proc when adopted): no thread per process.
 """
 
 from __future__ import annotations
@@ -27,21 +22,21 @@ import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from agl.types import JSON, FailureKind, Status
 from controller.spec import Process, Spec
 
-# The exit code goes to a file; then the wrapper kills its process group: what the run forked dies with it.
+# sh -c WRAPPER EXIT_FILE DIR COMMAND...: the exit code goes to a file, then the whole process group is killed.
 WRAPPER = 'cd "$1" || exit 126; shift; "$@"; c=$?; echo $c > "$0.tmp" && mv "$0.tmp" "$0"; kill -9 0'
 INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")  # never the admin key
 
 
 @dataclass(frozen=True)
 class Credentials:
-    """What one attempt is given: endpoints and tokens (from the gateway's create or rotate reply)."""
+    """What one attempt is given: endpoints and tokens."""
 
     rollout_id: str
     attempt: int
@@ -54,28 +49,14 @@ class Credentials:
 
     @classmethod
     def from_reply(cls, reply: JSON, attempt: int, task: JSON) -> Credentials:
-        """From the gateway's create or rotate reply; runs reach the gateway at its public URL
-        (`anthropic_base_url` is that URL itself)."""
-        public = reply["anthropic_base_url"]
-        return cls(
-            reply["id"],
-            attempt,
-            task,
-            public,
-            reply["base_url"],
-            public,
-            reply["agent_token"],
-            reply.get("grader_token"),
-        )
+        """From the gateway's create or rotate reply; runs reach it at its public URL (`anthropic_base_url`)."""
+        public, tokens = reply["anthropic_base_url"], (reply["agent_token"], reply.get("grader_token"))
+        return cls(reply["id"], attempt, task, public, reply["base_url"], public, *tokens)
 
     def harness_env(self) -> dict[str, str]:
         """DESIGN.md section 3; no grader token."""
-        return {
-            "OPENAI_BASE_URL": self.base_url,
-            "OPENAI_API_KEY": self.agent_token,
-            "ANTHROPIC_BASE_URL": self.anthropic_base_url,
-            "ANTHROPIC_API_KEY": self.agent_token,
-        } | self.common_env()
+        urls = {"OPENAI_BASE_URL": self.base_url, "ANTHROPIC_BASE_URL": self.anthropic_base_url}
+        return urls | {"OPENAI_API_KEY": self.agent_token, "ANTHROPIC_API_KEY": self.agent_token} | self.common_env()
 
     def grader_env(self) -> dict[str, str]:
         """The grader's: its own token and where to post the reward; no agent token."""
@@ -122,25 +103,18 @@ class LaunchError(Exception):
 class Launcher(Protocol):
     async def launch(self, spec: Spec, creds: Credentials) -> str:
         """Start an attempt; returns where it runs (pid, Job name). Raises `LaunchError`."""
-        ...
 
     async def adopt(self) -> list[Key]:
         """The attempts this launcher started earlier (e.g. before a restart); now watched again."""
-        ...
 
     async def poll(self) -> list[tuple[Key, Outcome]]:
         """Attempts that ended since the last poll. Reported again until `release`d."""
-        ...
 
     async def release(self, key: Key) -> None:
         """The loop recorded this outcome: forget the attempt."""
-        ...
-
-    async def kill(self, key: Key) -> None: ...
 
     def active(self) -> int:
         """Attempts being watched (running or ended but not released)."""
-        ...
 
 
 def process_start(pid: int) -> int | None:
@@ -164,35 +138,31 @@ class _Run:
     pid: int = 0
     start: int = 0
     deadline: float = 0.0
-    grader: JSON | None = None  # command, env, cwd, timeout_s
+    grader: JSON | None = None  # proc (the spec's), env, cwd
     child: bool = field(default=False, repr=False)  # spawned by this process (else adopted): reap it
 
     @property
     def key(self) -> Key:
         return self.rollout_id, self.attempt
 
-    def state(self) -> JSON:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "child"}
-
 
 class LocalLauncher:
-    """Harnesses as local processes; `state_dir` holds one JSON file per attempt, `log_dir` the logs."""
+    """Harnesses as local processes: a JSON file per attempt in `state_dir/runs`, logs in `state_dir/logs`."""
 
-    def __init__(self, state_dir: str | Path, log_dir: str | Path | None = None) -> None:
-        self.state_dir = Path(state_dir).absolute()  # runs write their exit codes here from their own folders
-        self.log_dir = Path(log_dir).absolute() if log_dir else self.state_dir / "logs"
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def __init__(self, state_dir: str | Path) -> None:
+        state = Path(state_dir).absolute()  # runs write their exit codes here from their own folders
+        self.runs_dir, self.log_dir = state / "runs", state / "logs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runs: dict[Key, _Run] = {}
         self.ended: dict[Key, Outcome] = {}
 
     def _state_file(self, key: Key) -> Path:
-        return self.state_dir / f"{key[0]}.{key[1]}.json"
+        return self.runs_dir / f"{key[0]}.{key[1]}.json"
 
     def _save(self, run: _Run) -> None:
         tmp = self._state_file(run.key).with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(run.state(), f)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump({k: v for k, v in vars(run).items() if k != "child"}, f)
         tmp.replace(self._state_file(run.key))
 
     def _spawn(self, run: _Run, proc: Process, env: dict[str, str], cwd: str) -> None:
@@ -236,7 +206,7 @@ class LocalLauncher:
         return f"pid {run.pid}"
 
     async def adopt(self) -> list[Key]:
-        for path in sorted(self.state_dir.glob("*.json")):
+        for path in sorted(self.runs_dir.glob("*.json")):
             try:
                 run = _Run(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
@@ -260,27 +230,24 @@ class LocalLauncher:
             return -1
 
     def _check(self, run: _Run) -> Outcome | None:
-        code = self._exit_code(run)
+        harness, code = run.phase == "harness", self._exit_code(run)
         if code is None:
             if time.time() < run.deadline:
                 return None
-            self._signal(run, signal.SIGKILL)
-            if run.phase == "harness":
+            self._kill_group(run)
+            if harness:
                 return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the harness ran past its timeout")
             return Outcome.infra("the grader ran past its timeout")
         if code == -1:
             return Outcome.infra(f"{run.phase} process {run.pid} was lost (no exit code)")
+        if code != 0 and harness:
+            return Outcome.task(f"harness exited with {code}")
         if code != 0:
-            return (
-                Outcome.task(f"harness exited with {code}")
-                if run.phase == "harness"
-                else Outcome.infra(f"grader exited with {code}")
-            )
-        if run.phase == "harness" and run.grader:
+            return Outcome.infra(f"grader exited with {code}")
+        if harness and run.grader:
             run.phase = "grader"
-            proc = Process.model_validate(run.grader["proc"])
             try:
-                self._spawn(run, proc, run.grader["env"], run.grader["cwd"])
+                self._spawn(run, Process.model_validate(run.grader["proc"]), run.grader["env"], run.grader["cwd"])
             except LaunchError as e:
                 return Outcome.infra(str(e))
             return None
@@ -295,17 +262,13 @@ class LocalLauncher:
     async def release(self, key: Key) -> None:
         self.ended.pop(key, None)
         if (run := self.runs.pop(key, None)) is not None:
-            self._signal(run, signal.SIGKILL)  # nothing of an ended attempt may linger
+            self._kill_group(run)  # nothing of an ended attempt may linger
         self._state_file(key).unlink(missing_ok=True)
 
-    async def kill(self, key: Key) -> None:
-        if (run := self.runs.get(key)) is not None:
-            self._signal(run, signal.SIGKILL)
-
-    def _signal(self, run: _Run, sig: int) -> None:
+    def _kill_group(self, run: _Run) -> None:
         if run.pid and (run.child or process_start(run.pid) == run.start):
             with contextlib.suppress(OSError):
-                os.killpg(run.pid, sig)
+                os.killpg(run.pid, signal.SIGKILL)
         if run.child:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(run.pid, 0)

@@ -1,35 +1,31 @@
 """`agl controller`: the reconcile loop between the gateway's queued rollouts and a launcher.
 
-Owns which rollout runs when (a concurrency cap, a launch-rate cap, retry backoff), the
-credentials of each attempt, and turning a launcher's outcome into the rollout's status:
-ran to the end with a final reward -> `succeeded`; ran to the end without one -> `failed`
-(task: DESIGN.md section 2); harness exit != 0 -> `failed` (task); timeout -> `timed_out`;
-infra (launch error, lost process, deleted Job, evicted pod, grader failure, or any task
-failure of a run during which the gateway restarted) -> `queued` again as attempt + 1 after a
-backoff, until `max_attempts`, then `failed` (infra).
+Owns which rollout runs when (caps on runs at once and on the launch rate, retry backoff), each
+attempt's credentials, and the policy from outcome to status: ran to the end with a final
+reward -> `succeeded`; without one, or harness exit != 0 -> `failed` (task: DESIGN.md section
+2); timeout -> `timed_out`; infra (launch error, lost process, deleted Job, evicted pod, grader
+failure, or a task failure while the gateway restarted) -> `queued` again as attempt + 1 after
+a backoff, until `max_attempts`, then `failed` (infra).
 
-Credentials: plaintext tokens exist only in a create reply, so for every attempt the loop asks
-the gateway for fresh ones (`POST /api/rollouts/{id}/tokens`): anyone may create rollouts,
-and a stale attempt's tokens die with it. The one exception is attempt 1 of a rollout whose
-metadata says `"launch": "manifest"` (made by `agl jobs render`): its tokens are in the
-Secret the user applies, and the loop only adopts that Job (by label) when it appears.
+Each attempt gets fresh tokens (`POST /api/rollouts/{id}/tokens`): plaintext tokens exist only
+in a reply, anyone may create rollouts, and a stale attempt's tokens die with it. The exception
+is attempt 1 of a `"launch": "manifest"` rollout (`agl jobs render`): its tokens are in the
+Secret the user applies, and the loop only adopts its Job (by label).
 
-What a rollout runs: `metadata.spec` when the rollout carries one, else the controller's
-`--spec`; a rollout with neither is left alone (it is someone else's). Restart safety: on
-start the launcher adopts what it launched before; a running rollout that this launcher
-marked running ("launched by local: pid N") in its current attempt but that has no run is
-an infra failure. Stopping
-the controller leaves runs alive for the next one to adopt; it does not cancel runs of
-rollouts cancelled in the gateway (their calls get 403, which ends a harness).
+A rollout runs its `metadata.spec`, else `--spec`; with neither it is someone else's, left
+alone. On start the launcher adopts its earlier runs; a running rollout this launcher marked
+running ("launched by local: pid N") in its current attempt but with no run is an infra
+failure. Stopping the controller leaves runs alive for the next one; it does not cancel runs
+of rollouts cancelled in the gateway (their calls get 403, which ends them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
-from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -67,9 +63,8 @@ class Controller:
         self.gw, self.launcher, self.spec, self.settings = gw, launcher, spec, settings
         self.not_before: dict[str, float] = {}  # rollout id -> monotonic time its retry may start
         self.started: set[Key] = set()  # attempts launched or adopted and not yet recorded
-        self.tokens = settings.launch_per_s  # token bucket of the launch-rate cap
+        self.launch_budget = settings.launch_per_s  # launches allowed now; refills at launch_per_s, up to it
         self.refilled = time.monotonic()
-        self.name = "kubernetes" if settings.launcher == "kubernetes" else "local"
 
     async def run(self, stop: asyncio.Event) -> None:
         """The loop: adopt once, then record ended runs and launch queued rollouts until `stop`."""
@@ -83,52 +78,47 @@ class Controller:
                 await self.launch_queued()
             except GatewayError as e:  # the gateway is down or restarting: retry next tick
                 log.warning("reconcile: %s", e)
-            with_timeout = asyncio.wait_for(stop.wait(), self.settings.poll_s)
-            await asyncio.gather(with_timeout, return_exceptions=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.poll_s)
 
     async def adopt(self) -> None:
         """Watch again what was launched before a restart; runs that vanished are infra failures."""
         self.started.update(await self.launcher.adopt())
-        adopted = {rid for rid, _ in self.started}
+        adopted, mine = {rid for rid, _ in self.started}, f"{LAUNCHED} {self.settings.launcher}:"
         for rollout in await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000):
             if rollout.id in adopted:
                 continue
-            mine = f"{LAUNCHED} {self.name}:"
             events = [e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt]
             if any(str(e["data"].get("reason", "")).startswith(mine) for e in events):
-                spec = self.spec_of(rollout)
-                await self.report(rollout, Outcome.infra("the run was not found after a controller restart"), spec)
+                lost = Outcome.infra("the run was not found after a controller restart")
+                await self.report(rollout, lost, self.spec_of(rollout))
 
     def spec_of(self, rollout: Rollout) -> Spec | None:
         if "spec" in rollout.metadata:
             return parse_spec(rollout.metadata["spec"], f"rollout {rollout.id} metadata.spec")
         return self.spec
 
-    def may_launch(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.settings.launch_per_s, self.tokens + (now - self.refilled) * self.settings.launch_per_s)
-        self.refilled = now
-        return self.launcher.active() < self.settings.max_running and self.tokens >= 1
-
     async def launch_queued(self) -> None:
-        if not self.may_launch():
+        now, rate = time.monotonic(), self.settings.launch_per_s
+        self.launch_budget = min(rate, self.launch_budget + (now - self.refilled) * rate)
+        self.refilled = now
+        room = min(int(self.launch_budget), self.settings.max_running - self.launcher.active())
+        if room < 1:
             return
-        chosen: list[Rollout] = []
-        for rollout in await self.gw.list_rollouts(status=Status.QUEUED, limit=2 * self.settings.max_running + 100):
-            if (rollout.id, rollout.attempt) in self.started or self.not_before.get(rollout.id, 0) > time.monotonic():
-                continue
-            if rollout.attempt == 1 and rollout.metadata.get("launch") == "manifest":
-                continue  # applied with kubectl; adopted by label when it appears
-            if self.spec is None and "spec" not in rollout.metadata:
-                continue  # someone else's: it must not take the place of one of ours
-            if self.tokens < len(chosen) + 1 or self.launcher.active() + len(chosen) >= self.settings.max_running:
-                break
-            chosen.append(rollout)
-        self.tokens -= len(chosen)
+        queued = await self.gw.list_rollouts(status=Status.QUEUED, limit=2 * self.settings.max_running + 100)
+        chosen = [r for r in queued if self.launchable(r)][:room]
+        self.launch_budget -= len(chosen)
         await asyncio.gather(*(self.start(r) for r in chosen))
 
+    def launchable(self, r: Rollout) -> bool:
+        """Not started yet, past its backoff, ours (someone else's must not take the place of
+        one of ours), and not applied with kubectl (that Job is adopted by label)."""
+        if (r.id, r.attempt) in self.started or self.not_before.get(r.id, 0) > time.monotonic():
+            return False
+        manifest = r.attempt == 1 and r.metadata.get("launch") == "manifest"
+        return not manifest and (self.spec is not None or "spec" in r.metadata)
+
     async def start(self, rollout: Rollout) -> None:
-        key = (rollout.id, rollout.attempt)
         self.not_before.pop(rollout.id, None)
         try:
             spec = self.spec_of(rollout)
@@ -152,8 +142,8 @@ class Controller:
             log.warning("rollout_id=%s attempt=%d: launch failed: %s", rollout.id, rollout.attempt, e)
             await self.report(rollout, Outcome.task(str(e)) if e.permanent else Outcome.infra(str(e)), spec)
             return
-        self.started.add(key)
-        reason = f"{LAUNCHED} {self.name}: {where}"
+        self.started.add((rollout.id, rollout.attempt))
+        reason = f"{LAUNCHED} {self.settings.launcher}: {where}"
         if not await self.set_status(rollout, Status.RUNNING, None, reason):  # its first call came first
             await self.gw.post_event(rollout.id, "launch", {"reason": reason})
         log.info("rollout_id=%s attempt=%d: launched (%s)", rollout.id, rollout.attempt, where)
@@ -202,14 +192,6 @@ class Controller:
         return True
 
 
-def make_launcher(settings: ControllerSettings) -> Launcher:
-    if settings.launcher == "kubernetes":
-        from controller.kube import KubeLauncher
-
-        return KubeLauncher(settings.namespace)
-    return LocalLauncher(Path(settings.state_dir) / "runs", Path(settings.state_dir) / "logs")
-
-
 def main(argv: list[str]) -> int:
     settings, _ = from_flags(ControllerSettings, argv, "agl controller", __doc__.split("\n")[0])
     if not settings.admin_key:
@@ -225,14 +207,13 @@ async def serve(settings: ControllerSettings, spec: Spec | None) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    if settings.launcher == "kubernetes":
+        from controller.kube import KubeLauncher
+
+        launcher: Launcher = KubeLauncher(settings.namespace)
+    else:
+        launcher = LocalLauncher(settings.state_dir)
     async with GatewayClient(settings.gateway, settings.admin_key) as gw:
         log.info("controller: %s launcher, gateway %s", settings.launcher, settings.gateway)
-        await Controller(gw, make_launcher(settings), spec, settings).run(stop)
+        await Controller(gw, launcher, spec, settings).run(stop)
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sys.exit(main(sys.argv[1:]))

@@ -1,16 +1,15 @@
 """Kubernetes manifests for one attempt (a Secret and a Job), and how a finished Job is read.
 
-Owns the shape of what is applied, as plain API-shaped dicts (what `kubectl apply` and the
-`kubernetes` client both take), and the mapping from Job and Pod status to an `Outcome`:
-Complete -> ran to the end; DeadlineExceeded -> timed out; harness exit != 0 -> task failure;
-image pull errors, eviction, node loss, container start errors, a grader's failure -> infra.
-It imports no `kubernetes` (that is `controller/kube.py`), so it is tested without a cluster.
+Owns what is applied, as API-shaped dicts (what `kubectl apply` and the `kubernetes` client
+both take), and the mapping from Job and Pod status to an `Outcome`: Complete -> ran to the
+end; DeadlineExceeded -> timed out; harness exit != 0 -> task failure; image pull errors,
+eviction, node loss, container start errors, a grader's failure -> infra. It imports no
+`kubernetes` (`controller/kube.py` does), so it is tested without a cluster.
 
-One Job per attempt, named `agl-<rollout>-<attempt>` and labelled with both. The tokens live
-only in the Secret of the same name (owned by the Job once it exists, so they are collected
-with it), referenced from each container's env: the harness gets the agent token, the grader
-(when there is one: the harness then runs as an init container, the grader as the main one,
-sharing an emptyDir at `spec.workspace`) only the grader token.
+One Job per attempt, `agl-<rollout>-<attempt>`, labelled with both. The tokens live only in the
+Secret of that name (owned by the Job, so collected with it): the harness gets the agent token,
+the grader only its own. With a grader, the harness is an init container and the grader the
+main one, sharing an emptyDir at `spec.workspace`.
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ ROLLOUT_LABEL, ATTEMPT_LABEL = "agl.dev/rollout", "agl.dev/attempt"
 INFRA_WAITING = {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}
 INFRA_POD = {"Evicted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated", "UnexpectedAdmissionError"}
 INFRA_START = {"StartError", "ContainerCannotRun", "CreateContainerError"}
+AGENT_KEYS = {"OPENAI_API_KEY": "agent-token", "ANTHROPIC_API_KEY": "agent-token"}  # env name -> key in the Secret
+GRADER_KEYS = {"AGL_GRADER_TOKEN": "grader-token"}
 
 
 def name_of(key: Key) -> str:
@@ -39,8 +40,9 @@ def key_of(obj: JSON) -> Key | None:
     return labels[ROLLOUT_LABEL], int(labels[ATTEMPT_LABEL])
 
 
-def _container(name: str, proc: Process, env: dict[str, str], secret: str, keys: dict[str, str], ws: str) -> JSON:
-    values = [{"name": k, "value": v} for k, v in (proc.env | env).items()]
+def _container(name: str, proc: Process, env: dict[str, str], keys: dict[str, str], secret: str, ws: str) -> JSON:
+    """The tokens (`keys`) come from the Secret, the rest of `env` as values."""
+    values = [{"name": k, "value": v} for k, v in (proc.env | env).items() if k not in keys]
     refs = [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": v}}} for k, v in keys.items()]
     out: JSON = {"name": name, "image": proc.image, "command": proc.command, "env": values + refs}
     out |= {"workingDir": proc.cwd or ws, "volumeMounts": [{"name": "workspace", "mountPath": ws}]}
@@ -50,26 +52,15 @@ def _container(name: str, proc: Process, env: dict[str, str], secret: str, keys:
 
 def manifests(spec: Spec, creds: Credentials) -> tuple[JSON, JSON]:
     """The Secret and the Job of one attempt (the Secret's owner is set after the Job exists)."""
-    key = (creds.rollout_id, creds.attempt)
-    name = name_of(key)
+    name = name_of((creds.rollout_id, creds.attempt))
     labels = spec.labels | {ROLLOUT_LABEL: creds.rollout_id, ATTEMPT_LABEL: str(creds.attempt)}
     meta = {"name": name, "namespace": spec.namespace, "labels": labels}
     tokens = {"agent-token": creds.agent_token} | ({"grader-token": creds.grader_token} if creds.grader_token else {})
-    secret: JSON = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": dict(meta),
-        "type": "Opaque",
-        "stringData": tokens,
-    }
-    harness_env = {k: v for k, v in creds.harness_env().items() if not k.endswith("_API_KEY")}
-    agent_keys = {"OPENAI_API_KEY": "agent-token", "ANTHROPIC_API_KEY": "agent-token"}
-    harness = _container("harness", spec.harness, harness_env, name, agent_keys, spec.workspace)
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": dict(meta), "type": "Opaque", "stringData": tokens}
+    harness = _container("harness", spec.harness, creds.harness_env(), AGENT_KEYS, name, spec.workspace)
     pod: JSON = {"restartPolicy": "Never", "volumes": [{"name": "workspace", "emptyDir": {}}]}
     if spec.grader:
-        grader_env = {k: v for k, v in creds.grader_env().items() if k != "AGL_GRADER_TOKEN"}
-        grader_keys = {"AGL_GRADER_TOKEN": "grader-token"}
-        grader = _container("grader", spec.grader, grader_env, name, grader_keys, spec.workspace)
+        grader = _container("grader", spec.grader, creds.grader_env(), GRADER_KEYS, name, spec.workspace)
         pod |= {"initContainers": [harness], "containers": [grader]}
     else:
         pod |= {"containers": [harness]}
@@ -102,16 +93,13 @@ def finished(job: JSON) -> bool:
 
 def job_outcome(job: JSON, pods: list[JSON]) -> Outcome | None:
     """How a Job ended, from its status and its pods; None while it runs and nothing is wrong."""
-    conditions = _conditions(job)
+    conditions, found = _conditions(job), pod_outcome(pods)
     if "Complete" in conditions:
         return OK
-    if "Failed" not in conditions:
-        found = pod_outcome(pods)
+    if (failed := conditions.get("Failed")) is None:  # still running: only an infra failure ends it early
         return found if found is not None and found.failure_kind is FailureKind.INFRA else None
-    if conditions["Failed"].get("reason") == "DeadlineExceeded":
+    if failed.get("reason") == "DeadlineExceeded":
         return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the Job ran past activeDeadlineSeconds")
-    found = pod_outcome(pods)
-    failed = conditions["Failed"]
     return found or Outcome.infra(f"Job failed: {failed.get('reason', '')} {failed.get('message', '')}".strip())
 
 

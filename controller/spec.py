@@ -1,10 +1,9 @@
 """The rollout spec: what to run for one rollout, validated before anything is launched.
 
-Owns the pydantic shape of a spec (YAML or JSON; unknown fields are errors) and the messages
-that name the offending field. The same spec serves both launchers: `command`, `env`, `cwd`,
-`timeout_s` for a local process; `image`, `resources` and the Job fields also for Kubernetes.
-It does not launch anything, and it does not know the injected environment (see
-`controller/launcher.py`).
+Owns the pydantic shape of a spec (YAML or JSON; unknown fields are errors) and messages that
+name the offending field. Both launchers take the same spec (`image`, `resources` and the Job
+fields matter only on Kubernetes). It launches nothing and does not know the injected
+environment (`controller/launcher.py`).
 """
 
 from __future__ import annotations

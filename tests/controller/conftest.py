@@ -83,7 +83,7 @@ def controller(
     """A controller running in a thread with its own event loop; stopped (runs left alive) on exit."""
     cfg = settings(gateway, tmp_path, **fields)
     parsed = parse_spec(spec) if isinstance(spec, dict) else spec
-    launcher = runner or LocalLauncher(tmp_path / "state" / "runs", tmp_path / "state" / "logs")
+    launcher = runner or LocalLauncher(tmp_path / "state")
     ready = threading.Event()
     box: dict[str, Any] = {}
 

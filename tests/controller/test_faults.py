@@ -55,10 +55,10 @@ def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controlle
     creds = Credentials("r1", 1, {}, "http://gw", "http://gw/v1", "http://gw", "token")
     monkeypatch.setattr(os, "posix_spawn", spawn_then_die)
     with pytest.raises(KeyboardInterrupt):
-        asyncio.run(LocalLauncher(tmp_path / "runs", tmp_path / "logs").launch(spec, creds))
+        asyncio.run(LocalLauncher(tmp_path).launch(spec, creds))
     monkeypatch.undo()
     try:
-        restarted = LocalLauncher(tmp_path / "runs", tmp_path / "logs")
+        restarted = LocalLauncher(tmp_path)
         assert asyncio.run(restarted.adopt()) == [("r1", 1)]  # not forgotten: relaunching it would run it twice
         ((key, outcome),) = asyncio.run(restarted.poll())
         assert key == ("r1", 1) and outcome.failure_kind == "infra"  # so attempt 2 gets new tokens

@@ -39,7 +39,7 @@ def test_a_relative_state_dir_works_from_every_run_s_own_folder(gateway, tmp_pat
 
     monkeypatch.chdir(tmp_path)
     rid = gateway.rollout()["id"]
-    runner = LocalLauncher("relative/runs", "relative/logs")
+    runner = LocalLauncher("relative")
     with controller(gateway, tmp_path, harness_spec(tmp_path), runner=runner):
         done = wait_status(gateway, rid)
     assert done["status"] == "succeeded", reasons(gateway, rid)
