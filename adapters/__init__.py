@@ -1,10 +1,10 @@
 """The sample adapter: recorded calls -> training samples with rollout-level advantage and loss weights.
 
-`build_batch` is the entry point the trainer calls; see DESIGN.md section 6. Imports only agl and
-numpy (torch tensors are accepted by `truncated_is_weights` without importing torch here).
+`build_batch` is the entry point the trainer calls; see DESIGN.md section 6. Imports only agl,
+numpy and pydantic (torch tensors are accepted by `truncated_is_weights` without importing torch).
 """
 
-from adapters.advantage import ESTIMATORS, Estimator, register
+from adapters.advantage import ESTIMATORS, Estimator
 from adapters.batch import Batch, balanced_partitions, build_batch, truncated_is_weights
 from adapters.settings import AdapterError, AdapterSettings
 
@@ -16,6 +16,5 @@ __all__ = [
     "Estimator",
     "balanced_partitions",
     "build_batch",
-    "register",
     "truncated_is_weights",
 ]

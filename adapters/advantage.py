@@ -1,18 +1,16 @@
 """One advantage per rollout, from rollout rewards grouped by task (DESIGN.md section 6.2).
 
-Owns the estimators (GRPO, RLOO, REINFORCE++-baseline) behind a small protocol and registry,
+Owns the estimators (GRPO, RLOO, REINFORCE++-baseline) behind a small protocol and a registry,
 and the handling of degenerate groups. Every estimator sees each rollout once, however many
 samples it later splits into; with one sample per rollout they equal verl's
-`compute_*_outcome_advantage` functions.
-
-It does not decide which rollouts are valid (infra failures, staleness and missing rewards are
-settled by `adapters.batch` before), and it never sees tokens.
+`compute_*_outcome_advantage` functions. It does not decide which rollouts are valid (infra
+failures, staleness and missing rewards are settled by `adapters.batch` before), and never sees tokens.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -23,18 +21,6 @@ from adapters.settings import AdapterError, AdapterSettings
 class Estimator(Protocol):
     def __call__(self, rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
         """Advantages (float64) of rollouts with `rewards`; `group[i]` is rollout i's group number."""
-        ...
-
-
-ESTIMATORS: dict[str, Estimator] = {}
-
-
-def register(name: str) -> Callable[[Estimator], Estimator]:
-    def add(estimator: Estimator) -> Estimator:
-        ESTIMATORS[name] = estimator
-        return estimator
-
-    return add
 
 
 def _group_stats(rewards: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -48,27 +34,22 @@ def _group_stats(rewards: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np
     return count[group], mean[group], std[group]
 
 
-@register("grpo")
 def grpo(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
     _, mean, std = _group_stats(rewards, group)
     adv = rewards - mean
     return adv / (std + settings.eps) if settings.norm_by_std else adv
 
 
-@register("rloo")
 def rloo(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
     n, mean, _ = _group_stats(rewards, group)
     scale = np.where(n > 1, n / np.maximum(n - 1, 1), 1.0)
     return (rewards - mean) * scale
 
 
-@register("reinforce_pp")
 def reinforce_pp(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
-    """REINFORCE++-baseline: subtract the group mean, then whiten over the batch's rollouts.
-
-    verl whitens over tokens, so long responses weigh more in its statistics; here each rollout
-    counts once (the same numbers when every rollout has one trained token).
-    """
+    """REINFORCE++-baseline: subtract the group mean, then whiten over the batch's rollouts. verl
+    whitens over tokens, so long responses weigh more in its statistics; here each rollout counts
+    once (the same numbers when every rollout has one trained token)."""
     _, mean, _ = _group_stats(rewards, group)
     adv = rewards - mean
     if len(adv) < 2:
@@ -76,21 +57,19 @@ def reinforce_pp(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettin
     return (adv - adv.mean()) / np.sqrt(adv.var(ddof=1) + 1e-8)
 
 
+# The estimators `AdapterSettings.estimator` names; another is added with `ESTIMATORS[name] = fn`.
+ESTIMATORS: dict[str, Estimator] = {"grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp}
+
+
 def rollout_advantages(
     rewards: np.ndarray, groups: Sequence[str], settings: AdapterSettings, stats: Counter[str]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(advantage, kept) per rollout. Degenerate groups are counted, and dropped if so set."""
-    try:
-        estimator = ESTIMATORS[settings.estimator]
-    except KeyError:
-        raise AdapterError(f"unknown estimator {settings.estimator!r}; known: {sorted(ESTIMATORS)}") from None
+    if settings.estimator not in ESTIMATORS:
+        raise AdapterError(f"unknown estimator {settings.estimator!r}; known: {sorted(ESTIMATORS)}")
     names, group = np.unique(np.asarray(groups, dtype=object), return_inverse=True)
-    count = np.bincount(group, minlength=len(names))
-    spread = np.zeros(len(names))
-    if len(rewards):
-        ordered, starts = rewards[np.argsort(group, kind="stable")], np.cumsum(count) - count
-        spread = np.maximum.reduceat(ordered, starts) - np.minimum.reduceat(ordered, starts)
-    degenerate = (count < 2) | (spread == 0)
+    distinct = np.unique(np.column_stack([group, rewards]), axis=0)  # (group, reward) pairs
+    degenerate = np.bincount(distinct[:, 0].astype(np.intp), minlength=len(names)) < 2  # one reward value: no signal
     stats["groups"] += len(names)
     stats["groups_degenerate"] += int(degenerate.sum())
     kept = ~degenerate[group] if settings.drop_degenerate else np.ones(len(rewards), dtype=bool)
@@ -98,5 +77,5 @@ def rollout_advantages(
     adv = np.zeros(len(rewards))
     if kept.any():
         _, kept_group = np.unique(group[kept], return_inverse=True)
-        adv[kept] = estimator(rewards[kept], kept_group, settings)
+        adv[kept] = ESTIMATORS[settings.estimator](rewards[kept], kept_group, settings)
     return adv, kept

@@ -1,18 +1,17 @@
 """Rollouts and their calls -> one training batch (DESIGN.md sections 6.3-6.5).
 
 Owns the pipeline around the merge and the estimators: input checks, infra exclusion,
-staleness, missing rewards, rollout-level loss weights (and verl's sample-level modes for
+staleness, missing rewards, rollout-level loss weights (verl's sample-level modes kept for
 comparison), whole-rollout mini-batches, token-balanced packing over data-parallel ranks with
-zero-weight padding, truncated importance weights, and the metrics.
-
-The batch is plain numpy, flat per token (samples back to back, `offsets` marks them), so
-nothing is padded to the longest sample here; building verl's `DataProto` (left-padded prompts,
-responses, masks) is the trainer's job. Nothing here imports verl or talks to the store.
+zero-weight padding, truncated importance weights, and the metrics. The batch is plain numpy,
+flat per token (samples back to back, `offsets` marks them): padding to the longest sample and
+verl's `DataProto` are the trainer's job. Nothing here imports verl or talks to the store.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from adapters.advantage import rollout_advantages
-from adapters.merge import MISMATCHES, Chain, Segment, merge
+from adapters.merge import MISMATCHES, Draft, Segment, merge
 from adapters.settings import AdapterError, AdapterSettings
 from agl.types import Call, FailureKind, Rollout, Sample, Status
 
@@ -39,10 +38,8 @@ COUNTS = [
 class Batch:
     """Samples ordered by (mini-batch, rank); sample i is tokens `offsets[i]:offsets[i + 1]`.
 
-    One optimizer step per mini-batch; its loss is `sum(loss_weights * token_loss)` summed over
-    all its micro-batches and ranks (verl's `token-sum`), which is the same however the samples
-    are split into micro-batches.
-    """
+    One optimizer step per mini-batch; its loss is `sum(loss_weights * token_loss)` over all its
+    micro-batches and ranks (verl's `token-sum`), the same however the samples are split."""
 
     input_ids: np.ndarray  # int32, per token
     position_ids: np.ndarray  # int32, per token, from 0 in each sample
@@ -89,38 +86,25 @@ def truncated_is_weights(behaviour: Any, recomputed: Any, mask: Any, cap: float)
 
 
 def balanced_partitions(lengths: Sequence[int], k: int) -> list[list[int]]:
-    """Indices split into `k` parts of equal count with balanced length sums (sorted within a part).
-
+    """Indices split into `k` parts of equal count with balanced length sums (sorted within a part):
     Karmarkar-Karp largest differencing, as verl's `get_seqlen_balanced_partitions(lengths, k,
-    equal_size=True)`; `len(lengths)` must be a multiple of `k`.
-    """
+    equal_size=True)`. `len(lengths)` must be a multiple of `k`."""
     if len(lengths) % k:
         raise ValueError(f"{len(lengths)} items do not split into {k} equal parts")
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     heap: list[tuple[int, int, int, list[tuple[int, list[int]]]]] = []
+    ties = itertools.count()  # equal spreads: the older partition first
 
-    def push(sets: list[tuple[int, list[int]]], tie: int) -> None:
+    def push(sets: list[tuple[int, list[int]]]) -> None:
         sets.sort(reverse=True)
-        heapq.heappush(heap, (sets[-1][0] - sets[0][0], -sets[0][0], tie, sets))
+        heapq.heappush(heap, (sets[-1][0] - sets[0][0], -sets[0][0], next(ties), sets))
 
     for start in range(0, len(order), k):
-        push([(lengths[i], [i]) for i in order[start : start + k]], start)
-    tie = len(order)
+        push([(lengths[i], [i]) for i in order[start : start + k]])
     while len(heap) > 1:
         a, b = heapq.heappop(heap)[3], heapq.heappop(heap)[3]
-        push([(sa + sb, ia + ib) for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)], tie)
-        tie += 1
+        push([(sa + sb, ia + ib) for (sa, ia), (sb, ib) in zip(a, reversed(b), strict=True)])
     return [sorted(items) for _, items in heap[0][3]] if heap else [[] for _ in range(k)]
-
-
-def _checked(rollouts: Sequence[Rollout], calls: Mapping[str, Sequence[Call]]) -> None:
-    ids = {r.id for r in rollouts}
-    if len(ids) != len(rollouts):
-        raise AdapterError("the same rollout is listed twice")
-    for rid, rcalls in calls.items():
-        if rid not in ids:
-            seq = rcalls[0].seq if rcalls else None
-            raise AdapterError(f"calls reference unknown rollout {rid} (call seq {seq})")
 
 
 def build_batch(
@@ -132,10 +116,14 @@ def build_batch(
 ) -> Batch:
     """The training batch of finished rollouts; `calls` as `Store.calls_for` returns them.
 
-    `version` is the model version being trained (needed for `max_staleness`);
-    """
+    `version` is the model version being trained (needed for `max_staleness`)."""
     s = settings or AdapterSettings()
-    _checked(rollouts, calls)
+    ids = {r.id for r in rollouts}
+    if len(ids) != len(rollouts):
+        raise AdapterError("the same rollout is listed twice")
+    if unknown := [rid for rid in calls if rid not in ids]:
+        first = calls[unknown[0]][0].seq if calls[unknown[0]] else None
+        raise AdapterError(f"calls reference unknown rollout {unknown[0]} (call seq {first})")
     stats: Counter[str] = Counter(dict.fromkeys(COUNTS, 0))
     valid: list[tuple[Rollout, float]] = []
     for r in rollouts:
@@ -161,77 +149,81 @@ def build_batch(
 
     rewards = np.array([reward for _, reward in valid], dtype=np.float64)
     adv, kept = rollout_advantages(rewards, [r.group for r, _ in valid], s, stats)
-    trained: list[tuple[str, float, list[Chain]]] = []
-    for (r, _), a, keep in zip(valid, adv, kept, strict=True):
-        if keep:
-            chains = merge(r.id, calls.get(r.id, ()), s, stats, r.attempt)
-            if sum(c.trained for c in chains):
-                trained.append((r.id, float(a), chains))
-            else:
-                stats["rollouts_without_tokens"] += 1
+    trained: list[tuple[str, float, list[Draft]]] = []
+    for (r, _), a in itertools.compress(zip(valid, adv, strict=True), kept):
+        drafts = merge(r.id, calls.get(r.id, ()), s, stats, r.attempt)
+        if any(d.trained for d in drafts):
+            trained.append((r.id, float(a), drafts))
+        else:
+            stats["rollouts_without_tokens"] += 1
     return _assemble(trained, s, stats, len(rollouts))
 
 
-def _weights(chains: list[list[Chain]], mode: str) -> list[list[float]]:
-    """The loss weight of each sampled token of each chain of a mini-batch's rollouts."""
-    tokens = [sum(c.trained for c in cs) for cs in chains]
+def _weights(rollouts: list[list[Draft]], mode: str) -> list[list[float]]:
+    """The loss weight of each sampled token of each sample of a mini-batch's rollouts."""
+    tokens = [sum(d.trained for d in ds) for ds in rollouts]
     if mode == "rollout":
-        return [[1.0 / (len(chains) * t)] * len(cs) for cs, t in zip(chains, tokens, strict=True)]
+        return [[1.0 / (len(rollouts) * t)] * len(ds) for ds, t in zip(rollouts, tokens, strict=True)]
     if mode == "token-mean":
-        return [[1.0 / sum(tokens)] * len(cs) for cs in chains]
-    used = sum(1 for cs in chains for c in cs if c.trained)
-    return [[1.0 / (used * c.trained) if c.trained else 0.0 for c in cs] for cs in chains]
+        return [[1.0 / sum(tokens)] * len(ds) for ds in rollouts]
+    used = sum(1 for ds in rollouts for d in ds if d.trained)
+    return [[1.0 / (used * d.trained) if d.trained else 0.0 for d in ds] for ds in rollouts]
 
 
 def _assemble(
-    trained: list[tuple[str, float, list[Chain]]],
-    s: AdapterSettings,
-    stats: Counter[str],
-    n_in: int,
+    trained: list[tuple[str, float, list[Draft]]], s: AdapterSettings, stats: Counter[str], n_in: int
 ) -> Batch:
     n = len(trained)
     n_mb = min(s.n_minibatches, max(n, 1))
     rollout_mb = (np.arange(n) * n_mb // max(n, 1)).astype(np.int32)
-    pad = Chain("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1, -1)], length=1)
-    # One entry per sample, in output order: (rollout index or -1, chain, weight, mini-batch, rank).
-    order: list[tuple[int, Chain, float, int, int]] = []
+    pad = Draft("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1, -1)], length=1)
+    # One entry per sample, in output order: (rollout index or -1, draft, weight, mini-batch, rank).
+    order: list[tuple[int, Draft, float, int, int]] = []
     for mb in range(n_mb):
         members = [int(i) for i in np.flatnonzero(rollout_mb == mb)]
         weights = _weights([trained[i][2] for i in members], s.loss_mode)
         samples = [
-            (i, c, w) for i, ws in zip(members, weights, strict=True) for c, w in zip(trained[i][2], ws, strict=True)
+            (i, d, w) for i, ws in zip(members, weights, strict=True) for d, w in zip(trained[i][2], ws, strict=True)
         ]
         samples += [(-1, pad, 0.0)] * (-len(samples) % s.dp_size)
-        for rank, part in enumerate(balanced_partitions([c.length for _, c, _ in samples], s.dp_size)):
+        for rank, part in enumerate(balanced_partitions([d.length for _, d, _ in samples], s.dp_size)):
             order.extend((*samples[j], mb, rank) for j in part)
 
-    sample_len = np.array([c.length for _, c, *_ in order], dtype=np.int64)
-    offsets = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(sample_len, out=offsets[1:])
+    drafts = [d for _, d, *_ in order]
+    offsets = np.cumsum([0, *(d.length for d in drafts)], dtype=np.int64)
     total = int(offsets[-1])
     # Preallocate and fill slices: one pass over the output, no per-token Python work.
     input_ids, versions = np.empty(total, np.int32), np.empty(total, np.int32)
-    position_ids = np.empty(total, np.int32)
     loss_mask, logprobs = np.zeros(total, bool), np.zeros(total, np.float32)
     advantages, loss_weights = np.zeros(total, np.float32), np.zeros(total, np.float32)
-    positions = np.arange(int(sample_len.max(initial=0)), dtype=np.int32)
-    for (i, chain, w, _, _), start in zip(order, offsets.tolist(), strict=False):
-        a = trained[i][1] if i >= 0 else 0.0
-        position_ids[start : start + chain.length] = positions[: chain.length]
-        for g in chain.segments:
+    for (i, draft, w, _, _), start in zip(order, offsets.tolist(), strict=False):
+        for g in draft.segments:
             end = start + len(g.ids)
             input_ids[start:end] = g.ids
             versions[start:end] = g.version
-            if g.logprobs is not None:
-                advantages[start:end] = a
+            if g.logprobs is not None:  # sampled (padding has none)
+                advantages[start:end] = trained[i][1]
                 logprobs[start:end] = g.logprobs
                 loss_mask[start:end] = True
                 loss_weights[start:end] = w
             start = end
 
-    batch = Batch(
+    real = sum(1 for o in order if o[0] >= 0)
+    trained_calls = stats["calls"] - stats["calls_untrained"] - stats["calls_temperature_mismatch"]
+    metrics = dict(stats) | {
+        "rollouts": n_in,
+        "rollouts_trained": n,
+        "samples": real,
+        "padding_samples": len(order) - real,
+        "samples_per_rollout": real / n if n else 0.0,
+        "merge_rate": stats["calls_merged"] / trained_calls if trained_calls else 0.0,
+        "degenerate_rate": stats["groups_degenerate"] / stats["groups"] if stats["groups"] else 0.0,
+        "tokens": total,
+        "trained_tokens": int(loss_mask.sum()),
+    }
+    return Batch(
         input_ids=input_ids,
-        position_ids=position_ids,
+        position_ids=(np.arange(total) - np.repeat(offsets[:-1], np.diff(offsets))).astype(np.int32),
         loss_mask=loss_mask,
         advantages=advantages,
         loss_weights=loss_weights,
@@ -244,21 +236,7 @@ def _assemble(
         rollout_ids=tuple(t[0] for t in trained),
         rollout_advantages=np.array([t[1] for t in trained], dtype=np.float64),
         rollout_minibatch=rollout_mb,
-        sample_calls=tuple(tuple(dict.fromkeys(g.seq for g in c.segments if g.seq >= 0)) for _, c, *_ in order),
-        sample_agents=tuple(c.agent for _, c, *_ in order),
-        metrics=dict(stats),
+        sample_calls=tuple(tuple(dict.fromkeys(g.seq for g in d.segments if g.seq >= 0)) for d in drafts),
+        sample_agents=tuple(d.agent for d in drafts),
+        metrics=metrics,
     )
-    real = sum(1 for o in order if o[0] >= 0)
-    trained_calls = stats["calls"] - stats["calls_untrained"] - stats["calls_temperature_mismatch"]
-    batch.metrics.update(
-        rollouts=n_in,
-        rollouts_trained=n,
-        samples=real,
-        padding_samples=len(order) - real,
-        samples_per_rollout=real / n if n else 0.0,
-        merge_rate=stats["calls_merged"] / trained_calls if trained_calls else 0.0,
-        degenerate_rate=stats["groups_degenerate"] / stats["groups"] if stats["groups"] else 0.0,
-        tokens=total,
-        trained_tokens=int(loss_mask.sum()),
-    )
-    return batch

@@ -7,8 +7,10 @@ builds these from its own settings group and passes them in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
 
 
 class AdapterError(ValueError):
@@ -21,7 +23,7 @@ class AdapterSettings:
     mode: Literal["trajectory", "transition"] = "trajectory"
     # Longest merged sample (tokens). A call that would push its sample past it opens a new one;
     # 32k is a common training context. A single call longer than this is kept whole and counted.
-    max_length: int = 32_768
+    max_length: int = Field(default=32_768, ge=1)
     # Agent names whose calls are trained (selective optimization); None trains every agent.
     trained_agents: frozenset[str] | None = None
     # Advantage estimator, a name in `adapters.advantage.ESTIMATORS`: grpo | rloo | reinforce_pp.
@@ -29,7 +31,7 @@ class AdapterSettings:
     # GRPO: divide by the group's std (original GRPO); False is Dr. GRPO's mean-only baseline.
     norm_by_std: bool = True
     # Added to the std before dividing (unitless); verl's default, so both agree.
-    eps: float = 1e-6
+    eps: float = Field(default=1e-6, ge=0)
     # Groups of fewer than two valid rollouts or with equal rewards carry no signal: drop them
     # (True) or keep them with verl's advantages; counted either way.
     drop_degenerate: bool = True
@@ -40,28 +42,16 @@ class AdapterSettings:
     loss_mode: Literal["rollout", "token-mean", "seq-mean-token-mean"] = "rollout"
     # Drop rollouts whose oldest call is more than this many versions behind the trained version
     # (versions); None keeps every rollout.
-    max_staleness: int | None = None
+    max_staleness: int | None = Field(default=None, ge=0)
     # Upper bound of a truncated importance weight (unitless); 2.0 as in TIS-style corrections.
-    is_cap: float = 2.0
+    is_cap: float = Field(default=2.0, gt=0)
     # Data-parallel ranks; each mini-batch is padded with zero-weight samples to a multiple of it.
-    dp_size: int = 1
+    dp_size: int = Field(default=1, ge=1)
     # Optimizer steps per batch. Mini-batches are made of whole rollouts: consecutive runs of the
     # trained rollouts in input order, equal in count (within one).
-    n_minibatches: int = 1
+    n_minibatches: int = Field(default=1, ge=1)
     # The sampling temperature the trainer computes log-probs at; calls sampled at another one
     # (their recorded log-probs are of another distribution) are not trained, and counted. None: no check.
     temperature: float | None = None
     # Token ID of the one-token padding samples (any valid ID: they carry no weight).
     pad_token_id: int = 0
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("trajectory", "transition"):
-            raise ValueError(f"mode must be trajectory or transition, not {self.mode!r}")
-        if self.loss_mode not in ("rollout", "token-mean", "seq-mean-token-mean"):
-            raise ValueError(f"unknown loss_mode {self.loss_mode!r}")
-        if self.max_length < 1 or self.dp_size < 1 or self.n_minibatches < 1:
-            raise ValueError("max_length, dp_size and n_minibatches must be at least 1")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError("max_staleness must be >= 0 or None")
-        if self.is_cap <= 0 or self.eps < 0:
-            raise ValueError("is_cap must be > 0 and eps >= 0")

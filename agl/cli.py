@@ -14,25 +14,19 @@ import sys
 from importlib.metadata import entry_points
 
 
-def commands() -> dict[str, str]:
-    """Subcommand name -> `module:function`, as registered by the installed components."""
-    return {ep.name: ep.value for ep in entry_points(group="agl.commands")}
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    found = commands()
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in found:
+    found = {ep.name: ep for ep in entry_points(group="agl.commands")}
+    if not argv or argv[0] not in found:
         print("usage: agl COMMAND [ARGS...]  (agl COMMAND --help for its options)\n\ncommands:")
-        for name, target in sorted(found.items()):
-            print(f"  {name:<12} {target}")
+        for name, ep in sorted(found.items()):
+            print(f"  {name:<12} {ep.value}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     logging.basicConfig(
         level=os.environ.get("AGL_LOG_LEVEL", "INFO"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    (entry,) = [ep for ep in entry_points(group="agl.commands") if ep.name == argv[0]]
-    return int(entry.load()(argv[1:]) or 0)
+    return int(found[argv[0]].load()(argv[1:]) or 0)
 
 
 if __name__ == "__main__":

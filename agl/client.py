@@ -1,11 +1,10 @@
 """A small typed client for the gateway's admin API (`/api`), for the controller and the trainer.
 
-aiohttp, not httpx: with a controller's hundreds of concurrent requests httpx's connection
-pool dominated its CPU; the switch took bench/controller.py from 25 to 74 launches/s.
-
-Owns the HTTP calls, turning replies into `agl.types` records and failures into
-`GatewayError` (with the HTTP status, 0 when the gateway could not be reached, and the body
-cut short). It does not retry, cache, or decide what a failure means: callers do.
+Owns the HTTP calls, turning replies into `agl.types` records and failures into `GatewayError`
+(with the HTTP status, 0 when the gateway could not be reached, and the body cut short). It
+does not retry, cache, or decide what a failure means: callers do. aiohttp, not httpx: with a
+controller's hundreds of concurrent requests httpx's connection pool dominated its CPU; the
+switch took bench/controller.py from 25 to 74 launches/s.
 """
 
 from __future__ import annotations
@@ -30,13 +29,6 @@ class GatewayError(Exception):
         return self.status == 0 or self.status >= 500 or self.status == 429
 
 
-def rollout_from_json(data: JSON) -> Rollout:
-    fields = {k: v for k, v in data.items() if k in Rollout.__dataclass_fields__}
-    fields["mode"], fields["status"] = Mode(data["mode"]), Status(data["status"])
-    fields["failure_kind"] = FailureKind(data["failure_kind"]) if data.get("failure_kind") else None
-    return Rollout(**fields)
-
-
 def call_from_json(data: JSON) -> Call:
     """A call as `GET /api/rollouts/{id}/calls` lists it (token arrays as JSON lists)."""
     fields = {k: v for k, v in data.items() if k in Call.__dataclass_fields__}
@@ -47,30 +39,21 @@ def call_from_json(data: JSON) -> Call:
 class GatewayClient:
     """Async admin client: `async with GatewayClient(url, key) as gw: await gw.get_rollout(id)`."""
 
+    http: aiohttp.ClientSession  # opened by `async with`
+
     def __init__(self, url: str, admin_key: str, *, timeout_s: float = 30.0, max_connections: int = 32) -> None:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {admin_key}"}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.max_connections = max_connections
-        self._http: aiohttp.ClientSession | None = None
-
-    @property
-    def http(self) -> aiohttp.ClientSession:
-        """Made on first use, inside the event loop that uses it."""
-        if self._http is None:
-            connector = aiohttp.TCPConnector(limit=self.max_connections)
-            self._http = aiohttp.ClientSession(headers=self.headers, timeout=self.timeout, connector=connector)
-        return self._http
 
     async def __aenter__(self) -> GatewayClient:
+        connector = aiohttp.TCPConnector(limit=self.max_connections)  # made in the event loop that uses it
+        self.http = aiohttp.ClientSession(headers=self.headers, timeout=self.timeout, connector=connector)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        await self.http.close()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -96,19 +79,19 @@ class GatewayClient:
         `sampling` ({"temperature", "top_p", "top_k"}) overrides what the harness asks on every call."""
         body = {"task": task, "group": group, "mode": str(mode), "grader": grader, "metadata": metadata or {}}
         body |= {"sampling": sampling} if sampling else {}
-        return dict(await self._request("POST", "/api/rollouts", json=body))
+        return await self._request("POST", "/api/rollouts", json=body)
 
     async def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> JSON:
         """New tokens for the rollout's current attempt (the old ones die); same shape as a create."""
         params = {"attempt": str(attempt)} if attempt is not None else {}
-        return dict(await self._request("POST", f"/api/rollouts/{rollout_id}/tokens", params=params))
+        return await self._request("POST", f"/api/rollouts/{rollout_id}/tokens", params=params)
 
     async def health(self) -> JSON:
         """`/healthz`: `ok`, `started_at` (when the gateway process started, its clock), pause state."""
-        return dict(await self._request("GET", "/healthz"))
+        return await self._request("GET", "/healthz")
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        return rollout_from_json(await self._request("GET", f"/api/rollouts/{rollout_id}"))
+        return Rollout.from_dict(await self._request("GET", f"/api/rollouts/{rollout_id}"))
 
     async def list_rollouts(
         self, *, status: Status | None = None, group: str | None = None, limit: int = 1000
@@ -116,7 +99,7 @@ class GatewayClient:
         params: dict[str, Any] = {"limit": str(limit)}
         params |= {"status": status.value} if status else {}
         params |= {"group": group} if group else {}
-        return [rollout_from_json(r) for r in await self._request("GET", "/api/rollouts", params=params)]
+        return [Rollout.from_dict(r) for r in await self._request("GET", "/api/rollouts", params=params)]
 
     async def set_status(
         self,
@@ -128,37 +111,31 @@ class GatewayClient:
         attempt: int | None = None,
     ) -> Rollout:
         body = {"status": status.value, "failure_kind": failure_kind, "reason": reason[:2000], "attempt": attempt}
-        return rollout_from_json(await self._request("POST", f"/api/rollouts/{rollout_id}/status", json=body))
-
-    async def set_reward(self, rollout_id: str, reward: float, *, source: str = "") -> JSON:
-        return dict(
-            await self._request("POST", f"/api/rollouts/{rollout_id}/reward", json={"reward": reward, "source": source})
-        )
+        return Rollout.from_dict(await self._request("POST", f"/api/rollouts/{rollout_id}/status", json=body))
 
     async def post_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> JSON:
-        return dict(
-            await self._request("POST", f"/api/rollouts/{rollout_id}/events", json={"kind": kind, "data": data or {}})
-        )
+        body = {"kind": kind, "data": data or {}}
+        return await self._request("POST", f"/api/rollouts/{rollout_id}/events", json=body)
 
     async def events(self, rollout_id: str, *, after: int = 0) -> list[JSON]:
-        return list(await self._request("GET", f"/api/rollouts/{rollout_id}/events", params={"after": str(after)}))
+        return await self._request("GET", f"/api/rollouts/{rollout_id}/events", params={"after": str(after)})
 
     async def calls(self, rollout_id: str, *, all_attempts: bool = False) -> list[JSON]:
         params = {"all_attempts": str(all_attempts).lower()}
-        return list(await self._request("GET", f"/api/rollouts/{rollout_id}/calls", params=params))
+        return await self._request("GET", f"/api/rollouts/{rollout_id}/calls", params=params)
 
     async def pause(self) -> JSON:
         """Hold new harness calls; returns once no call is in flight."""
-        return dict(await self._request("POST", "/api/pause"))
+        return await self._request("POST", "/api/pause")
 
     async def resume(self, version: int | None = None) -> JSON:
         """Let held calls through, served from now on as model `version`."""
-        return dict(await self._request("POST", "/api/resume", json={"version": version}))
+        return await self._request("POST", "/api/resume", json={"version": version})
 
     async def register_model(self, version: int, *, path: str = "", endpoints: list[str] | None = None) -> JSON:
         body = {"version": version, "path": path, "endpoints": endpoints or []}
-        return dict(await self._request("POST", "/api/models", json=body))
+        return await self._request("POST", "/api/models", json=body)
 
     async def state(self) -> JSON:
         """Paused or not, the served version, calls in flight and held, the latest registered model."""
-        return dict(await self._request("GET", "/api/state"))
+        return await self._request("GET", "/api/state")

@@ -1,10 +1,9 @@
 """Settings, one small group per component, read from the environment (prefix `AGL_`).
 
-Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...); entry
-points build the group they need with `from_flags`, whose command-line flags are made from the
-fields, so a setting is declared once. Every field
-says its unit and why its default is what it is. There is deliberately no global config
-file that collects every flag of every component.
+Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...), each field
+documented with its unit and the reason for its default. Entry points build theirs with
+`from_flags`, which makes the command-line flags from the fields: a setting is declared once.
+There is deliberately no global config file that collects every flag of every component.
 """
 
 from __future__ import annotations

@@ -4,15 +4,13 @@ Owns the schema (SQLAlchemy Core tables, changed only through the Alembic migrat
 `agl/migrations/`), the rollout state machine, and the binary layout of token arrays
 (little-endian int32 IDs, float32 logprobs).
 
-All writes go through one writer thread, on one connection it keeps, that commits them in
-groups (group commit): a write returns, or its future resolves, only after its transaction
-committed, so an acknowledged write is durable. A write that fails (unknown rollout, illegal
-transition, bad array) changes nothing and does not disturb the others in its group: each
-write runs in its own savepoint, except call appends, which report such failures without
-writing and are retried one by one if the database rejects their group. Reads run on the
-caller's thread with their own connections. Every write returns a `concurrent.futures.Future`:
-`.result()` waits for the commit; async callers `await asyncio.wrap_future(...)`, which never
-blocks the event loop.
+Writes are checked on the caller's thread, then committed in groups by one writer thread on
+one connection it keeps. Each returns a `concurrent.futures.Future` that resolves once its
+transaction committed (`.result()`, or `await asyncio.wrap_future(...)` from asyncio), so an
+acknowledged write is durable. A failing write (unknown rollout, illegal transition, bad array)
+changes nothing and leaves the rest of its group alone: each has its own savepoint (a run of
+call appends shares one, retried one by one if the database rejects it). Reads run on the
+caller's thread, on their own connections.
 
 It does not authenticate anyone (it only keeps token hashes), speak HTTP, or decide
 policy such as when to retry; those belong to the gateway and the controller.
@@ -23,41 +21,30 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import logging
 import math
 import queue
+import re
 import secrets
 import sys
 import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from agl.settings import StoreSettings
-from agl.types import (
-    JSON,
-    TERMINAL,
-    TRANSITIONS,
-    Call,
-    Event,
-    FailureKind,
-    Mode,
-    ModelVersion,
-    Rollout,
-    Status,
-)
+from agl.types import JSON, TRANSITIONS, Call, Event, FailureKind, Mode, ModelVersion, Rollout, Status
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-_Outcome = tuple[bool, Any]  # (committed, result) or (False, the exception to raise)
 
 
 class StoreError(Exception):
@@ -149,19 +136,18 @@ models = sa.Table(
 )
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# Joins a call to its rollout when it is of the rollout's current attempt.
+_CURRENT_ATTEMPT = sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
 
 
 # --------------------------------------------------------------------------- token arrays
 
 
 def _array(values: Any, typecode: str, what: str, limit: int) -> array[Any]:
-    if isinstance(values, array) and values.typecode == typecode:
-        arr = values
-    else:
-        try:
-            arr = array(typecode, values)
-        except (TypeError, OverflowError, ValueError) as e:
-            raise InvalidData(f"{what}: not an array of {'int32' if typecode == 'i' else 'float32'}: {e}") from e
+    try:
+        arr = values if isinstance(values, array) and values.typecode == typecode else array(typecode, values)
+    except (TypeError, OverflowError, ValueError) as e:
+        raise InvalidData(f"{what}: not an array of {'int32' if typecode == 'i' else 'float32'}: {e}") from e
     if len(arr) > limit:
         raise InvalidData(f"{what}: {len(arr)} entries, more than the limit of {limit}")
     return arr
@@ -204,46 +190,25 @@ def token_expired(token: str) -> bool:
 # --------------------------------------------------------------------------- row conversion
 
 
-def _record(cls: Any, values: Mapping[str, Any], **computed: Any) -> Any:
-    """A domain record from a row's column values: fields named like a column are copied, others given."""
-    names = {f.name for f in dataclasses.fields(cls)} - computed.keys()
-    return cls(**{k: v for k, v in values.items() if k in names}, **computed)
-
-
 def _rollout(row: Any) -> Rollout:
     """A rollout from its row, or from a dict of its column values (those left out: unset)."""
-    values: Mapping[str, Any] = row if isinstance(row, dict) else row._mapping
-    return _record(
-        Rollout,
-        values,
-        group=values["group_id"],
-        mode=Mode(values["mode"]),
-        status=Status(values["status"]),
-        failure_kind=FailureKind(values["failure_kind"]) if values.get("failure_kind") else None,
-        has_grader=values.get("grader_token_hash") is not None,
-    )
+    values = row if isinstance(row, dict) else row._mapping
+    has_grader = values.get("grader_token_hash") is not None
+    return Rollout.from_dict({**values, "group": values["group_id"], "has_grader": has_grader})
 
 
 def _call(row: Any) -> Call:
-    return _record(
-        Call,
-        row._mapping,
-        prompt_ids=decode(row.prompt_ids, "i"),
-        response_ids=decode(row.response_ids, "i"),
-        logprobs=decode(row.logprobs, "f"),
-    )
-
-
-def _event(row: Any) -> Event:
-    return _record(Event, row._mapping)
-
-
-def _model(row: Any) -> ModelVersion:
-    return _record(ModelVersion, row._mapping, endpoints=list(row.endpoints))
+    """A call from its row: the columns are the record's fields, the token arrays decoded."""
+    values = dict(row._mapping)
+    for name, typecode in (("prompt_ids", "i"), ("response_ids", "i"), ("logprobs", "f")):
+        values[name] = decode(values[name], typecode)
+    return Call(**values)
 
 
 # --------------------------------------------------------------------------- write operations
 # Each runs on the writer thread inside its own savepoint and raises to undo itself.
+
+_Write = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]  # operation, its arguments, its future
 
 
 def _rollout_row(conn: Connection, rollout_id: str) -> Any:
@@ -299,25 +264,23 @@ def _op_transition(
     if to is Status.TIMED_OUT:
         failure_kind = FailureKind.TASK
     now = time.time()
+    attempt_after = row.attempt + 1 if to is Status.QUEUED else row.attempt
+    data: JSON = {"from": current.value, "to": to.value, "attempt": attempt_after}
+    data |= {"failure_kind": failure_kind.value} if failure_kind else {}
+    data |= {"reason": reason} if reason else {}
+    event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
     values: dict[str, Any] = {"status": to.value, "failure_kind": failure_kind.value if failure_kind else None}
-    new_attempt = row.attempt + 1 if to is Status.QUEUED else row.attempt
-    if to is Status.QUEUED:
-        values.update(attempt=new_attempt, started_at=None, failure_kind=None, reward=None)  # a fresh attempt
+    if to is Status.QUEUED:  # a fresh attempt
+        values.update(attempt=attempt_after, started_at=None, failure_kind=None, reward=None)
     elif to is Status.RUNNING:
         values["started_at"] = now
-    data: JSON = {"from": current.value, "to": to.value, "attempt": new_attempt}
-    if failure_kind:
-        data["failure_kind"] = failure_kind.value
-    if reason:
-        data["reason"] = reason
-    event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
-    if to in TERMINAL:
+    else:
         values.update(ended_at=now, end_seq=event.id)
     return _update_rollout(conn, row, values)
 
 
-def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
-    """Validate a call's arrays and encode them; `InvalidData` names what is wrong."""
+def _encode_call(call: Call, limit: int) -> dict[str, bytes]:
+    """A call's token arrays, validated and encoded; `InvalidData` names what is wrong."""
     where = f"rollout {call.rollout_id}"
     prompt = _array(call.prompt_ids, "i", f"{where}: prompt_ids", limit)
     response = _array(call.response_ids, "i", f"{where}: response_ids", limit)
@@ -329,49 +292,43 @@ def _encode_call(call: Call, limit: int) -> tuple[bytes, bytes, bytes]:
         raise InvalidData(f"{where}: logprobs must be finite and at most 0")
     if min(prompt, default=0) < 0 or min(response, default=0) < 0:
         raise InvalidData(f"{where}: negative token id")
-    return encode(prompt), encode(response), encode(logprobs)
+    return {"prompt_ids": encode(prompt), "response_ids": encode(response), "logprobs": encode(logprobs)}
 
 
-def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[_Outcome]:
-    """Record a run of calls with one query per table: calls are most of what is written."""
-    wanted = list({call.rollout_id for call, _ in run})
-    found = conn.execute(
-        sa.select(rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls).where(
-            rollouts.c.id.in_(wanted)
-        )
-    )
-    rows = {row.id: row for row in found}
-    outcomes: list[_Outcome] = []
+_CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
+
+
+def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
+    """Record a run of calls with one query per table (calls are most of what is written); returns
+    each call as recorded, or the error of one that cannot be (it writes nothing)."""
+    columns = rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls
+    wanted = rollouts.c.id.in_(list({call.rollout_id for call, _ in run}))
+    rows = {row.id: row for row in conn.execute(sa.select(*columns).where(wanted))}
+    outcomes: list[Any] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
     now = time.time()
     for call, limit in run:
-        try:
-            prompt, response, logprobs = _encode_call(call, limit)
-        except InvalidData as e:
-            outcomes.append((False, e))
-            continue
         row = rows.get(call.rollout_id)
-        if row is None:
-            outcomes.append((False, NotFound(f"unknown rollout {call.rollout_id!r}")))
+        try:
+            arrays = _encode_call(call, limit)
+            if row is None:
+                raise NotFound(f"unknown rollout {call.rollout_id!r}")
+            if Status(row.status).terminal:
+                raise IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")
+        except StoreError as e:
+            outcomes.append(e)
             continue
-        if Status(row.status).terminal:
-            outcomes.append((False, IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")))
-            continue
-        seq = next_seq[row.id] = next_seq.get(row.id, row.n_calls) + 1
-        values = {f.name: getattr(call, f.name) for f in dataclasses.fields(Call) if f.name in _CALL_FIELDS}
-        values |= {"attempt": row.attempt, "seq": seq - 1, "created_at": now}
-        values |= {"prompt_ids": prompt, "response_ids": response, "logprobs": logprobs}
-        inserts.append(values)
-        outcomes.append((True, replace(call, attempt=row.attempt, seq=seq - 1, created_at=now)))
+        seq = next_seq.get(row.id, row.n_calls)
+        next_seq[row.id] = seq + 1
+        recorded = replace(call, attempt=row.attempt, seq=seq, created_at=now)
+        inserts.append({name: getattr(recorded, name) for name in _CALL_COLUMNS} | arrays)
+        outcomes.append(recorded)
     if inserts:
         conn.execute(calls.insert(), inserts)
         for rid, n in next_seq.items():
             conn.execute(rollouts.update().where(rollouts.c.id == rid).values(n_calls=n))
     return outcomes
-
-
-_CALL_FIELDS = {c.name for c in calls.columns} - {"id", "attempt", "seq", "created_at"}
 
 
 def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON) -> Event:
@@ -400,18 +357,11 @@ def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
     latest = conn.execute(sa.select(sa.func.max(models.c.version))).scalar()
     if latest is not None and model.version <= latest:
         raise InvalidData(f"model version {model.version} is not newer than the latest, {latest}")
-    values = dataclasses.asdict(model) | {"endpoints": list(model.endpoints), "metadata": dict(model.metadata)}
-    conn.execute(models.insert().values(**values))
+    conn.execute(models.insert(), dataclasses.asdict(model))
     return model
 
 
 # --------------------------------------------------------------------------- engines and migrations
-
-
-def _normalize_url(url: str) -> str:
-    if url.startswith(("postgresql://", "postgres://")):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    return url
 
 
 def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
@@ -424,11 +374,8 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below own transactions
-        cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
+        for pragma in ("journal_mode=WAL", f"synchronous={settings.sqlite_synchronous}", "foreign_keys=ON"):
+            dbapi_conn.execute(f"PRAGMA {pragma}")
 
     if writer:  # reads run in autocommit: each statement sees the latest commit
 
@@ -463,29 +410,50 @@ def _migrate(engine: Engine) -> None:
 # --------------------------------------------------------------------------- the store
 
 
-def _failure(e: Exception) -> _Outcome:
+def _error(e: Exception) -> Exception:
+    """What a failed write raises: the database's refusal of bad data becomes `InvalidData`."""
     if isinstance(e, sa.exc.IntegrityError):
         e = e.orig  # type: ignore[assignment]
     if any(c.__name__ == "IntegrityError" for c in type(e).__mro__):  # also the driver's own (PEP 249)
-        return False, InvalidData(f"rejected by the database: {e}")
-    return False, e
+        return InvalidData(f"rejected by the database: {e}")
+    return e
 
 
-_Op = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]
-_STOP = object()
+def _in_savepoint(conn: Connection, op: Callable[..., Any], *args: Any) -> Any:
+    """`op`'s result, or the error that undid it."""
+    try:
+        with conn.begin_nested():
+            return op(conn, *args)
+    except Exception as e:  # noqa: BLE001 - handed to the writer, who raises it
+        return _error(e)
+
+
+def _append(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
+    """A run of call appends in one savepoint; if the database rejects it, one by one to find the call at fault."""
+    outcome = _in_savepoint(conn, _op_append_calls, run)
+    if isinstance(outcome, list):
+        return outcome
+    return [outcome] if len(run) == 1 else [o for one in run for o in _append(conn, [one])]
+
+
+def _run(conn: Connection, group: list[_Write]) -> list[Any]:
+    """Each write's result, or the error it raises; each write in its own savepoint, consecutive call appends in one."""
+    outcomes: list[Any] = []
+    for op, writes in itertools.groupby(group, key=lambda write: write[0]):
+        if op is _op_append_calls:
+            outcomes += _append(conn, [args[0] for _, args, _ in writes])
+        else:
+            outcomes += [_in_savepoint(conn, op, *args) for _, args, _ in writes]
+    return outcomes
 
 
 class Store:
-    """Thread-safe handle on one database. `Store(url)` migrates it and starts the writer.
-
-    Writes return a `concurrent.futures.Future` that resolves once the write is committed (or
-    raises, undone): `.result()` from threads, `await asyncio.wrap_future(...)` from asyncio.
-    Their arguments are checked on the caller's thread, before anything is queued. Reads return
-    their result (from asyncio: `await asyncio.to_thread(store.get_rollout, id)`)."""
+    """Thread-safe handle on one database. `Store(url)` migrates it and starts the writer; reads
+    return their result (from asyncio: `await asyncio.to_thread(store.get_rollout, id)`)."""
 
     def __init__(self, url: str | None = None, settings: StoreSettings | None = None) -> None:
         self.settings = settings or StoreSettings()
-        self.url = _normalize_url(url or self.settings.url)
+        self.url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url)  # psycopg 3
         self._write_engine = _make_engine(self.url, self.settings, writer=True)
         self._read_engine = _make_engine(self.url, self.settings, writer=False)
         try:
@@ -494,7 +462,7 @@ class Store:
             self._write_engine.dispose()
             self._read_engine.dispose()
             raise
-        self._queue: queue.SimpleQueue[_Op | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: stop
         self._conn: Connection | None = None
         self._closed = False
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
@@ -505,7 +473,7 @@ class Store:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
+        self._queue.put(None)
         self._writer.join()
         self._write_engine.dispose()
         self._read_engine.dispose()
@@ -526,99 +494,63 @@ class Store:
         return future
 
     def _write_loop(self) -> None:
-        """Take what is queued and commit it together. When fewer writes are queued than recent
-        groups held, wait up to `group_wait_ms` for the rest: the writers of the last group are
-        about to write again, and one commit for all of them beats several small ones. A lone
-        writer (groups of one) never waits."""
+        """Take what is queued and commit it together. While fewer writes are queued than recent
+        groups held, wait up to `group_wait_ms` for the rest: the last group's writers are about
+        to write again, and one commit for all of them beats several. A lone writer never waits."""
         expected, stop = 1, False
         while not stop:
-            batch: list[_Op] = []
-            item: _Op | object = self._queue.get()
+            group: list[_Write] = []
+            write = self._queue.get()
             deadline = time.monotonic() + self.settings.group_wait_ms / 1000
-            while True:
-                if item is _STOP:
-                    stop = True
+            while write is not None:
+                write[2].set_running_or_notify_cancel()  # from now on its caller cannot cancel it
+                group.append(write)
+                if len(group) >= self.settings.max_batch:
                     break
-                batch.append(item)  # type: ignore[arg-type]
-                if len(batch) >= self.settings.max_batch:
-                    break
+                wait = deadline - time.monotonic() if len(group) < expected else 0
                 try:
-                    item = self._queue.get_nowait()
+                    write = self._queue.get(timeout=max(wait, 0))
                 except queue.Empty:
-                    wait = deadline - time.monotonic()
-                    if len(batch) >= expected or wait <= 0:
-                        break
-                    try:
-                        item = self._queue.get(timeout=wait)
-                    except queue.Empty:
-                        break
-            if batch:
+                    break
+            stop = write is None
+            if group:
                 try:
-                    self._commit(batch)
+                    self._commit(group)
                 except Exception as e:  # a bug must not leave writers waiting forever
                     log.exception("store writer: a group failed unexpectedly")
-                    for _, _, future in batch:
+                    for _, _, future in group:
                         if not future.done():
                             future.set_exception(StoreError(f"write failed: {e}"))
-                expected = max(len(batch), (expected + len(batch)) // 2)  # decays after a burst
+                expected = max(len(group), (expected + len(group)) // 2)  # decays after a burst
         if self._conn is not None:
             self._conn.close()
 
-    def _commit(self, batch: list[_Op], *, retry: bool = True) -> None:
-        """Commit a group of writes in one transaction, each write in a savepoint (a run of call
-        appends in one). If the group cannot commit (a dropped connection, say), its writes are
-        committed one by one on a new connection."""
+    def _commit(self, group: list[_Write], *, retry: bool = True) -> None:
+        """Commit a group of writes in one transaction. If it cannot commit (a dropped
+        connection, say), its writes are committed one by one on a new connection."""
         try:
             if self._conn is None:  # the writer's own connection, kept between groups
                 self._conn = self._write_engine.connect()
             with self._conn.begin():
-                outcomes = self._run(self._conn, batch)
+                outcomes = _run(self._conn, group)
         except Exception as e:  # noqa: BLE001 - retried one by one, then handed to the caller
             with contextlib.suppress(Exception):
                 self._conn.close()  # type: ignore[union-attr]
             self._conn = None
             if retry:
-                log.warning("commit of %d writes failed (%s); retrying them one by one", len(batch), e)
-                for single in batch:
-                    self._commit([single], retry=False)
+                log.warning("commit of %d writes failed (%s); retrying them one by one", len(group), e)
+                for write in group:
+                    self._commit([write], retry=False)
                 return
-            outcomes = [(False, StoreError(f"commit failed: {e}"))]
-            outcomes[0][1].__cause__ = e
-        for (_, _, future), (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                future.set_result(value)
+            outcomes = [StoreError(f"commit failed: {e}")]
+            outcomes[0].__cause__ = e
+        for (_, _, future), outcome in zip(group, outcomes, strict=True):
+            if future.cancelled():  # cancelled while queued (asyncio cancels a wrapped future); the write stands
+                continue
+            if isinstance(outcome, Exception):
+                future.set_exception(outcome)
             else:
-                future.set_exception(value)
-
-    @staticmethod
-    def _run(conn: Connection, batch: list[_Op]) -> list[_Outcome]:
-        outcomes: list[_Outcome] = []
-        i = 0
-        while i < len(batch):
-            op, args, _ = batch[i]
-            j = i + 1
-            if op is _op_append_calls:  # consecutive appends together, one by one if the database rejects them
-                while j < len(batch) and batch[j][0] is op:
-                    j += 1
-                runs = [[args[0] for _, args, _ in batch[i:j]]]
-                while runs:
-                    run = runs.pop(0)
-                    try:
-                        with conn.begin_nested():
-                            outcomes.extend(op(conn, run))
-                    except Exception as e:  # noqa: BLE001 - find the call at fault
-                        if len(run) == 1:
-                            outcomes.append(_failure(e))
-                        else:
-                            runs[:0] = [[one] for one in run]
-            else:
-                try:
-                    with conn.begin_nested():
-                        outcomes.append((True, op(conn, *args)))
-                except Exception as e:  # noqa: BLE001 - handed to the caller, who raises it
-                    outcomes.append(_failure(e))
-            i = j
-        return outcomes
+                future.set_result(outcome)
 
     # ---- writes: each returns a Future that resolves once committed
 
@@ -641,19 +573,10 @@ class Store:
         except ValueError as e:
             raise InvalidData(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from e
         agent, grader_token = new_token(token_ttl_s), new_token(token_ttl_s) if grader else None
-        values = {
-            "id": uuid.uuid4().hex,
-            "task": task,
-            "group_id": group,
-            "mode": mode.value,
-            "status": Status.QUEUED.value,
-            "attempt": 1,
-            "metadata": metadata or {},
-            "agent_token_hash": hash_token(agent),
-            "grader_token_hash": hash_token(grader_token) if grader_token else None,
-            "n_calls": 0,
-            "created_at": time.time(),
-        }
+        values = {"task": task, "group_id": group, "mode": mode.value, "metadata": metadata or {}, "n_calls": 0}
+        values |= {"id": uuid.uuid4().hex, "status": Status.QUEUED.value, "attempt": 1, "created_at": time.time()}
+        grader_hash = hash_token(grader_token) if grader_token else None
+        values |= {"agent_token_hash": hash_token(agent), "grader_token_hash": grader_hash}
         return self._submit(_op_create_rollout, values, agent, grader_token)
 
     def transition(
@@ -665,11 +588,9 @@ class Store:
         reason: str = "",
         attempt: int | None = None,
     ) -> Future[Rollout]:
-        """Move a rollout along the state machine (`types.TRANSITIONS`); illegal moves raise.
-
-        `to=queued` is a retry after an infra failure: it starts attempt + 1. `attempt`, when
-        given, must be the current attempt, so that a stale controller cannot end a new attempt.
-        """
+        """Move a rollout along the state machine (`types.TRANSITIONS`); illegal moves raise. `to=queued`
+        is a retry after an infra failure: it starts attempt + 1. `attempt`, when given, must be the
+        current attempt, so that a stale controller cannot end a new attempt."""
         try:
             target, kind = Status(to), FailureKind(failure_kind) if failure_kind is not None else None
         except ValueError as e:
@@ -677,8 +598,8 @@ class Store:
         return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
 
     def append_call(self, call: Call) -> Future[Call]:
-        """Record a model call under its rollout's current attempt; it resolves to the call with
-        its attempt and seq (its row id is read back by `calls_for`)."""
+        """Record a model call under its rollout's current attempt; resolves to it with its attempt
+        and seq (its row id is read back by `calls_for`)."""
         return self._submit(_op_append_calls, (call, self.settings.max_tokens_per_array))
 
     def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Future[Event]:
@@ -706,9 +627,8 @@ class Store:
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
     ) -> Future[Created]:
-        """New agent (and grader) tokens for a rollout that has not ended; the old ones die.
-
-        How a launcher that did not create the rollout gets credentials for an attempt."""
+        """New agent (and grader) tokens for a rollout that has not ended; the old ones die. How a
+        launcher that did not create the rollout gets credentials for an attempt."""
         return self._submit(_op_rotate_tokens, rollout_id, new_token(token_ttl_s), new_token(token_ttl_s), attempt)
 
     def register_model(self, model: ModelVersion) -> Future[ModelVersion]:
@@ -724,30 +644,20 @@ class Store:
             return list(conn.execute(statement))
 
     def get_rollout(self, rollout_id: str) -> Rollout:
-        rows = self._read(sa.select(rollouts).where(rollouts.c.id == rollout_id))
-        if not rows:
-            raise NotFound(f"unknown rollout {rollout_id!r}")
-        return _rollout(rows[0])
+        with self._read_engine.connect() as conn:
+            return _rollout(_rollout_row(conn, rollout_id))
 
     def rollout_for_token(self, token: str) -> tuple[Rollout, str] | None:
         """The rollout a token belongs to and the token's role, `agent` or `grader`."""
         digest = hash_token(token)
-        rows = self._read(
-            sa.select(rollouts).where(
-                sa.or_(rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest)
-            )
-        )
+        holder = sa.or_(rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest)
+        rows = self._read(sa.select(rollouts).where(holder))
         if not rows:
             return None
         return _rollout(rows[0]), "agent" if rows[0].agent_token_hash == digest else "grader"
 
     def list_rollouts(
-        self,
-        *,
-        status: Status | str | None = None,
-        group: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        self, *, status: Status | str | None = None, group: str | None = None, limit: int = 100, offset: int = 0
     ) -> list[Rollout]:
         query = sa.select(rollouts).order_by(rollouts.c.created_at, rollouts.c.id).limit(limit).offset(offset)
         if status is not None:
@@ -757,11 +667,8 @@ class Store:
         return [_rollout(row) for row in self._read(query)]
 
     def terminal_after(self, cursor: int = 0, limit: int = 1000) -> list[Rollout]:
-        """Rollouts that ended after `cursor`, in the order they ended.
-
-        The next cursor is the last rollout's `end_seq`; ends are numbered by the single
-        writer, so a reader that pages this way sees every ended rollout exactly once.
-        """
+        """Rollouts that ended after `cursor`, in the order they ended. The next cursor is the last
+        one's `end_seq`: ends are numbered by the one writer, so paging this way sees each once."""
         query = sa.select(rollouts).where(rollouts.c.end_seq > cursor).order_by(rollouts.c.end_seq).limit(limit)
         return [_rollout(row) for row in self._read(query)]
 
@@ -773,9 +680,7 @@ class Store:
             chunk = ids[start : start + 500]
             query = sa.select(calls).where(calls.c.rollout_id.in_(chunk)).order_by(calls.c.rollout_id, calls.c.seq)
             if not all_attempts:
-                query = query.join(
-                    rollouts, sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
-                )
+                query = query.join(rollouts, _CURRENT_ATTEMPT)
             for row in self._read(query):
                 result[row.rollout_id].append(_call(row))
         return result
@@ -784,7 +689,7 @@ class Store:
         """The last `n` calls of the rollout's current attempt, in order."""
         query = (
             sa.select(calls)
-            .join(rollouts, sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt))
+            .join(rollouts, _CURRENT_ATTEMPT)
             .where(calls.c.rollout_id == rollout_id)
             .order_by(calls.c.seq.desc())
             .limit(n)
@@ -795,19 +700,7 @@ class Store:
         query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)
         if kind is not None:
             query = query.where(events.c.kind == kind)
-        return [_event(row) for row in self._read(query)]
-
-    def group_counts(self, groups: Sequence[str]) -> dict[str, tuple[int, int]]:
-        """For each group: (rollouts, terminal rollouts)."""
-        terminal = sa.func.sum(sa.case((rollouts.c.status.in_([s.value for s in TERMINAL]), 1), else_=0))
-        query = (
-            sa.select(rollouts.c.group_id, sa.func.count(), terminal)
-            .where(rollouts.c.group_id.in_(list(groups)))
-            .group_by(rollouts.c.group_id)
-        )
-        counts = {group: (0, 0) for group in groups}
-        counts.update({row[0]: (int(row[1]), int(row[2])) for row in self._read(query)})
-        return counts
+        return [Event(**row._mapping) for row in self._read(query)]
 
     def status_counts(self) -> dict[str, int]:
         """Rollouts by status (every status listed)."""
@@ -815,8 +708,8 @@ class Store:
         return {s.value: 0 for s in Status} | {row[0]: int(row[1]) for row in rows}
 
     def models(self) -> list[ModelVersion]:
-        return [_model(row) for row in self._read(sa.select(models).order_by(models.c.version))]
+        return [ModelVersion(**row._mapping) for row in self._read(sa.select(models).order_by(models.c.version))]
 
     def latest_model(self) -> ModelVersion | None:
         rows = self._read(sa.select(models).order_by(models.c.version.desc()).limit(1))
-        return _model(rows[0]) if rows else None
+        return ModelVersion(**rows[0]._mapping) if rows else None

@@ -1,18 +1,16 @@
 """Domain records shared by every agl component: rollouts, calls, events, model versions, samples.
 
 Standard library only, so that any module (and any harness-side helper) can import it cheaply.
-These are neither wire schemas (pydantic, in the gateway) nor table rows (SQLAlchemy, in
-`agl.store`); those convert to and from these records explicitly.
-
-Token arrays are `array.array`: 'i' (int32) for token IDs and 'f' (float32) for logprobs,
-the same compact layout the store writes to disk. numpy views them without a copy
-(`numpy.frombuffer(ids, dtype=numpy.int32)`).
+Neither wire schemas (pydantic, in the gateway) nor table rows (SQLAlchemy, in `agl.store`):
+those convert to and from these records explicitly. Token arrays are `array.array`, 'i' (int32)
+IDs and 'f' (float32) logprobs, as the store keeps them; numpy views them without a copy.
 """
 
 from __future__ import annotations
 
 import enum
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,11 +39,7 @@ TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.QUEUED: frozenset({Status.QUEUED, Status.RUNNING, Status.FAILED, Status.CANCELLED}),
     Status.RUNNING: frozenset({Status.QUEUED, Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED}),
-    Status.SUCCEEDED: frozenset(),
-    Status.FAILED: frozenset(),
-    Status.TIMED_OUT: frozenset(),
-    Status.CANCELLED: frozenset(),
-}
+} | dict.fromkeys(TERMINAL, frozenset())
 
 
 class FailureKind(enum.StrEnum):
@@ -79,6 +73,14 @@ class Rollout:
     ended_at: float | None = None
     end_seq: int | None = None  # position in the order rollouts ended; cursor for the trainer
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Rollout:
+        """From a JSON object or a row's values; keys that name no field are ignored."""
+        fields = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        fields["mode"], fields["status"] = Mode(fields["mode"]), Status(fields["status"])
+        fields["failure_kind"] = FailureKind(fields["failure_kind"]) if fields.get("failure_kind") else None
+        return cls(**fields)
+
 
 @dataclass(frozen=True)
 class Call:
@@ -86,8 +88,7 @@ class Call:
 
     `prompt_ids` is exactly what was fed, `response_ids` exactly what was sampled, and
     `logprobs[i]` is the sampling distribution's log-probability of `response_ids[i]`, at the
-    `temperature` it was sampled at (0: greedy; None: not recorded, a call from before it was).
-    """
+    `temperature` it was sampled at (0: greedy; None: not recorded, a call from before it was)."""
 
     rollout_id: str
     prompt_ids: array[int]
@@ -135,8 +136,7 @@ class Sample:
 
     `input_ids` is the full token sequence; `loss_mask[i]` is 1 where token i was sampled by
     the policy (and is trained on) and 0 for prompt, tool output and other fed tokens;
-    `logprobs[i]` is the behaviour log-probability where `loss_mask[i]` is 1, else 0.
-    """
+    `logprobs[i]` is the behaviour log-probability where `loss_mask[i]` is 1, else 0."""
 
     rollout_id: str
     input_ids: array[int]

@@ -220,3 +220,13 @@ def test_truncated_importance_weights_numpy_and_torch() -> None:
     new_t = torch.tensor(new, requires_grad=True)
     got = truncated_is_weights(torch.tensor(old), new_t, torch.tensor(mask), 2.0)
     assert got.tolist() == pytest.approx(want) and not got.requires_grad
+
+
+BAD_SETTINGS = {"mode": "tree", "loss_mode": "sum", "max_length": 0, "dp_size": 0, "n_minibatches": 0}
+BAD_SETTINGS |= {"max_staleness": -1, "is_cap": 0.0, "eps": -1.0}
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_SETTINGS.items())
+def test_bad_settings_are_refused_naming_the_field(name: str, value: object) -> None:
+    with pytest.raises(ValueError, match=name):
+        AdapterSettings(**{name: value})  # type: ignore[arg-type]
