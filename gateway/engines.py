@@ -1,16 +1,12 @@
-"""The gateway's client for its engines: sglang's native HTTP API (DESIGN.md section 5), several replicas.
+"""The gateway's client for its engines: sglang's native HTTP API (DESIGN.md section 5), several
+replicas; the embedded engine speaks the same protocol.
 
 Owns replica choice, retries and the engine's wire format. A rollout sticks to one replica (a
 stable hash of its id, so sglang's prefix cache keeps its conversation) unless that replica is
 marked down, and then goes to the least-loaded replica that is up. Transport errors, timeouts and
-5xx replies mark the replica down for `down_s` and are retried, with jittered exponential backoff,
-up to `attempts` tries in all; 4xx replies are the request's fault and raise `EngineRejected` at
-once. Memory and weight commands go to every replica. The embedded engine and sglang speak the
-same protocol, so this one client serves both.
-
-Requests go through aiohttp's keep-alive connection pool; idle connections are dropped before
-the engines' own keep-alive (5 s) would close them under a request, and a request whose kept
-connection the engine had closed unanswered goes again on a new one, costing no attempt.
+5xx replies mark the replica down for `down_s` and are retried, with jittered exponential backoff;
+4xx replies are the request's fault and raise `EngineRejected` at once. Memory and weight
+commands go to every replica. Requests share aiohttp's keep-alive pool.
 
 It does not tokenize, render templates, store calls or map errors to HTTP status codes (the
 gateway does), and it imports no torch.
@@ -37,10 +33,9 @@ import orjson
 
 log = logging.getLogger(__name__)
 BODY_CUT = 500  # characters of an engine's error body kept in messages and logs
-# Idle connections are dropped before the server's keep-alive (uvicorn's, sglang's: 5 s) closes
-# them under a request.
+# Idle connections are dropped before the engine's own keep-alive (uvicorn's, sglang's: 5 s)
+# closes them under a request.
 KEEPALIVE_S = 4.0
-JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class EngineError(Exception):
@@ -68,8 +63,9 @@ class TransportError(Exception):
     """A replica could not be reached, or its reply was cut off or was not HTTP."""
 
 
-class _Unanswered(Exception):
-    """The engine closed the connection without a byte of reply."""
+class _Unanswered(TransportError):
+    """The engine closed a kept connection without a byte of reply (its keep-alive ran out as the
+    request came): sent once more, on a new connection, without costing an attempt."""
 
 
 # Failures to reach a replica or to get its whole reply in time: the replica's fault, retried.
@@ -129,7 +125,8 @@ class EngineClient:
         if self._http is None:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-            self._http = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=JSON_HEADERS)
+            headers = {"Content-Type": "application/json"}
+            self._http = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
         return self._http
 
     async def __aenter__(self) -> EngineClient:
@@ -170,7 +167,7 @@ class EngineClient:
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise EngineError(f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}") from e
 
-    # ------------------------------------------------------------------ memory, weights, status
+    # ------------------------------------------------------------------ memory, weights, model
 
     async def release_memory(self) -> None:
         await self._broadcast("POST", "/release_memory_occupation", {})
@@ -180,23 +177,6 @@ class EngineClient:
 
     async def update_weights_from_disk(self, path: str, version: str | int) -> None:
         await self._broadcast("POST", "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
-
-    async def flush_cache(self) -> None:
-        await self._broadcast("POST", "/flush_cache", None)
-
-    async def health(self) -> dict[str, bool]:
-        """Probe every replica once (no retries) and mark it up or down accordingly."""
-
-        async def probe(r: _Replica) -> bool:
-            try:
-                await self._once(r, "GET", "/health", None)
-            except (EngineError, _ServerError, *TRANSPORT_ERRORS):
-                r.down_until = time.monotonic() + self._down_s
-                return False
-            r.down_until = 0.0
-            return True
-
-        return dict(zip([r.url for r in self.replicas], await asyncio.gather(*map(probe, self.replicas)), strict=True))
 
     async def model_info(self) -> dict[str, Any]:
         """`model_path`, `tokenizer_path`, `weight_version`, ... of the first replica that answers, and
@@ -250,7 +230,10 @@ class EngineClient:
 
     async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
         data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
-        status, raw, is_json = await self._send(r, method, path, data)
+        try:
+            status, raw, is_json = await self._exchange(r, method, path, data)
+        except _Unanswered:
+            status, raw, is_json = await self._exchange(r, method, path, data)
         if status >= 400:
             message = _message(raw.decode(errors="replace"), _reason(status))
             if status >= 500:
@@ -263,19 +246,8 @@ class EngineClient:
         except orjson.JSONDecodeError as e:
             raise EngineError(f"{r.url}{path} answered invalid JSON: {raw[:BODY_CUT]!r}") from e
 
-    async def _send(self, r: _Replica, method: str, path: str, data: bytes | None) -> tuple[int, bytes, bool]:
-        """One HTTP exchange: (status, body, whether it is JSON). The engine closing a kept connection
-        without a word (its keep-alive ran out as the request came) sends it once more."""
-        try:
-            return await self._exchange(r, method, path, data)
-        except _Unanswered:
-            pass
-        try:
-            return await self._exchange(r, method, path, data)
-        except _Unanswered as e:
-            raise TransportError(str(e)) from e
-
     async def _exchange(self, r: _Replica, method: str, path: str, data: bytes | None) -> tuple[int, bytes, bool]:
+        """One HTTP exchange: (status, body, whether it is JSON)."""
         try:
             async with self.http.request(method, r.url + path, data=data) as reply:
                 return reply.status, await reply.read(), "json" in reply.content_type

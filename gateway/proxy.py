@@ -7,7 +7,7 @@ writing each call to the store before its reply is returned, so that every answe
 durable; after a restart, a harness retrying a call whose reply the crash cut off gets the
 recorded reply instead of a second sample. Also the counters `/metrics` exposes.
 
-It does not parse or format any wire format (`gateway/wire.py`), authenticate (`gateway/app.py`)
+It does not parse or format any wire format (`gateway/wire.py`), authenticate (`gateway/auth.py`)
 or render templates (`gateway/render.py`).
 """
 
@@ -17,15 +17,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agl.store import Store
-from agl.types import JSON, Call, Rollout
+from agl.types import JSON, Call
 from gateway.engines import EngineClient
-from gateway.render import Message, Renderer, RenderError, parse_reply
+from gateway.render import Renderer, parse_reply
+from gateway.types import Ask, Completion, Message, Params, RenderError
 
 log = logging.getLogger(__name__)
 
@@ -78,32 +78,6 @@ class Gate:
         self._open.set()
 
 
-@dataclass
-class Params:
-    """Sampling parameters after each wire format's names are mapped."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One sampled reply, as recorded."""
-
-    reply: Message
-    text: str  # visible text, stop string excluded
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str  # "stop" | "length" | "stop_sequence"
-    stop_sequence: str
-    logprobs: list[float]
-    tokens: list[str]
-
-
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -151,77 +125,52 @@ class Proxy:
         self.started = time.time()
         self.seen: set[str] = set()  # rollouts called since this gateway started
 
-    async def chat(
-        self,
-        rollout: Rollout,
-        agent: str,
-        api: str,
-        messages: list[Message],
-        tools: list[JSON],
-        params: Params,
-        n: int,
-        request: JSON,
-    ) -> list[Completion]:
-        """Sample `n` replies to a conversation; each is one recorded call."""
-        prompt = self.renderer.prompt(rollout.id, messages, tools, preserve=self.prefix_preserving)
-        kind = "extended" if prompt.extended else (prompt.mismatch or "first")
-        self.metrics.prefix.labels(kind).inc()
+    async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
+        """Sample `params.n` replies to a conversation; each is one recorded call."""
+        rollout_id = ask.rollout.id
+        prompt = self.renderer.prompt(rollout_id, messages, tools, preserve=self.prefix_preserving)
+        self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
-            self.store.append_event(rollout.id, "prefix_mismatch", {"class": prompt.mismatch, "agent": agent})
-        out = await self._replay(rollout, request, n, parse=True)
-        for i in range(len(out), n):
-            out.append(await self._sample(rollout, agent, api, prompt.ids, params, i, request, parse=True))
+            self.store.append_event(rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent})
+        out = await self._replay(ask, params.n, parse=True)
+        for i in range(len(out), params.n):
+            out.append(await self._sample(ask, prompt.ids, params, i, parse=True))
         first, ids, sampled_text = out[0]
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.
-        asyncio.get_running_loop().call_soon(self.renderer.remember, rollout.id, prompt, ids, first.reply, sampled_text)
+        asyncio.get_running_loop().call_soon(self.renderer.remember, rollout_id, prompt, ids, first.reply, sampled_text)
         return [c for c, _, _ in out]
 
-    async def complete(
-        self, rollout: Rollout, agent: str, prompt_ids: list[int], params: Params, n: int, request: JSON
-    ) -> list[Completion]:
+    async def complete(self, ask: Ask, prompt_ids: list[int], params: Params) -> list[Completion]:
         """Plain completions of a token prompt."""
         if not prompt_ids:
             raise RenderError("the prompt must not be empty")
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
-        out = [c for c, _, _ in await self._replay(rollout, request, n, parse=False)]
-        for i in range(len(out), n):
-            done, _, _ = await self._sample(rollout, agent, "completions", prompt_ids, params, i, request, parse=False)
+        out = [c for c, _, _ in await self._replay(ask, params.n, parse=False)]
+        for i in range(len(out), params.n):
+            done, _, _ = await self._sample(ask, prompt_ids, params, i, parse=False)
             out.append(done)
         return out
 
-    async def _replay(
-        self, rollout: Rollout, request: JSON, n: int, *, parse: bool
-    ) -> list[tuple[Completion, list[int], str]]:
+    async def _replay(self, ask: Ask, n: int, *, parse: bool) -> list[tuple[Completion, list[int], str]]:
         """A harness retrying the call whose reply a crash cut off gets that reply, instead of a
         second sample: on a rollout's first call since this gateway started, when the rollout's
         last `n` calls, recorded before it started, had this very request. Nothing is recorded."""
+        rollout = ask.rollout
         if rollout.id in self.seen or rollout.created_at >= self.started:
             return []
         self.seen.add(rollout.id)
         found = await asyncio.to_thread(self.store.last_calls, rollout.id, n)
-        if len(found) < n or any(c.request != request or c.created_at >= self.started for c in found):
+        if len(found) < n or any(c.request != ask.body or c.created_at >= self.started for c in found):
             return []
         log.info("rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n)
-        out = []
-        for c in found:
-            ids, stop = list(c.response_ids), c.response.get("stop", "")
-            args = (c.response["text"], ids, list(c.logprobs), c.finish_reason, stop, len(c.prompt_ids))
-            out.append((self._completion(*args, parse, request), ids, self.renderer.reply_text(ids)))
-        return out
+        return [
+            (self._completion(c, parse), list(c.response_ids), self.renderer.reply_text(c.response_ids)) for c in found
+        ]
 
     async def _sample(
-        self,
-        rollout: Rollout,
-        agent: str,
-        api: str,
-        prompt: Sequence[int],
-        params: Params,
-        index: int,
-        request: JSON,
-        *,
-        parse: bool,
+        self, ask: Ask, prompt: Sequence[int], params: Params, index: int, *, parse: bool
     ) -> tuple[Completion, list[int], str]:
         """One sampled, recorded reply: (completion, sampled IDs, their text before any stop string cut)."""
         room = self.context_length - len(prompt)
@@ -240,94 +189,87 @@ class Proxy:
         }
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed + index
-        sampling |= rollout.metadata.get("sampling") or {}  # set by whoever made the rollout (greedy validation)
+        sampling |= ask.rollout.metadata.get("sampling") or {}  # set by whoever made the rollout (greedy validation)
         started = time.monotonic()
         await self.gate.enter(self.max_hold_s)
         self.metrics.inflight.inc()
         try:
             version = self.version
-            gen = await self.engines.generate(prompt, sampling, rollout_id=rollout.id)
+            gen = await self.engines.generate(prompt, sampling, rollout_id=ask.rollout.id)
             ids, logprobs = gen.output_ids, gen.logprobs
             finish, stop_sequence = ("length" if gen.finish_reason == "length" else "stop"), ""
             if params.stop:
-                ids, logprobs, stop_sequence = self._cut_at_stop(ids, logprobs, params.stop)
-                if stop_sequence:
-                    finish = "stop_sequence"
+                kept, stop_sequence = self._stop_at(ids, params.stop)
+                ids, logprobs = ids[:kept], logprobs[:kept]
+                finish = "stop_sequence" if stop_sequence else finish
             sampled_text = text = self.renderer.reply_text(ids)
             if stop_sequence:
                 text = text[: text.find(stop_sequence)]
-            recorded = asyncio.wrap_future(
-                self.store.append_call(
-                    Call(
-                        rollout_id=rollout.id,
-                        prompt_ids=prompt,  # type: ignore[arg-type]
-                        response_ids=ids,  # type: ignore[arg-type]
-                        logprobs=logprobs,  # type: ignore[arg-type]
-                        agent=agent,
-                        model_version=version,
-                        finish_reason=finish,
-                        latency_ms=(time.monotonic() - started) * 1000,
-                        temperature=sampling["temperature"],
-                        request=request,
-                        response={"text": text, "api": api, "index": index, "stop": stop_sequence},
-                    )
-                )
+            call = Call(
+                rollout_id=ask.rollout.id,
+                prompt_ids=prompt,  # type: ignore[arg-type]
+                response_ids=ids,  # type: ignore[arg-type]
+                logprobs=logprobs,  # type: ignore[arg-type]
+                agent=ask.agent,
+                model_version=version,
+                finish_reason=finish,
+                latency_ms=(time.monotonic() - started) * 1000,
+                temperature=sampling["temperature"],
+                request=ask.body,
+                response={"text": text, "api": ask.api, "index": index, "stop": stop_sequence},
             )
-            completion = self._completion(text, ids, logprobs, finish, stop_sequence, len(prompt), parse, request)
+            recorded = asyncio.wrap_future(self.store.append_call(call))
+            completion = self._completion(call, parse)
             await recorded  # the reply is built while the call commits, and returned once it has
         finally:
             self.gate.leave()
             self.metrics.inflight.dec()
-        asyncio.get_running_loop().call_soon(self._count, agent, api, len(prompt), len(ids), time.monotonic() - started)
+        asyncio.get_running_loop().call_soon(self._count, ask, len(prompt), len(ids), time.monotonic() - started)
         return completion, ids, sampled_text
 
-    def _count(self, agent: str, api: str, prompt_tokens: int, response_tokens: int, latency_s: float) -> None:
-        self.metrics.calls.labels(agent, api).inc()
+    def _count(self, ask: Ask, prompt_tokens: int, response_tokens: int, latency_s: float) -> None:
+        self.metrics.calls.labels(ask.agent, ask.api).inc()
         self.metrics.tokens.labels("prompt").inc(prompt_tokens)
         self.metrics.tokens.labels("response").inc(response_tokens)
         self.metrics.latency.observe(latency_s)
 
-    def _completion(
-        self,
-        text: str,
-        ids: list[int],
-        logprobs: list[float],
-        finish: str,
-        stop_sequence: str,
-        prompt_tokens: int,
-        parse: bool,
-        request: JSON,
-    ) -> Completion:
+    def _completion(self, call: Call, parse: bool) -> Completion:
+        """The reply of a recorded call; `parse`: split off its reasoning and tool calls."""
+        text, ids, stop = call.response["text"], call.response_ids, call.response.get("stop", "")
         reply = parse_reply(text, self.renderer.tool_parser) if parse else Message("assistant", text)
-        tokens = [self.renderer.decode([t]) for t in ids] if request.get("logprobs") else []
-        content = reply.content if parse else text
-        return Completion(reply, content, prompt_tokens, len(ids), finish, stop_sequence, logprobs, tokens)
+        tokens = [self.renderer.decode([t]) for t in ids] if call.request.get("logprobs") else []
+        visible = reply.content if parse else text
+        return Completion(
+            reply, visible, len(call.prompt_ids), len(ids), call.finish_reason, stop, call.logprobs, tokens
+        )
 
-    def _cut_at_stop(
-        self, ids: list[int], logprobs: list[float], stops: list[str]
-    ) -> tuple[list[int], list[float], str]:
-        """Cut the sampled tokens just after the first stop string; the tokens kept are what the
-        engine sampled, so the recorded call stays exactly what was sampled up to that point."""
+    def _stop_at(self, ids: list[int], stops: list[str]) -> tuple[int, str]:
+        """How many sampled tokens to keep, and the stop string they end with: the fewest whose
+        text holds the first stop string whole. The tokens kept are exactly what was sampled."""
         text = self.renderer.decode(ids)
         found = [(text.find(s), s) for s in stops if s and s in text]
         if not found:
-            return ids, logprobs, ""
+            return len(ids), ""
         pos, stop = min(found)
-        end = pos + len(stop)
-        lo, hi = 1, len(ids)  # smallest k with the stop string complete in decode(ids[:k])
+        lo, hi = 1, len(ids)  # binary search on k: decode(ids[:k]) reaches past the stop string
         while lo < hi:
             mid = (lo + hi) // 2
-            if len(self.renderer.decode(ids[:mid])) >= end:
+            if len(self.renderer.decode(ids[:mid])) >= pos + len(stop):
                 hi = mid
             else:
                 lo = mid + 1
-        return ids[:lo], logprobs[:lo], stop
+        return lo, stop
 
     async def pause(self) -> float:
         started = time.monotonic()
         self.metrics.paused.set(1)
         await self.gate.pause()
         return time.monotonic() - started
+
+    def forget(self, rollout_id: str) -> None:
+        """The rollout ended or went back to the queue: its next call starts afresh."""
+        self.renderer.forget(rollout_id)
+        self.seen.discard(rollout_id)
 
     def resume(self, version: int | None) -> None:
         if version is not None:
@@ -336,9 +278,5 @@ class Proxy:
         self.gate.resume()
 
     def state(self) -> dict[str, Any]:
-        return {
-            "paused": self.gate.paused,
-            "version": self.version,
-            "inflight": self.gate.inflight,
-            "waiting": self.gate.waiting,
-        }
+        gate = self.gate
+        return {"paused": gate.paused, "version": self.version, "inflight": gate.inflight, "waiting": gate.waiting}

@@ -1,15 +1,14 @@
 """Messages to token IDs and sampled IDs back to messages, with the model's own chat template.
 
-Owns: normalizing chat messages from every wire format into one shape (role, content text,
-tool calls, reasoning), rendering them with the tokenizer's chat template, decoding a sampled
+Owns: rendering normalized messages with the tokenizer's chat template, decoding a sampled
 reply into content, reasoning and tool calls (a small registry of tool-call formats), and the
-per-rollout token chains of prefix-preserving mode (DESIGN.md section 4): when a prompt
+per-rollout transcripts of prefix-preserving mode (DESIGN.md section 4): when a prompt
 re-sends an earlier call's conversation plus the reply the gateway returned, the prompt is
 built from the sampled IDs of that reply plus the tokens of what was added since, and every
 prompt that does not extend an earlier one is classified.
 
-It does not talk to engines, store anything, or know any wire format's field names beyond
-the normalized message shape; the gateway's routes map wire formats onto it.
+It does not talk to engines, store anything, or know any wire format (`gateway/wire.py` maps
+each onto `gateway.types.Message`).
 """
 
 from __future__ import annotations
@@ -17,140 +16,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import uuid
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-JSON = dict[str, Any]
-
-
-class RenderError(ValueError):
-    """Messages or tools the chat template cannot render (the client's fault: a 400)."""
-
-
-# ---------------------------------------------------------------------------- messages
-
-ROLES = {"system", "developer", "user", "assistant", "tool"}
-
-
-def text_of(content: Any) -> str:
-    """The text of a message content: a string, or a list of text parts (other parts are refused)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, dict) and part.get("type") in ("tool_result", "output_text", "input_text"):
-                parts.append(text_of(part.get("content", part.get("text"))))
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RenderError(f"unsupported content part of type {kind!r}: only text is supported")
-        return "".join(parts)
-    raise RenderError(f"message content must be a string or a list of parts, not {type(content).__name__}")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: str  # JSON text, as OpenAI clients send and expect it
-    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
-
-    def parsed_arguments(self) -> Any:
-        try:
-            return json.loads(self.arguments) if self.arguments else {}
-        except ValueError:
-            return self.arguments
-
-
-@dataclass(frozen=True)
-class Message:
-    """One chat message in the shape the templates take."""
-
-    role: str
-    content: str = ""
-    tool_calls: tuple[ToolCall, ...] = ()
-    reasoning: str = ""
-    tool_call_id: str = ""
-    name: str = ""
-
-    def template_dict(self) -> JSON:
-        out: JSON = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.parsed_arguments()}}
-                for c in self.tool_calls
-            ]
-        if self.reasoning:
-            out["reasoning_content"] = self.reasoning
-        if self.tool_call_id:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name:
-            out["name"] = self.name
-        return out
-
-    def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
-        """What identifies the message for prefix matching: reasoning and call ids are left out,
-        since harnesses often drop the first and may rename the second."""
-        return self.role, self.content.strip(), tuple((c.name, _canonical_json(c.arguments)) for c in self.tool_calls)
-
-
-def _canonical_json(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text), sort_keys=True)
-    except ValueError:
-        return text
-
-
-def message_from_openai(raw: Any) -> Message:
-    """An OpenAI chat message (as the SDK sends it) in normalized form."""
-    if not isinstance(raw, dict):
-        raise RenderError("each message must be an object")
-    role = raw.get("role")
-    if role not in ROLES:
-        raise RenderError(f"unknown message role {role!r}; expected one of {sorted(ROLES)}")
-    calls = []
-    for call in raw.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RenderError("a tool call needs function.name")
-        args = fn.get("arguments", "")
-        calls.append(
-            ToolCall(fn["name"], args if isinstance(args, str) else json.dumps(args), call.get("id") or "call_0")
-        )
-    reasoning = raw.get("reasoning_content") or raw.get("reasoning") or ""
-    return Message(
-        role=role,
-        content=text_of(raw.get("content")),
-        tool_calls=tuple(calls),
-        reasoning=reasoning if isinstance(reasoning, str) else "",
-        tool_call_id=str(raw.get("tool_call_id") or ""),
-        name=str(raw.get("name") or ""),
-    )
-
-
-def validate_tools(tools: Any) -> list[JSON]:
-    """OpenAI function tools, checked enough that the template cannot choke on them."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise RenderError("tools must be a list")
-    for tool in tools:
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RenderError("each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}")
-        if not isinstance(fn.get("parameters", {}), dict):
-            raise RenderError(f"tool {fn['name']!r}: parameters must be a JSON schema object")
-    return tools
-
+from agl.types import JSON
+from gateway.types import Message, RenderError, ToolCall
 
 # ---------------------------------------------------------------------------- reply parsing
 
@@ -194,11 +67,11 @@ def parse_reply(text: str, tool_parser: str = "hermes") -> Message:
     return Message("assistant", content, tuple(calls), reasoning)
 
 
-# ---------------------------------------------------------------------------- rendering and chains
+# ---------------------------------------------------------------------------- rendering and transcripts
 
 
 def _digest(previous: int, message: Message) -> int:
-    # Python's own 64-bit string hash: in-process only (chains are never stored), and unlike
+    # Python's own 64-bit string hash: in-process only (transcripts are never stored), and unlike
     # hashlib it never releases the GIL mid-call, which let other threads stall the event loop.
     return hash((previous, message.key()))
 
@@ -213,7 +86,7 @@ def prefix_digests(messages: Sequence[Message]) -> list[int]:
 
 
 @dataclass
-class Chain:
+class Transcript:
     """The token sequence of one conversation of a rollout, through the last reply returned."""
 
     digest: int  # of the messages it covers, the returned reply included
@@ -234,7 +107,7 @@ class Prompt:
 
 
 class Renderer:
-    """Chat template rendering for one tokenizer, with per-rollout chains (bounded LRU)."""
+    """Chat template rendering for one tokenizer, with per-rollout transcripts (bounded LRU)."""
 
     def __init__(self, tokenizer: Any, *, tool_parser: str = "hermes", max_rollouts: int = 10_000) -> None:
         if tool_parser not in TOOL_PARSERS:
@@ -242,7 +115,7 @@ class Renderer:
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
         self.max_rollouts = max_rollouts
-        self.chains: OrderedDict[str, list[Chain]] = OrderedDict()
+        self.transcripts: OrderedDict[str, list[Transcript]] = OrderedDict()
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if not isinstance(im_end, int) or im_end == tokenizer.unk_token_id:
             im_end = tokenizer.eos_token_id
@@ -284,30 +157,31 @@ class Renderer:
     def prompt(
         self, rollout_id: str, messages: Sequence[Message], tools: list[JSON], *, preserve: bool = True
     ) -> Prompt:
-        """Input IDs for `messages`; extends the rollout's matching chain when there is one."""
+        """Input IDs for `messages`; extends the rollout's matching transcript when there is one."""
         if not messages:
             raise RenderError("messages must not be empty")
         full = self.render_text(messages, tools, generation_prompt=True)
         digests = prefix_digests(messages)
         tools_key = json.dumps(tools, sort_keys=True)
-        chains = self.chains.get(rollout_id, [])
-        for chain in reversed(chains):
-            if chain.tools_key != tools_key or chain.digest not in digests[:-1]:
+        transcripts = self.transcripts.get(rollout_id, [])
+        for t in reversed(transcripts):
+            if t.tools_key != tools_key or t.digest not in digests[:-1]:
                 continue
-            length, digest = chain.verbatim
+            length, digest = t.verbatim
             if preserve and hash(full[:length]) == digest:  # the reply came back as sampled: no second render
-                ids = chain.ids + array("i", self.encode(full[length:]))
+                ids = t.ids + array("i", self.encode(full[length:]))
                 return Prompt(ids, True, "", digests, tools_key, full)
-            head = self._head(full, messages[: digests.index(chain.digest) + 1], tools)
+            head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
             if head is None:
                 return Prompt(array("i", self.encode(full)), False, "template_edit", digests, tools_key, full)
             if not preserve:
                 ids = array("i", self.encode(full))
-                same = ids[: len(chain.ids)] == chain.ids
+                same = ids[: len(t.ids)] == t.ids
                 return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
-            ids = chain.ids + array("i", self.encode(full[len(head) :]))
+            ids = t.ids + array("i", self.encode(full[len(head) :]))
             return Prompt(ids, True, "", digests, tools_key, full)
-        kind = "" if not chains else "context_rewritten" if any(c.first == digests[0] for c in chains) else "new_chain"
+        rewritten = any(t.first == digests[0] for t in transcripts)  # same start: the harness edited its context
+        kind = "" if not transcripts else "context_rewritten" if rewritten else "new_chain"
         return Prompt(array("i", self.encode(full)), False, kind, digests, tools_key, full)
 
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
@@ -324,7 +198,7 @@ class Renderer:
     def remember(
         self, rollout_id: str, prompt: Prompt, response_ids: Sequence[int], reply: Message, text: str | None = None
     ) -> None:
-        """Record the chain a call produced: its prompt, the sampled reply, and the end-of-turn
+        """Record the transcript a call produced: its prompt, the sampled reply, and the end-of-turn
         token when sampling stopped without one (the template closes the turn with it). `text`:
         the reply's `reply_text`, when the caller has it."""
         ids = array("i", prompt.ids)
@@ -334,11 +208,11 @@ class Renderer:
         verbatim = prompt.text + (self.reply_text(response_ids) if text is None else text) + self.turn_end_text
         digest = _digest(prompt.digests[-1], reply)
         superseded = set(prompt.digests)
-        chains = [c for c in self.chains.pop(rollout_id, []) if c.digest not in superseded]
-        chains.append(Chain(digest, prompt.digests[0], ids, prompt.tools_key, (len(verbatim), hash(verbatim))))
-        self.chains[rollout_id] = chains[-8:]
-        while len(self.chains) > self.max_rollouts:
-            self.chains.popitem(last=False)
+        kept = [t for t in self.transcripts.pop(rollout_id, []) if t.digest not in superseded]
+        kept.append(Transcript(digest, prompt.digests[0], ids, prompt.tools_key, (len(verbatim), hash(verbatim))))
+        self.transcripts[rollout_id] = kept[-8:]
+        while len(self.transcripts) > self.max_rollouts:
+            self.transcripts.popitem(last=False)
 
     def forget(self, rollout_id: str) -> None:
-        self.chains.pop(rollout_id, None)
+        self.transcripts.pop(rollout_id, None)

@@ -1,27 +1,33 @@
 """Wire formats: OpenAI Chat Completions, Completions and Responses, and Anthropic Messages.
 
 Owns the pydantic request schemas (unknown fields are ignored, as the real APIs do), the
-mapping of each request onto normalized messages, tools and sampling parameters, and the
-replies and streaming events in each format. Streams are produced after the call has been
-sampled and recorded, so a harness never sees text that is not in the store.
+mapping of each request onto normalized messages, tools and sampling parameters
+(`gateway/types.py`), the replies, streaming events and error objects in each format. Streams
+are produced after the call has been sampled and recorded, so a harness never sees text that
+is not in the store.
 
-It does not sample, record or authenticate; `gateway/proxy.py` and `gateway/app.py` do.
+It does not sample, record or authenticate; `gateway/proxy.py` and `gateway/auth.py` do.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.proxy import Completion, Params
-from gateway.render import Message, RenderError, ToolCall, message_from_openai, text_of, validate_tools
+from agl.types import JSON
+from gateway.types import Completion, Message, Params, RenderError, ToolCall
 
-JSON = dict[str, Any]
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def _id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex
 
 
 def _sse(data: Any, event: str | None = None) -> str:
@@ -29,8 +35,16 @@ def _sse(data: Any, event: str | None = None) -> str:
     return f"{head}data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _stops(stop: str | list[str] | None) -> list[str]:
-    return [stop] if isinstance(stop, str) else list(stop or [])
+def _event(kind: str, **data: Any) -> str:
+    """A server-sent event named by its `type` (Responses and Anthropic streams)."""
+    return _sse({"type": kind, **data}, kind)
+
+
+def error(message: str, kind: str, code: str | None = None, *, anthropic: bool) -> JSON:
+    """An error object in Anthropic's format or in OpenAI's."""
+    if anthropic:
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 class _Request(BaseModel):
@@ -42,6 +56,90 @@ class _Request(BaseModel):
     top_k: int = Field(-1, ge=-1, le=2**31 - 1)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1 - 16)  # plus the choice's index: still 64 bits
     stream: bool = False
+
+    def _params(self, max_tokens: int | None, stop: str | list[str] | None = None, n: int = 1) -> Params:
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        return Params(n, max_tokens, self.temperature, self.top_p, self.top_k, stops, self.seed)
+
+
+# ---------------------------------------------------------------------------- OpenAI messages and tools
+
+
+def text_of(content: Any) -> str:
+    """The text of a message content: a string, or a list of text parts (other parts are refused)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise RenderError(f"message content must be a string or a list of parts, not {type(content).__name__}")
+    parts = []
+    for part in content:
+        if isinstance(part, str):
+            parts.append(part)
+        elif isinstance(part, dict) and isinstance(part.get("text"), str):
+            parts.append(part["text"])
+        elif isinstance(part, dict) and part.get("type") in ("tool_result", "output_text", "input_text"):
+            parts.append(text_of(part.get("content", part.get("text"))))
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise RenderError(f"unsupported content part of type {kind!r}: only text is supported")
+    return "".join(parts)
+
+
+def message_from_openai(raw: Any) -> Message:
+    """An OpenAI chat message (as the SDK sends it) in normalized form."""
+    if not isinstance(raw, dict):
+        raise RenderError("each message must be an object")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise RenderError(f"unknown message role {role!r}; expected one of {sorted(ROLES)}")
+    calls = []
+    for call in raw.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RenderError("a tool call needs function.name")
+        args = fn.get("arguments", "")
+        calls.append(
+            ToolCall(fn["name"], args if isinstance(args, str) else json.dumps(args), call.get("id") or "call_0")
+        )
+    reasoning = raw.get("reasoning_content") or raw.get("reasoning") or ""
+    return Message(
+        role=role,
+        content=text_of(raw.get("content")),
+        tool_calls=tuple(calls),
+        reasoning=reasoning if isinstance(reasoning, str) else "",
+        tool_call_id=str(raw.get("tool_call_id") or ""),
+        name=str(raw.get("name") or ""),
+    )
+
+
+def validate_tools(tools: Any) -> list[JSON]:
+    """OpenAI function tools (the shape every format's tools are mapped to), checked enough that
+    the template cannot choke on them."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise RenderError("tools must be a list")
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise RenderError("each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}")
+        if not isinstance(fn.get("parameters", {}), dict):
+            raise RenderError(f"tool {fn['name']!r}: parameters must be a JSON schema object")
+    return tools
+
+
+def _finish(c: Completion) -> str:
+    if c.reply.tool_calls:
+        return "tool_calls"
+    return "length" if c.finish_reason == "length" else "stop"
+
+
+def _openai_reply(prefix: str, kind: str, model: str, choices: list[JSON], completions: list[Completion]) -> JSON:
+    """The envelope of a Chat Completions or Completions reply; its choices share one prompt."""
+    prompt, out = completions[0].prompt_tokens, sum(c.completion_tokens for c in completions)
+    usage = {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
+    head = {"id": _id(prefix), "object": kind, "created": int(time.time()), "model": model}
+    return head | {"choices": choices, "usage": usage}
 
 
 # ---------------------------------------------------------------------------- OpenAI chat
@@ -63,28 +161,10 @@ class ChatRequest(_Request):
     def parse(self) -> tuple[list[Message], list[JSON], Params]:
         messages = [message_from_openai(m) for m in self.messages]
         tools = [] if self.tool_choice == "none" else validate_tools(self.tools)
-        params = Params(
-            self.max_completion_tokens or self.max_tokens,
-            self.temperature,
-            self.top_p,
-            self.top_k,
-            _stops(self.stop),
-            self.seed,
-        )
-        return messages, tools, params
+        return messages, tools, self._params(self.max_completion_tokens or self.max_tokens, self.stop, self.n)
 
 
-def _openai_tool_calls(calls: tuple[ToolCall, ...]) -> list[JSON]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
-
-
-def _finish(c: Completion) -> str:
-    if c.reply.tool_calls:
-        return "tool_calls"
-    return "length" if c.finish_reason == "length" else "stop"
-
-
-def _openai_logprobs(c: Completion) -> JSON:
+def _logprobs(c: Completion) -> JSON:
     return {
         "content": [
             {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": [{"token": t, "logprob": lp}]}
@@ -93,35 +173,23 @@ def _openai_logprobs(c: Completion) -> JSON:
     }
 
 
-def _usage(completions: list[Completion]) -> JSON:
-    prompt = completions[0].prompt_tokens
-    out = sum(c.completion_tokens for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
-
-
 def chat_response(completions: list[Completion], model: str, logprobs: bool) -> JSON:
     choices = []
     for i, c in enumerate(completions):
-        message: JSON = {
-            "role": "assistant",
-            "content": c.reply.content if c.reply.content or not c.reply.tool_calls else None,
-        }
+        content = c.reply.content if c.reply.content or not c.reply.tool_calls else None
+        message: JSON = {"role": "assistant", "content": content}
         if c.reply.tool_calls:
-            message["tool_calls"] = _openai_tool_calls(c.reply.tool_calls)
+            message["tool_calls"] = [
+                {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                for t in c.reply.tool_calls
+            ]
         if c.reply.reasoning:
             message["reasoning_content"] = c.reply.reasoning
         choice: JSON = {"index": i, "message": message, "finish_reason": _finish(c), "logprobs": None}
         if logprobs:
-            choice["logprobs"] = _openai_logprobs(c)
+            choice["logprobs"] = _logprobs(c)
         choices.append(choice)
-    return {
-        "id": "chatcmpl-" + uuid.uuid4().hex,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": _usage(completions),
-    }
+    return _openai_reply("chatcmpl-", "chat.completion", model, choices, completions)
 
 
 def chat_stream(response: JSON, include_usage: bool) -> Iterator[str]:
@@ -157,21 +225,14 @@ class CompletionRequest(_Request):
     logprobs: int | None = Field(None, ge=0, le=5)
 
     def params(self) -> Params:
-        return Params(self.max_tokens, self.temperature, self.top_p, self.top_k, _stops(self.stop), self.seed)
+        return self._params(self.max_tokens, self.stop, self.n)
 
 
 def completion_response(completions: list[Completion], model: str) -> JSON:
-    return {
-        "id": "cmpl-" + uuid.uuid4().hex,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {"index": i, "text": c.text, "finish_reason": _finish(c), "logprobs": None}
-            for i, c in enumerate(completions)
-        ],
-        "usage": _usage(completions),
-    }
+    choices = [
+        {"index": i, "text": c.text, "finish_reason": _finish(c), "logprobs": None} for i, c in enumerate(completions)
+    ]
+    return _openai_reply("cmpl-", "text_completion", model, choices, completions)
 
 
 def completion_stream(response: JSON) -> Iterator[str]:
@@ -212,66 +273,44 @@ class ResponsesRequest(_Request):
             for t in self.tools or []
             if t.get("type") == "function"
         ]
-        return messages, validate_tools(tools), Params(self.max_output_tokens, self.temperature, self.top_p, self.top_k)
+        return messages, validate_tools(tools), self._params(self.max_output_tokens)
 
 
 def responses_response(c: Completion, model: str) -> JSON:
     output: list[JSON] = []
     if c.reply.reasoning:
-        output.append(
-            {
-                "type": "reasoning",
-                "id": "rs_" + uuid.uuid4().hex,
-                "summary": [{"type": "summary_text", "text": c.reply.reasoning}],
-            }
-        )
+        summary = [{"type": "summary_text", "text": c.reply.reasoning}]
+        output.append({"type": "reasoning", "id": _id("rs_"), "summary": summary})
     if c.reply.content or not c.reply.tool_calls:
-        output.append(
-            {
-                "type": "message",
-                "id": "msg_" + uuid.uuid4().hex,
-                "status": "completed",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": c.reply.content, "annotations": []}],
-            }
-        )
-    for call in c.reply.tool_calls:
-        output.append(
-            {
-                "type": "function_call",
-                "id": "fc_" + uuid.uuid4().hex,
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-                "status": "completed",
-            }
-        )
+        message = {"type": "message", "id": _id("msg_"), "status": "completed", "role": "assistant"}
+        output.append(message | {"content": [{"type": "output_text", "text": c.reply.content, "annotations": []}]})
+    for t in c.reply.tool_calls:
+        call = {"call_id": t.id, "name": t.name, "arguments": t.arguments, "status": "completed"}
+        output.append({"type": "function_call", "id": _id("fc_")} | call)
+    cut = c.finish_reason == "length"
+    usage: JSON = {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens}
+    usage["total_tokens"] = c.prompt_tokens + c.completion_tokens
+    usage |= {"input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
     return {
-        "id": "resp_" + uuid.uuid4().hex,
+        "id": _id("resp_"),
         "object": "response",
         "created_at": int(time.time()),
-        "status": "completed" if c.finish_reason != "length" else "incomplete",
-        "incomplete_details": {"reason": "max_output_tokens"} if c.finish_reason == "length" else None,
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "model": model,
         "output": output,
         "parallel_tool_calls": True,
         "tool_choice": "auto",
         "tools": [],
-        "usage": {
-            "input_tokens": c.prompt_tokens,
-            "output_tokens": c.completion_tokens,
-            "total_tokens": c.prompt_tokens + c.completion_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0},
-        },
+        "usage": usage,
     }
 
 
 def responses_stream(response: JSON) -> Iterator[str]:
-    seq = iter(range(10**9))
+    seq = itertools.count()
 
     def event(kind: str, **data: Any) -> str:
-        return _sse({"type": kind, "sequence_number": next(seq), **data}, kind)
+        return _event(kind, sequence_number=next(seq), **data)
 
     yield event("response.created", response=response | {"status": "in_progress", "output": []})
     for i, item in enumerate(response["output"]):
@@ -319,26 +358,17 @@ class AnthropicRequest(_Request):
                     args = json.dumps(block.get("input", {}), ensure_ascii=False)
                     calls.append(ToolCall(str(block.get("name", "")), args, str(block.get("id", ""))))
                 elif kind == "tool_result":
-                    messages.append(
-                        Message("tool", text_of(block.get("content")), tool_call_id=str(block.get("tool_use_id", "")))
-                    )
+                    output = text_of(block.get("content"))
+                    messages.append(Message("tool", output, tool_call_id=str(block.get("tool_use_id", ""))))
                 elif kind != "thinking":
                     raise RenderError(f"unsupported content block type {kind!r}")
             if text or calls or role == "assistant":
                 messages.append(Message(role, "".join(text), tuple(calls)))
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.get("name"),
-                    "description": t.get("description", ""),
-                    "parameters": t.get("input_schema", {}),
-                },
-            }
-            for t in self.tools or []
-        ]
-        params = Params(self.max_tokens, self.temperature, self.top_p, self.top_k, self.stop_sequences or [], self.seed)
-        return messages, validate_tools(tools), params
+        tools = []
+        for t in self.tools or []:  # in the OpenAI shape the templates take
+            fn = {"name": t.get("name"), "description": t.get("description", "")}
+            tools.append({"type": "function", "function": fn | {"parameters": t.get("input_schema", {})}})
+        return messages, validate_tools(tools), self._params(self.max_tokens, self.stop_sequences)
 
 
 def anthropic_response(c: Completion, model: str) -> JSON:
@@ -349,20 +379,12 @@ def anthropic_response(c: Completion, model: str) -> JSON:
         content.append({"type": "text", "text": c.reply.content})
     for call in c.reply.tool_calls:
         args = call.parsed_arguments()
-        content.append(
-            {"type": "tool_use", "id": call.id, "name": call.name, "input": args if isinstance(args, dict) else {}}
-        )
-    stop_reason: Literal["tool_use", "max_tokens", "stop_sequence", "end_turn"]
-    if c.reply.tool_calls:
-        stop_reason = "tool_use"
-    elif c.finish_reason == "length":
-        stop_reason = "max_tokens"
-    elif c.finish_reason == "stop_sequence":
-        stop_reason = "stop_sequence"
-    else:
-        stop_reason = "end_turn"
+        args = args if isinstance(args, dict) else {}
+        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": args})
+    reasons = {"length": "max_tokens", "stop_sequence": "stop_sequence"}
+    stop_reason = "tool_use" if c.reply.tool_calls else reasons.get(c.finish_reason, "end_turn")
     return {
-        "id": "msg_" + uuid.uuid4().hex,
+        "id": _id("msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -376,7 +398,7 @@ def anthropic_response(c: Completion, model: str) -> JSON:
 def anthropic_stream(message: JSON) -> Iterator[str]:
     start = message | {"content": [], "stop_reason": None, "stop_sequence": None}
     start["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 0}
-    yield _sse({"type": "message_start", "message": start}, "message_start")
+    yield _event("message_start", message=start)
     for i, block in enumerate(message["content"]):
         if block["type"] == "text":
             empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
@@ -386,23 +408,9 @@ def anthropic_stream(message: JSON) -> Iterator[str]:
         else:
             empty = block | {"input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-        yield _sse({"type": "content_block_start", "index": i, "content_block": empty}, "content_block_start")
-        yield _sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
-        yield _sse({"type": "content_block_stop", "index": i}, "content_block_stop")
+        yield _event("content_block_start", index=i, content_block=empty)
+        yield _event("content_block_delta", index=i, delta=delta)
+        yield _event("content_block_stop", index=i)
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    usage = {"output_tokens": message["usage"]["output_tokens"]}
-    yield _sse({"type": "message_delta", "delta": delta, "usage": usage}, "message_delta")
-    yield _sse({"type": "message_stop"}, "message_stop")
-
-
-# ---------------------------------------------------------------------------- errors
-
-
-def openai_error(
-    message: str, kind: str = "invalid_request_error", code: str | None = None, param: str | None = None
-) -> JSON:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def anthropic_error(message: str, kind: str = "invalid_request_error") -> JSON:
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    yield _event("message_delta", delta=delta, usage={"output_tokens": message["usage"]["output_tokens"]})
+    yield _event("message_stop")

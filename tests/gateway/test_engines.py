@@ -300,16 +300,13 @@ async def test_failover_goes_to_the_least_loaded_replica_that_is_up(stand_ins: l
         g = await engines.generate([1], {}, rollout_id=at_a)  # A is still marked down
         assert g.replica != urls[0] and a.paths() == ["/generate"]
         await slow
-        assert await engines.health() == dict.fromkeys(urls, True)  # the probe marks A up again
-        assert (await engines.generate([1], {}, rollout_id=at_a)).replica == urls[0]
 
 
-async def test_a_dead_replica_fails_over_and_shows_in_health(stand_ins: list[tuple[str, StandIn]]) -> None:
+async def test_a_dead_replica_fails_over(stand_ins: list[tuple[str, StandIn]]) -> None:
     dead, (live, _) = dead_url(), stand_ins[0]
     async with client([dead, live], attempts=2) as engines:
         g = await engines.generate([1], {}, rollout_id=rollout_homed_at(0, 2))
         assert g.replica == live
-        assert await engines.health() == {dead: False, live: True}
 
 
 async def test_a_single_dead_replica_is_unavailable_after_all_attempts() -> None:
@@ -325,13 +322,11 @@ async def test_memory_and_weight_commands_go_to_every_replica(stand_ins: list[tu
         await engines.release_memory()
         await engines.resume_memory()
         await engines.update_weights_from_disk("/ckpt/step_3", 3)
-        await engines.flush_cache()
     for _, s in stand_ins:
         assert s.paths() == [
             "/release_memory_occupation",
             "/resume_memory_occupation",
             "/update_weights_from_disk",
-            "/flush_cache",
         ]
         assert s.requests[2][2] == {"model_path": "/ckpt/step_3", "weight_version": "3"}
 

@@ -2,7 +2,7 @@
 
 The gateway parses its bodies itself (to answer bad input in the caller's wire format), so its
 schema has no request bodies; the test adds each route's pydantic schema (`gateway.wire`,
-`gateway.app`) so that bodies are generated from what the gateway really accepts, and
+`gateway.routes`) so that bodies are generated from what the gateway really accepts, and
 schemathesis also sends ones that break it. Real gateway and SQLite store on 127.0.0.1; the
 engine is the instant stand-in of bench/gateway.py (a fake, so that valid calls cost nothing).
 """
@@ -22,8 +22,7 @@ from hypothesis import HealthCheck, given, settings
 
 from agl.store import Store
 from bench.gateway import stand_in_app
-from gateway import app as gateway_app
-from gateway import wire
+from gateway import routes, wire
 from gateway.app import GatewaySettings, make_app
 from gateway.engines import EngineClient
 from tests.gateway.conftest import serve
@@ -35,12 +34,12 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/completions"): wire.CompletionRequest,
     ("post", "/v1/responses"): wire.ResponsesRequest,
     ("post", "/v1/messages"): wire.AnthropicRequest,
-    ("post", "/api/rollouts"): gateway_app.RolloutIn,
-    ("post", "/api/rollouts/{rollout_id}/events"): gateway_app.EventIn,
-    ("post", "/api/rollouts/{rollout_id}/reward"): gateway_app.RewardIn,
-    ("post", "/api/rollouts/{rollout_id}/status"): gateway_app.StatusIn,
-    ("post", "/api/models"): gateway_app.ModelIn,
-    ("post", "/api/resume"): gateway_app.ResumeIn,
+    ("post", "/api/rollouts"): routes.RolloutIn,
+    ("post", "/api/rollouts/{rollout_id}/events"): routes.EventIn,
+    ("post", "/api/rollouts/{rollout_id}/reward"): routes.RewardIn,
+    ("post", "/api/rollouts/{rollout_id}/status"): routes.StatusIn,
+    ("post", "/api/models"): routes.ModelIn,
+    ("post", "/api/resume"): routes.ResumeIn,
 }
 
 

@@ -8,7 +8,9 @@ import random
 
 import pytest
 
-from gateway.render import Message, Renderer, RenderError, ToolCall, message_from_openai, parse_reply
+from gateway.render import Renderer, parse_reply
+from gateway.types import Message, RenderError, ToolCall
+from gateway.wire import message_from_openai
 from tests.gateway.qwen import CHATML_REASONING, CHATML_TOOLS, qwen_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]

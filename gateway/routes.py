@@ -1,0 +1,311 @@
+"""The gateway's routes (DESIGN.md section 3), as FastAPI routers: model calls (`/v1`), a
+rollout's own records, the admin API, `/healthz` and `/metrics`; authentication is a dependency
+(`gateway/auth.py`). Routes parse their bodies themselves (`body`) to answer bad input in the
+caller's wire format, so the OpenAPI schema shows no request bodies. They do not sample or
+record (`gateway/proxy.py`) or turn errors into replies (`gateway/app.py`).
+"""
+
+import asyncio
+import dataclasses
+import json
+import time
+from asyncio import wrap_future
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import generate_latest
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agl.store import Created, Store, StoreError
+from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
+from gateway import wire
+from gateway.auth import Auth
+from gateway.proxy import Proxy
+from gateway.types import Ask, RenderError
+
+if TYPE_CHECKING:
+    from gateway.app import GatewaySettings
+
+Cursor = Annotated[int, Query(ge=0, le=2**63 - 1)]  # compared in SQL: a larger one overflows the driver
+
+
+class SamplingIn(BaseModel):
+    """Sampling the gateway applies to every call of a rollout, whatever the harness asks (e.g. greedy validation)."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+
+
+class RolloutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: JSON = Field(default_factory=dict)
+    group: str = Field(min_length=1, max_length=255)
+    mode: Mode = Mode.TRAIN
+    grader: Any = None
+    sampling: SamplingIn | None = None
+    metadata: JSON = Field(default_factory=dict)
+
+    @field_validator("metadata")
+    @classmethod
+    def _no_sampling(cls, metadata: JSON) -> JSON:
+        if "sampling" in metadata:
+            raise ValueError("`sampling` is set through the request's own `sampling` field")
+        return metadata
+
+
+class StatusIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    status: Status
+    failure_kind: str | None = None
+    reason: str = ""
+    attempt: int | None = None
+
+
+class RewardIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reward: float = Field(allow_inf_nan=False)
+    final: bool = True
+    call_seq: int | None = None
+    source: str = ""
+
+
+class EventIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str = Field(min_length=1, max_length=32)
+    data: JSON = Field(default_factory=dict)
+
+
+class ModelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0, le=2**31 - 1)  # an INTEGER column
+    path: str = ""
+    endpoints: list[str] = Field(default_factory=list)
+    metadata: JSON = Field(default_factory=dict)
+
+
+class ResumeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int | None = Field(None, ge=0)
+
+
+async def body(request: Request, schema: type[Any]) -> Any:
+    """The request's JSON body, validated by `schema`; the raw object stays in `request.state.body`."""
+    data = await request.body()
+    try:
+        raw = orjson.loads(data)  # a quarter of the standard library's time on a harness's body
+    except orjson.JSONDecodeError:
+        try:  # what only the standard library takes: NaN, integers beyond 64 bits
+            raw = json.loads(data)
+            json.dumps(raw, ensure_ascii=False).encode()  # and lone surrogates, which no tokenizer takes
+        except ValueError as e:
+            raise RenderError(f"the request body is not valid JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise RenderError("the request body must be a JSON object")
+    request.state.body = raw
+    return schema.model_validate(raw)
+
+
+def _jsonable(record: Any) -> JSON:
+    out = dataclasses.asdict(record)
+    for key in ("prompt_ids", "response_ids", "logprobs"):
+        if key in out:
+            out[key] = out[key].tolist()
+    return out
+
+
+def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
+    """The model calls, each with a live rollout's agent token; every reply is recorded first."""
+    router = APIRouter()
+    Agent = Annotated[Rollout, Depends(auth.agent)]
+
+    def ask(request: Request, rollout: Rollout, api: str, model: str) -> Ask:
+        return Ask(rollout, request.headers.get("x-agl-agent") or model or "default", api, request.state.body)
+
+    def reply(response: JSON, chunks: Iterator[str] | None) -> Response:
+        """The reply as one JSON body, or as server-sent events when the client asked to stream."""
+        if chunks is not None:
+            return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return Response(orjson.dumps(response), media_type="application/json")
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request, rollout: Agent) -> Response:
+        req = await body(request, wire.ChatRequest)
+        completions = await proxy.chat(ask(request, rollout, "chat", req.model), *req.parse())
+        response = wire.chat_response(completions, req.model, req.logprobs)
+        usage = bool((req.stream_options or {}).get("include_usage"))
+        return reply(response, wire.chat_stream(response, usage) if req.stream else None)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request, rollout: Agent) -> Response:
+        req = await body(request, wire.CompletionRequest)
+        ids = proxy.renderer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        done = await proxy.complete(ask(request, rollout, "completions", req.model), ids, req.params())
+        response = wire.completion_response(done, req.model)
+        return reply(response, wire.completion_stream(response) if req.stream else None)
+
+    @router.post("/v1/responses")
+    async def responses(request: Request, rollout: Agent) -> Response:
+        req = await body(request, wire.ResponsesRequest)
+        (done,) = await proxy.chat(ask(request, rollout, "responses", req.model), *req.parse())
+        response = wire.responses_response(done, req.model)
+        return reply(response, wire.responses_stream(response) if req.stream else None)
+
+    @router.post("/v1/messages")
+    async def messages(request: Request, rollout: Agent) -> Response:
+        req = await body(request, wire.AnthropicRequest)
+        (done,) = await proxy.chat(ask(request, rollout, "messages", req.model), *req.parse())
+        response = wire.anthropic_response(done, req.model)
+        return reply(response, wire.anthropic_stream(response) if req.stream else None)
+
+    @router.get("/v1/models")
+    async def models(_: Agent) -> Any:
+        return {"object": "list", "data": [{"id": "agl", "object": "model", "created": 0, "owned_by": "agl"}]}
+
+    return router
+
+
+def rollout_routes(store: Store, auth: Auth) -> APIRouter:
+    """What a rollout's own tokens reach, besides the admin: its records, events and reward."""
+    router = APIRouter()
+    Scoped = Annotated[Rollout, Depends(auth.rollout)]
+
+    @router.get("/api/rollouts/{rollout_id}")
+    async def get_rollout(rollout: Scoped) -> Any:
+        return _jsonable(await asyncio.to_thread(store.get_rollout, rollout.id))  # not the cached copy: rewards, calls
+
+    @router.get("/api/rollouts/{rollout_id}/calls")
+    async def get_calls(rollout: Scoped, all_attempts: bool = False) -> Any:
+        found: dict[str, list[Call]] = await asyncio.to_thread(store.calls_for, [rollout.id], all_attempts=all_attempts)
+        return [_jsonable(c) for c in found[rollout.id]]
+
+    @router.get("/api/rollouts/{rollout_id}/events")
+    async def get_events(rollout: Scoped, after: Cursor = 0) -> Any:
+        found: list[Event] = await asyncio.to_thread(store.events, rollout.id, after=after)
+        return [_jsonable(e) for e in found]
+
+    @router.post("/api/rollouts/{rollout_id}/events")
+    async def post_event(request: Request, rollout: Scoped) -> Any:
+        req = await body(request, EventIn)
+        return _jsonable(await wrap_future(store.append_event(rollout.id, req.kind, req.data)))
+
+    @router.post("/api/rollouts/{rollout_id}/reward")
+    async def post_reward(request: Request, rollout: Annotated[Rollout, Depends(auth.reward)]) -> Any:
+        req = await body(request, RewardIn)
+        source = req.source or ("admin" if auth.is_admin(request) else "rollout token")
+        done = store.set_reward(rollout.id, req.reward, source=source, final=req.final, call_seq=req.call_seq)
+        return _jsonable(await wrap_future(done))
+
+    return router
+
+
+def admin_routes(settings: "GatewaySettings", store: Store, proxy: Proxy, auth: Auth) -> APIRouter:
+    """The admin API; the admin key is checked where the router is mounted (`gateway/app.py`)."""
+    router = APIRouter()
+
+    def credentials(created: Created) -> JSON:
+        """What a launcher needs to run an attempt: the tokens and where harnesses call."""
+        public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+        out = {"id": created.rollout.id, "attempt": created.rollout.attempt, "agent_token": created.agent_token}
+        out |= {"base_url": public + "/v1", "anthropic_base_url": public}
+        return out | ({"grader_token": created.grader_token} if created.grader_token else {})
+
+    @router.post("/api/rollouts")
+    async def create_rollout(request: Request) -> Any:
+        req = await body(request, RolloutIn)
+        metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
+        if req.sampling and (sampling := req.sampling.model_dump(exclude_none=True)):
+            metadata["sampling"] = sampling
+        ttl_s = settings.token_ttl_s
+        made = store.create_rollout(
+            req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata, token_ttl_s=ttl_s
+        )
+        created = await wrap_future(made)
+        auth.tokens.issued(created)
+        return credentials(created)
+
+    @router.post("/api/rollouts/{rollout_id}/tokens")
+    async def rotate_tokens(rollout_id: str, attempt: int | None = None) -> Any:
+        """New credentials for a launcher (the old tokens die): same reply shape as a create."""
+        try:
+            made = store.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
+            created = await wrap_future(made)
+        finally:
+            auth.tokens.changed(rollout_id)  # the old tokens are dead
+        auth.tokens.issued(created)
+        return credentials(created)
+
+    @router.get("/api/rollouts")
+    async def list_rollouts(
+        status: Status | None = None,
+        group: str | None = None,
+        after: Cursor | None = None,
+        limit: int = 100,
+        offset: Cursor = 0,
+    ) -> Any:
+        limit = max(1, min(limit, 10_000))
+        if after is not None:
+            found = await asyncio.to_thread(store.terminal_after, after, limit)
+        else:
+            found = await asyncio.to_thread(store.list_rollouts, status=status, group=group, limit=limit, offset=offset)
+        return [_jsonable(r) for r in found]
+
+    @router.post("/api/rollouts/{rollout_id}/status")
+    async def post_status(request: Request, rollout_id: str) -> Any:
+        req = await body(request, StatusIn)
+        args = {"failure_kind": req.failure_kind, "reason": req.reason, "attempt": req.attempt}
+        try:
+            rollout = await wrap_future(store.transition(rollout_id, req.status, **args))
+        except StoreError:
+            auth.tokens.changed(rollout_id)
+            raise
+        auth.tokens.changed(rollout_id, rollout)
+        if rollout.status.terminal or rollout.status is Status.QUEUED:
+            proxy.forget(rollout_id)
+        return _jsonable(rollout)
+
+    @router.post("/api/models")
+    async def register_model(request: Request) -> Any:
+        req = await body(request, ModelIn)
+        model = ModelVersion(req.version, req.path, req.endpoints, req.metadata)
+        return _jsonable(await wrap_future(store.register_model(model)))
+
+    @router.post("/api/pause")
+    async def pause() -> Any:
+        drained_s = await proxy.pause()
+        return {"drained_s": round(drained_s, 4)} | proxy.state()
+
+    @router.post("/api/resume")
+    async def resume(request: Request) -> Any:
+        req = await body(request, ResumeIn) if await request.body() else ResumeIn()
+        proxy.resume(req.version)
+        return proxy.state()
+
+    @router.get("/api/state")
+    async def state() -> Any:
+        latest = await asyncio.to_thread(store.latest_model)
+        return proxy.state() | {"latest_model": _jsonable(latest) if latest else None}
+
+    return router
+
+
+def open_routes(store: Store, proxy: Proxy) -> APIRouter:
+    """`/healthz` and `/metrics`, without credentials."""
+    router = APIRouter()
+    started_at = time.time()  # in /healthz: a controller learns that the gateway restarted during a run
+
+    @router.get("/healthz")
+    async def healthz() -> Any:
+        return {"ok": True, "started_at": started_at} | proxy.state()
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        for status, count in (await asyncio.to_thread(store.status_counts)).items():
+            proxy.metrics.rollouts.labels(status).set(count)
+        return Response(generate_latest(proxy.metrics.registry), media_type="text/plain; version=0.0.4")
+
+    return router

@@ -1,0 +1,104 @@
+"""The shapes the gateway's modules hand each other: a chat message in normalized form, a
+harness's call as received, its sampling parameters, and one sampled reply.
+
+Standard library only. Wire schemas (pydantic) are in `gateway/wire.py`, stored records in
+`agl/types.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl.types import JSON, Rollout
+
+
+class RenderError(ValueError):
+    """Messages, tools or a prompt the gateway cannot serve (the client's fault: a 400)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI clients send and expect it
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+    def parsed_arguments(self) -> Any:
+        try:
+            return json.loads(self.arguments) if self.arguments else {}
+        except ValueError:
+            return self.arguments
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message in the shape the templates take."""
+
+    role: str
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""
+    tool_call_id: str = ""
+    name: str = ""
+
+    def template_dict(self) -> JSON:
+        out: JSON = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.parsed_arguments()}}
+                for c in self.tool_calls
+            ]
+        extra = {"reasoning_content": self.reasoning, "tool_call_id": self.tool_call_id, "name": self.name}
+        return out | {k: v for k, v in extra.items() if v}
+
+    def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+        """What identifies the message for prefix matching: reasoning and call ids are left out,
+        since harnesses often drop the first and may rename the second."""
+        return self.role, self.content.strip(), tuple((c.name, _canonical_json(c.arguments)) for c in self.tool_calls)
+
+
+def _canonical_json(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), sort_keys=True)
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A harness's call as received: its rollout, agent (`x-agl-agent` or `model`), API and body."""
+
+    rollout: Rollout
+    agent: str
+    api: str  # "chat" | "completions" | "responses" | "messages"
+    body: JSON  # recorded with each of its calls, and what a retry after a restart is matched on
+
+
+@dataclass
+class Params:
+    """Sampling parameters after each wire format's names are mapped."""
+
+    n: int = 1  # choices, each one recorded call
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled reply, as recorded."""
+
+    reply: Message
+    text: str  # visible text, stop string excluded
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "stop" | "length" | "stop_sequence"
+    stop_sequence: str
+    logprobs: Sequence[float]
+    tokens: list[str]  # each sampled token's text, when the request asked for logprobs
