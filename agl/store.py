@@ -465,15 +465,17 @@ class Store:
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: stop
         self._conn: Connection | None = None
         self._closed = False
+        self._closing = threading.Lock()  # no write is queued behind the stop signal
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
         self._writer.start()
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, release connections."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
         self._writer.join()
         self._write_engine.dispose()
         self._read_engine.dispose()
@@ -487,10 +489,11 @@ class Store:
     # ---- the writer thread
 
     def _submit(self, op: Callable[..., Any], *args: Any) -> Future[Any]:
-        if self._closed:
-            raise StoreError("store is closed")
         future: Future[Any] = Future()
-        self._queue.put((op, args, future))
+        with self._closing:
+            if self._closed:
+                raise StoreError("store is closed")
+            self._queue.put((op, args, future))
         return future
 
     def _write_loop(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+import time
 from array import array
 
 import pytest
@@ -506,3 +507,33 @@ def test_writes_go_on_after_the_database_drops_the_writers_connection(store):
         )
     assert store.append_call(make_call(rid)).result().seq == 1
     assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1]
+
+
+def test_writes_racing_close_are_committed_or_refused_none_left_waiting(db_url):
+    """close() while threads write: each write is either refused at once (StoreError) or
+    committed; none is queued behind the writer's stop and left waiting forever."""
+    store = Store(db_url)
+    rid = _drive_to(store, Status.RUNNING)
+    futures: list = []
+    refused: list[StoreError] = []
+
+    def write() -> None:
+        while True:
+            try:
+                futures.append(store.append_event(rid, "tick"))
+            except StoreError as e:
+                refused.append(e)
+                return
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while len(futures) < 200:
+        time.sleep(0.001)
+    store.close()
+    for t in threads:
+        t.join()
+    assert len(refused) == 4
+    assert all(f.result(timeout=10).kind == "tick" for f in futures)
+    with Store(db_url) as again:
+        assert len(again.events(rid, kind="tick")) == len(futures)
