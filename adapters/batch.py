@@ -53,7 +53,7 @@ class Batch:
     sample_rank: np.ndarray  # int32, per sample: data-parallel rank
     sample_minibatch: np.ndarray  # int32, per sample
     rollout_ids: tuple[str, ...]  # the trained rollouts
-    rollout_advantages: np.ndarray  # float64, per rollout
+    rollout_advantages: np.ndarray  # float64, per rollout (at the sample level: its samples' mean)
     rollout_minibatch: np.ndarray  # int32, per rollout
     sample_calls: tuple[tuple[int, ...], ...]  # per sample: seqs of the calls merged into it
     sample_agents: tuple[str, ...]  # per sample
@@ -147,16 +147,39 @@ def build_batch(
             stats["missing_reward_filled"] += 1
         valid.append((r, reward))
 
-    rewards = np.array([reward for _, reward in valid], dtype=np.float64)
-    adv, kept = rollout_advantages(rewards, [r.group for r, _ in valid], s, stats)
-    trained: list[tuple[str, float, list[Draft]]] = []
-    for (r, _), a in itertools.compress(zip(valid, adv, strict=True), kept):
-        drafts = merge(r.id, calls.get(r.id, ()), s, stats, r.attempt)
-        if any(d.trained for d in drafts):
-            trained.append((r.id, float(a), drafts))
-        else:
+    merged = [(r, reward, merge(r.id, calls.get(r.id, ()), s, stats, r.attempt)) for r, reward in valid]
+    trained: list[tuple[str, list[float], list[Draft]]] = []
+    for (r, _, drafts), advantages in zip(merged, _advantages(merged, s, stats), strict=True):
+        if advantages is not None and any(d.trained for d in drafts):
+            trained.append((r.id, advantages, drafts))
+        elif advantages is not None:
             stats["rollouts_without_tokens"] += 1
     return _assemble(trained, s, stats, len(rollouts))
+
+
+def _advantages(
+    merged: list[tuple[Rollout, float, list[Draft]]], s: AdapterSettings, stats: Counter[str]
+) -> list[list[float] | None]:
+    """Per rollout, the advantage of each of its samples, or None when it is not trained. The group
+    members are the rollouts (`advantage_level: rollout`: one advantage each, however many samples
+    it split into) or their samples with trained tokens (`sample`: a rollout split into k samples is
+    k members of its group, as a transition-level GRPO sees it)."""
+    if s.advantage_level == "rollout":
+        owners = list(range(len(merged)))
+    else:
+        owners = [i for i, (_, _, drafts) in enumerate(merged) for d in drafts if d.trained]
+    rewards = np.array([merged[i][1] for i in owners], dtype=np.float64)
+    adv, kept = rollout_advantages(rewards, [merged[i][0].group for i in owners], s, stats)
+    out: list[list[float] | None] = [None] * len(merged)
+    if s.advantage_level == "rollout":
+        for i, (a, k) in enumerate(zip(adv.tolist(), kept, strict=True)):
+            out[i] = [a] * len(merged[i][2]) if k else None
+        return out
+    members = iter(zip(adv.tolist(), kept, strict=True))
+    for i, (_, _, drafts) in enumerate(merged):
+        sample = [next(members) if d.trained else (0.0, False) for d in drafts]
+        out[i] = [a if k else 0.0 for a, k in sample] if any(k for _, k in sample) else None
+    return out
 
 
 def _weights(rollouts: list[list[Draft]], mode: str) -> list[list[float]]:
@@ -171,38 +194,40 @@ def _weights(rollouts: list[list[Draft]], mode: str) -> list[list[float]]:
 
 
 def _assemble(
-    trained: list[tuple[str, float, list[Draft]]], s: AdapterSettings, stats: Counter[str], n_in: int
+    trained: list[tuple[str, list[float], list[Draft]]], s: AdapterSettings, stats: Counter[str], n_in: int
 ) -> Batch:
     n = len(trained)
     n_mb = min(s.n_minibatches, max(n, 1))
     rollout_mb = (np.arange(n) * n_mb // max(n, 1)).astype(np.int32)
     pad = Draft("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1, -1)], length=1)
-    # One entry per sample, in output order: (rollout index or -1, draft, weight, mini-batch, rank).
-    order: list[tuple[int, Draft, float, int, int]] = []
+    # One entry per sample, in output order: (rollout index or -1, draft, weight, advantage, mini-batch, rank).
+    order: list[tuple[int, Draft, float, float, int, int]] = []
     for mb in range(n_mb):
         members = [int(i) for i in np.flatnonzero(rollout_mb == mb)]
         weights = _weights([trained[i][2] for i in members], s.loss_mode)
         samples = [
-            (i, d, w) for i, ws in zip(members, weights, strict=True) for d, w in zip(trained[i][2], ws, strict=True)
+            (i, d, w, a)
+            for i, ws in zip(members, weights, strict=True)
+            for d, w, a in zip(trained[i][2], ws, trained[i][1], strict=True)
         ]
-        samples += [(-1, pad, 0.0)] * (-len(samples) % s.dp_size)
-        for rank, part in enumerate(balanced_partitions([d.length for _, d, _ in samples], s.dp_size)):
+        samples += [(-1, pad, 0.0, 0.0)] * (-len(samples) % s.dp_size)
+        for rank, part in enumerate(balanced_partitions([d.length for _, d, _, _ in samples], s.dp_size)):
             order.extend((*samples[j], mb, rank) for j in part)
 
-    drafts = [d for _, d, *_ in order]
+    drafts = [o[1] for o in order]
     offsets = np.cumsum([0, *(d.length for d in drafts)], dtype=np.int64)
     total = int(offsets[-1])
     # Preallocate and fill slices: one pass over the output, no per-token Python work.
     input_ids, versions = np.empty(total, np.int32), np.empty(total, np.int32)
     loss_mask, logprobs = np.zeros(total, bool), np.zeros(total, np.float32)
     advantages, loss_weights = np.zeros(total, np.float32), np.zeros(total, np.float32)
-    for (i, draft, w, _, _), start in zip(order, offsets.tolist(), strict=False):
+    for (_, draft, w, a, _, _), start in zip(order, offsets.tolist(), strict=False):
         for g in draft.segments:
             end = start + len(g.ids)
             input_ids[start:end] = g.ids
             versions[start:end] = g.version
             if g.logprobs is not None:  # sampled (padding has none)
-                advantages[start:end] = trained[i][1]
+                advantages[start:end] = a
                 logprobs[start:end] = g.logprobs
                 loss_mask[start:end] = True
                 loss_weights[start:end] = w
@@ -231,10 +256,10 @@ def _assemble(
         versions=versions,
         offsets=offsets,
         sample_rollout=np.array([o[0] for o in order], dtype=np.int32),
-        sample_rank=np.array([o[4] for o in order], dtype=np.int32),
-        sample_minibatch=np.array([o[3] for o in order], dtype=np.int32),
+        sample_rank=np.array([o[5] for o in order], dtype=np.int32),
+        sample_minibatch=np.array([o[4] for o in order], dtype=np.int32),
         rollout_ids=tuple(t[0] for t in trained),
-        rollout_advantages=np.array([t[1] for t in trained], dtype=np.float64),
+        rollout_advantages=np.array([np.mean(t[1]) for t in trained], dtype=np.float64),
         rollout_minibatch=rollout_mb,
         sample_calls=tuple(tuple(dict.fromkeys(g.seq for g in d.segments if g.seq >= 0)) for d in drafts),
         sample_agents=tuple(d.agent for d in drafts),

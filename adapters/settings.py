@@ -26,6 +26,10 @@ class AdapterSettings:
     max_length: int = Field(default=32_768, ge=1)
     # Agent names whose calls are trained (selective optimization); None trains every agent.
     trained_agents: frozenset[str] | None = None
+    # The members of a group the advantage is computed over. rollout: one advantage per rollout,
+    # shared by all its samples (section 6.2); sample: each sample is its own member, so a rollout
+    # split into k samples counts k times (a naive transition-level GRPO), kept for comparison.
+    advantage_level: Literal["rollout", "sample"] = "rollout"
     # Advantage estimator, a name in `adapters.advantage.ESTIMATORS`: grpo | rloo | reinforce_pp.
     estimator: str = "grpo"
     # GRPO: divide by the group's std (original GRPO); False is Dr. GRPO's mean-only baseline.

@@ -67,6 +67,34 @@ def test_a_rollout_split_into_many_samples_counts_once() -> None:
     assert batch.rollout_advantages.tolist() == pytest.approx(expected[:, 0].tolist(), abs=1e-6)
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_sample_level_makes_each_sample_a_group_member(estimator: str) -> None:
+    """`advantage_level: sample`: a rollout split into k samples is k members of its group, and the
+    advantages are verl's over those samples, each scored with its rollout's reward."""
+    split = lambda rid, k: [call(rid, j, [100 + j], [j]) for j in range(k)]  # noqa: E731  (k unrelated prompts)
+    rollouts = [rollout("a", "g", 1.0), rollout("b", "g", 0.0), rollout("c", "g", 0.0)]
+    rollouts += [rollout("d", "h", 1.0), rollout("e", "h", 0.0)]
+    calls = {"a": split("a", 3), "b": split("b", 1), "c": split("c", 2), "d": split("d", 2), "e": split("e", 1)}
+    batch = build_batch(rollouts, calls, AdapterSettings(estimator=estimator, advantage_level="sample"))
+    members = [(r.id, j, r.group, r.reward) for r in rollouts for j in range(len(calls[r.id]))]
+    assert batch.metrics["samples"] == len(members) == 9
+    scores = torch.tensor([[reward] for *_, reward in members])
+    index = np.array([group for _, _, group, _ in members], dtype=object)
+    expected, _ = VERL[estimator](scores, torch.ones_like(scores), index, True)
+    got = {}
+    for i in range(batch.n_samples):
+        t = slice(int(batch.offsets[i]), int(batch.offsets[i + 1]))
+        (seq,) = batch.sample_calls[i]
+        got[batch.rollout_ids[batch.sample_rollout[i]], seq] = batch.advantages[t][batch.loss_mask[t]][0]
+    assert [got[rid, j] for rid, j, *_ in members] == pytest.approx(expected[:, 0].tolist(), abs=1e-5)
+    # The rollout level on the same batch: each rollout once, whatever its samples.
+    by_rollout = build_batch(rollouts, calls, AdapterSettings(estimator=estimator))
+    scores = torch.tensor([[r.reward] for r in rollouts])
+    index = np.array([r.group for r in rollouts], dtype=object)
+    expected, _ = VERL[estimator](scores, torch.ones_like(scores), index, True)
+    assert by_rollout.rollout_advantages.tolist() == pytest.approx(expected[:, 0].tolist(), abs=1e-5)
+
+
 def test_infra_failures_and_cancelled_rollouts_are_not_in_the_group() -> None:
     rollouts = [
         rollout("a", reward=1.0),
