@@ -9,17 +9,16 @@ environment (`controller/launcher.py`).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agl.settings import problems
 
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")  # Kubernetes resource quantity
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"  # a Kubernetes resource quantity
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
 
 
 class SpecError(ValueError):
@@ -28,15 +27,8 @@ class SpecError(ValueError):
 
 class Resources(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    cpu: str | None = Field(None, description="Kubernetes quantity, e.g. '500m' or '2'.")
-    memory: str | None = Field(None, description="Kubernetes quantity, e.g. '512Mi'.")
-
-    @field_validator("cpu", "memory")
-    @classmethod
-    def _quantity(cls, value: str | None) -> str | None:
-        if value is not None and not QUANTITY.match(value):
-            raise ValueError(f"{value!r} is not a resource quantity (e.g. '500m', '2', '512Mi')")
-        return value
+    cpu: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '500m' or '2'.")
+    memory: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '512Mi'.")
 
 
 class Process(BaseModel):
@@ -44,7 +36,7 @@ class Process(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     command: list[str] = Field(min_length=1, description="argv; no shell unless you name one.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment (the injected keys win).")
+    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment (the injected keys win).")
     cwd: str | None = Field(None, description="Working directory; default: a fresh workspace per attempt.")
     timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit (seconds); then the run is killed.")
     image: str = Field("python:3.11-slim", min_length=1, description="Container image (Kubernetes only).")
@@ -55,14 +47,6 @@ class Process(BaseModel):
     def _command(cls, value: list[str]) -> list[str]:
         if not value[0]:
             raise ValueError("the program name is empty")
-        return value
-
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
         return value
 
 
