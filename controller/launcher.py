@@ -24,7 +24,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from agl.types import JSON, FailureKind, Status
 from controller.spec import Process, Spec
@@ -86,6 +86,11 @@ class Outcome:
     @classmethod
     def task(cls, reason: str) -> Outcome:
         return cls(Status.FAILED, FailureKind.TASK, reason)
+
+    @classmethod
+    def exited(cls, program: str, code: int) -> Outcome:
+        """A harness that failed is the policy's failure; a grader that failed is not."""
+        return (cls.task if program == "harness" else cls.infra)(f"{program} exited with {code}")
 
 
 OK = Outcome(Status.SUCCEEDED)
@@ -167,26 +172,21 @@ class LocalLauncher:
 
     def _spawn(self, run: _Run, proc: Process, env: dict[str, str], cwd: str) -> None:
         exe = proc.command[0]
-        found = shutil.which(exe, path=env.get("PATH")) if "/" not in exe else os.path.join(cwd, exe)
-        if not found or not os.access(found, os.X_OK):
-            raise LaunchError(f"{run.phase}: executable {exe!r} not found or not executable")
         if not os.path.isdir(cwd):
             raise LaunchError(f"{run.phase}: working directory {cwd!r} does not exist")
-        exit_file = os.path.join(run.dir, f"{run.phase}.exit")
-        log = os.open(os.path.join(run.dir, f"{run.phase}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        run.pid, run.child = 0, False
+        if not shutil.which(os.path.join(cwd, exe) if "/" in exe else exe, path=env.get("PATH")):
+            raise LaunchError(f"{run.phase}: executable {exe!r} not found or not executable")
+        exit_file, log = os.path.join(run.dir, f"{run.phase}.exit"), os.path.join(run.dir, f"{run.phase}.log")
         self._save(run)  # before the spawn: a controller killed right after it finds the run (lost: retried)
         try:  # posix_spawn: a vfork, no Popen object that would outlive (and warn about) an adopted run
-            files: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0)]
-            files += [(os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)]
+            logged = (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            files = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0), logged, (os.POSIX_SPAWN_DUP2, 1, 2)]
             argv = ["/bin/sh", "-c", WRAPPER, exit_file, cwd, *proc.command]
             run.pid = os.posix_spawn("/bin/sh", argv, env, file_actions=files, setsid=True)
         except OSError as e:
             if run.phase == "harness":
                 self._state_file(run.key).unlink(missing_ok=True)
             raise LaunchError(f"{run.phase}: cannot start {exe!r}: {e}") from e
-        finally:
-            os.close(log)
         run.child, run.start = True, process_start(run.pid) or 0
         run.deadline = time.time() + proc.timeout_s
         self._save(run)
@@ -215,43 +215,42 @@ class LocalLauncher:
             self.runs[run.key] = run
         return list(self.runs)
 
-    def _exit_code(self, run: _Run) -> int | None:
-        """None while the current phase runs; its exit code when it ended; -1 if it was lost."""
-        if run.child:
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(run.pid, os.WNOHANG)[0] == 0:
-                    return None
-            run.child = False
-        elif run.pid and process_start(run.pid) == run.start:
-            return None
-        try:
-            return int(Path(run.dir, f"{run.phase}.exit").read_text())
-        except (OSError, ValueError):
-            return -1
+    def _running(self, run: _Run) -> bool:
+        """Whether the current phase's process runs; one this controller spawned is reaped once it ended."""
+        if not run.child:
+            return bool(run.pid) and process_start(run.pid) == run.start
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(run.pid, os.WNOHANG)[0] == 0:
+                return True
+        run.child = False
+        return False
 
     def _check(self, run: _Run) -> Outcome | None:
-        harness, code = run.phase == "harness", self._exit_code(run)
-        if code is None:
+        """How the attempt ended; None while it runs (or its grader has just started)."""
+        if self._running(run):
             if time.time() < run.deadline:
                 return None
-            self._kill_group(run)
-            if harness:
-                return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the harness ran past its timeout")
-            return Outcome.infra("the grader ran past its timeout")
-        if code == -1:
+            with contextlib.suppress(OSError):  # the whole group: what it forked dies with it
+                os.killpg(run.pid, signal.SIGKILL)
+            if run.child:
+                os.waitpid(run.pid, 0)
+            if run.phase == "grader":
+                return Outcome.infra("the grader ran past its timeout")
+            return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the harness ran past its timeout")
+        try:
+            code = int(Path(run.dir, f"{run.phase}.exit").read_text())
+        except (OSError, ValueError):
             return Outcome.infra(f"{run.phase} process {run.pid} was lost (no exit code)")
-        if code != 0 and harness:
-            return Outcome.task(f"harness exited with {code}")
         if code != 0:
-            return Outcome.infra(f"grader exited with {code}")
-        if harness and run.grader:
-            run.phase = "grader"
-            try:
-                self._spawn(run, Process.model_validate(run.grader["proc"]), run.grader["env"], run.grader["cwd"])
-            except LaunchError as e:
-                return Outcome.infra(str(e))
-            return None
-        return OK
+            return Outcome.exited(run.phase, code)
+        if run.phase == "grader" or not run.grader:
+            return OK
+        run.phase = "grader"
+        try:
+            self._spawn(run, Process.model_validate(run.grader["proc"]), run.grader["env"], run.grader["cwd"])
+        except LaunchError as e:
+            return Outcome.infra(str(e))
+        return None
 
     async def poll(self) -> list[tuple[Key, Outcome]]:
         for key, run in list(self.runs.items()):
@@ -261,18 +260,8 @@ class LocalLauncher:
 
     async def release(self, key: Key) -> None:
         self.ended.pop(key, None)
-        if (run := self.runs.pop(key, None)) is not None:
-            self._kill_group(run)  # nothing of an ended attempt may linger
+        self.runs.pop(key, None)
         self._state_file(key).unlink(missing_ok=True)
-
-    def _kill_group(self, run: _Run) -> None:
-        if run.pid and (run.child or process_start(run.pid) == run.start):
-            with contextlib.suppress(OSError):
-                os.killpg(run.pid, signal.SIGKILL)
-        if run.child:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(run.pid, 0)
-            run.child = False
 
     def active(self) -> int:
         return len(self.runs)

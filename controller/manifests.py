@@ -118,7 +118,5 @@ def pod_outcome(pods: list[JSON]) -> Outcome | None:
             if ended and ended.get("reason") in INFRA_START:
                 return Outcome.infra(f"{c['name']} did not start: {ended.get('message') or ended['reason']}")
             if ended and ended.get("exitCode", 0) != 0:
-                if c["name"] == "harness":
-                    return Outcome.task(f"harness exited with {ended['exitCode']}")
-                return Outcome.infra(f"{c['name']} exited with {ended['exitCode']}")
+                return Outcome.exited(c["name"], ended["exitCode"])
     return None
