@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 
 from agl.types import JSON
 from controller.launcher import Credentials, Key, LaunchError, Outcome
-from controller.manifests import ROLLOUT_LABEL, finished, job_outcome, key_of, manifests, name_of, owner_reference
+from controller.manifests import ROLLOUT_LABEL, finished, job_outcome, key_of, manifests, name_of
 from controller.spec import Spec
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class KubeLauncher:
                 if e.status != 409:
                     raise
                 created = self._dict(self.batch.read_namespaced_job(name, ns))
-            self._own(name, ns, created)
+            self._own(created)
         except API_ERRORS as e:
             with contextlib.suppress(*API_ERRORS):  # a launch that failed leaves no tokens behind
                 self.core.delete_namespaced_secret(name, ns)
@@ -129,9 +129,10 @@ class KubeLauncher:
             self.jobs.setdefault((creds.rollout_id, creds.attempt), created)
         return f"job {ns}/{name}"
 
-    def _own(self, name: str, ns: str, job: JSON) -> None:
-        body = {"metadata": {"ownerReferences": [owner_reference(job)]}}
-        self.core.patch_namespaced_secret(name, ns, body)
+    def _own(self, job: JSON) -> None:
+        meta = job["metadata"]
+        ref = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+        self.core.patch_namespaced_secret(meta["name"], meta["namespace"], {"metadata": {"ownerReferences": [ref]}})
 
     async def adopt(self) -> list[Key]:
         self.thread.start()
@@ -183,7 +184,7 @@ class KubeLauncher:
             with contextlib.suppress(*API_ERRORS):
                 secret = await asyncio.to_thread(self.core.read_namespaced_secret, name_of(key), self.namespace)
                 if not secret.metadata.owner_references:
-                    await asyncio.to_thread(self._own, name_of(key), self.namespace, job)
+                    await asyncio.to_thread(self._own, job)
 
     async def release(self, key: Key) -> None:
         self.ended.pop(key, None)
@@ -193,7 +194,7 @@ class KubeLauncher:
 
     async def _delete_job(self, key: Key) -> None:
         options = client.V1DeleteOptions(propagation_policy="Background")
-        with contextlib.suppress(ApiException):
+        with contextlib.suppress(*API_ERRORS):  # reported as failed either way; it must not stop the loop
             await asyncio.to_thread(self.batch.delete_namespaced_job, name_of(key), self.namespace, body=options)
 
     def active(self) -> int:

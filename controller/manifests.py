@@ -46,7 +46,7 @@ def _container(name: str, proc: Process, env: dict[str, str], keys: dict[str, st
     refs = [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": v}}} for k, v in keys.items()]
     out: JSON = {"name": name, "image": proc.image, "command": proc.command, "env": values + refs}
     out |= {"workingDir": proc.cwd or ws, "volumeMounts": [{"name": "workspace", "mountPath": ws}]}
-    wanted = {k: v for k, v in proc.resources.model_dump().items() if v is not None}
+    wanted = proc.resources.model_dump(exclude_none=True)
     return out | ({"resources": {"requests": wanted, "limits": wanted}} if wanted else {})
 
 
@@ -68,18 +68,12 @@ def manifests(spec: Spec, creds: Credentials) -> tuple[JSON, JSON]:
     pod |= {"nodeSelector": spec.node_selector} if spec.node_selector else {}
     job_spec = {
         "backoffLimit": 0,
-        "activeDeadlineSeconds": math.ceil(spec.total_timeout_s),
+        "activeDeadlineSeconds": math.ceil(spec.harness.timeout_s + (spec.grader.timeout_s if spec.grader else 0)),
         "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
         "template": {"metadata": {"labels": labels}, "spec": pod},
     }
     job: JSON = {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec}
     return secret, job
-
-
-def owner_reference(job: JSON) -> JSON:
-    """Makes the Secret belong to the Job: deleted with it, by the garbage collector."""
-    meta = job["metadata"]
-    return {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
 
 
 def _conditions(job: JSON) -> dict[str, JSON]:

@@ -65,10 +65,6 @@ class Spec(BaseModel):
     service_account: str | None = None
     node_selector: dict[str, str] = Field(default_factory=dict)
 
-    @property
-    def total_timeout_s(self) -> float:
-        return self.harness.timeout_s + (self.grader.timeout_s if self.grader else 0.0)
-
 
 def parse_spec(data: Any, where: str = "spec") -> Spec:
     """Validate a spec given as a mapping; raise `SpecError` naming the bad fields."""

@@ -12,7 +12,7 @@ import yaml
 
 from agl.types import FailureKind, Status
 from controller.launcher import Credentials
-from controller.manifests import job_outcome, key_of, manifests, owner_reference
+from controller.manifests import job_outcome, key_of, manifests
 from controller.spec import parse_spec
 
 CREDS = Credentials("r" * 32, 2, {"q": 1}, "http://gw", "http://gw/v1", "http://gw", "AGENT-SECRET", "GRADER-SECRET")
@@ -51,7 +51,6 @@ def test_job_with_grader_separates_tokens() -> None:
     assert "AGL_GRADER_TOKEN" not in _env(harness)
     assert harness["volumeMounts"] == grader["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace"}]
     assert pod["volumes"] == [{"name": "workspace", "emptyDir": {}}]
-    assert owner_reference({"metadata": {"name": "j", "uid": "u"}})["uid"] == "u"
 
 
 def _pod(containers: list[dict], init: list[dict] | None = None, **status: object) -> dict:
