@@ -46,8 +46,7 @@ def main(argv: list[str]) -> int:
     cmd.add_argument("--admin-key", default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""))
     args = parser.parse_args(argv)
     try:
-        spec = load_spec(args.spec)
-        task = json.loads(args.task)
+        spec, task = load_spec(args.spec), json.loads(args.task)
     except (SpecError, ValueError) as e:
         parser.error(str(e))
     if not isinstance(task, dict) or args.count < 1 or not args.admin_key:
