@@ -27,7 +27,6 @@ import math
 import queue
 import re
 import secrets
-import sys
 import threading
 import time
 import uuid
@@ -38,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
@@ -143,32 +143,16 @@ _CURRENT_ATTEMPT = sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attem
 # --------------------------------------------------------------------------- token arrays
 
 
-def _array(values: Any, typecode: str, what: str, limit: int) -> array[Any]:
-    try:
-        arr = values if isinstance(values, array) and values.typecode == typecode else array(typecode, values)
-    except (TypeError, OverflowError, ValueError) as e:
-        raise InvalidData(f"{what}: not an array of {'int32' if typecode == 'i' else 'float32'}: {e}") from e
-    if len(arr) > limit:
-        raise InvalidData(f"{what}: {len(arr)} entries, more than the limit of {limit}")
-    return arr
-
-
-def encode(arr: array[Any]) -> bytes:
-    """Little-endian bytes of an int32 or float32 array, whatever the host's byte order."""
-    if sys.byteorder == "big":
-        arr = array(arr.typecode, arr)
-        arr.byteswap()
-    return arr.tobytes()
+# Each token array's `array.array` typecode; stored little-endian ("<i": int32, "<f": float32).
+_ARRAYS = {"prompt_ids": "i", "response_ids": "i", "logprobs": "f"}
 
 
 def decode(blob: bytes, typecode: str) -> array[Any]:
-    arr = array(typecode)
-    if len(blob) % arr.itemsize:
-        raise StoreError(f"corrupt token array: {len(blob)} bytes is not a multiple of {arr.itemsize}")
-    arr.frombytes(blob)
-    if sys.byteorder == "big":
-        arr.byteswap()
-    return arr
+    """A stored token array as an `array.array` in the host's byte order."""
+    try:
+        return array(typecode, np.frombuffer(blob, "<" + typecode).astype(typecode).tobytes())
+    except ValueError as e:
+        raise StoreError(f"corrupt token array: {e}") from e
 
 
 def hash_token(token: str) -> str:
@@ -200,7 +184,7 @@ def _rollout(row: Any) -> Rollout:
 def _call(row: Any) -> Call:
     """A call from its row: the columns are the record's fields, the token arrays decoded."""
     values = dict(row._mapping)
-    for name, typecode in (("prompt_ids", "i"), ("response_ids", "i"), ("logprobs", "f")):
+    for name, typecode in _ARRAYS.items():
         values[name] = decode(values[name], typecode)
     return Call(**values)
 
@@ -263,7 +247,6 @@ def _op_transition(
         raise IllegalTransition(f"rollout {rollout_id}: {to.value} takes no failure kind")
     if to is Status.TIMED_OUT:
         failure_kind = FailureKind.TASK
-    now = time.time()
     attempt_after = row.attempt + 1 if to is Status.QUEUED else row.attempt
     data: JSON = {"from": current.value, "to": to.value, "attempt": attempt_after}
     data |= {"failure_kind": failure_kind.value} if failure_kind else {}
@@ -273,26 +256,31 @@ def _op_transition(
     if to is Status.QUEUED:  # a fresh attempt
         values.update(attempt=attempt_after, started_at=None, failure_kind=None, reward=None)
     elif to is Status.RUNNING:
-        values["started_at"] = now
+        values["started_at"] = event.created_at
     else:
-        values.update(ended_at=now, end_seq=event.id)
+        values.update(ended_at=event.created_at, end_seq=event.id)
     return _update_rollout(conn, row, values)
 
 
 def _encode_call(call: Call, limit: int) -> dict[str, bytes]:
     """A call's token arrays, validated and encoded; `InvalidData` names what is wrong."""
-    where = f"rollout {call.rollout_id}"
-    prompt = _array(call.prompt_ids, "i", f"{where}: prompt_ids", limit)
-    response = _array(call.response_ids, "i", f"{where}: response_ids", limit)
-    logprobs = _array(call.logprobs, "f", f"{where}: logprobs", limit)
+    where, found = f"rollout {call.rollout_id}", {}
+    for name, typecode in _ARRAYS.items():
+        dtype = np.dtype("<" + typecode)
+        try:  # array() is strict: no floats or strings as IDs, nothing out of int32's range
+            found[name] = np.asarray(array(typecode, getattr(call, name)), dtype)
+        except (TypeError, OverflowError, ValueError) as e:
+            raise InvalidData(f"{where}: {name}: not an array of {dtype.name}: {e}") from e
+        if len(found[name]) > limit:
+            raise InvalidData(f"{where}: {name}: {len(found[name])} entries, more than the limit of {limit}")
+    prompt, response, logprobs = found.values()
     if len(logprobs) != len(response):
         raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
-    # A sum of float32s is finite exactly when all of them are (it cannot overflow a double).
-    if logprobs and not (math.isfinite(sum(logprobs)) and max(logprobs) <= 1e-3):
+    if not (np.isfinite(logprobs).all() and (logprobs <= 1e-3).all()):
         raise InvalidData(f"{where}: logprobs must be finite and at most 0")
-    if min(prompt, default=0) < 0 or min(response, default=0) < 0:
+    if (prompt < 0).any() or (response < 0).any():
         raise InvalidData(f"{where}: negative token id")
-    return {"prompt_ids": encode(prompt), "response_ids": encode(response), "logprobs": encode(logprobs)}
+    return {name: values.tobytes() for name, values in found.items()}
 
 
 _CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
@@ -331,16 +319,12 @@ def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]
     return outcomes
 
 
-def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON) -> Event:
+def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON, values: JSON) -> Event:
+    """An event, and the rollout's columns it changes (`values`: a final reward)."""
     row = _rollout_row(conn, rollout_id)
+    if values:
+        _update_rollout(conn, row, values)
     return _insert_event(conn, rollout_id, row.attempt, kind, data)
-
-
-def _op_set_reward(conn: Connection, rollout_id: str, reward: float, data: JSON) -> Event:
-    row = _rollout_row(conn, rollout_id)
-    if data["final"]:
-        _update_rollout(conn, row, {"reward": reward})
-    return _insert_event(conn, rollout_id, row.attempt, "reward", data)
 
 
 def _op_rotate_tokens(conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None) -> Created:
@@ -410,22 +394,15 @@ def _migrate(engine: Engine) -> None:
 # --------------------------------------------------------------------------- the store
 
 
-def _error(e: Exception) -> Exception:
-    """What a failed write raises: the database's refusal of bad data becomes `InvalidData`."""
-    if isinstance(e, sa.exc.IntegrityError):
-        e = e.orig  # type: ignore[assignment]
-    if any(c.__name__ == "IntegrityError" for c in type(e).__mro__):  # also the driver's own (PEP 249)
-        return InvalidData(f"rejected by the database: {e}")
-    return e
-
-
 def _in_savepoint(conn: Connection, op: Callable[..., Any], *args: Any) -> Any:
     """`op`'s result, or the error that undid it."""
     try:
         with conn.begin_nested():
             return op(conn, *args)
+    except sa.exc.IntegrityError as e:
+        return InvalidData(f"rejected by the database: {e.orig}")
     except Exception as e:  # noqa: BLE001 - handed to the writer, who raises it
-        return _error(e)
+        return e
 
 
 def _append(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
@@ -455,13 +432,12 @@ class Store:
         self.settings = settings or StoreSettings()
         self.url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url)  # psycopg 3
         self._write_engine = _make_engine(self.url, self.settings, writer=True)
-        self._read_engine = _make_engine(self.url, self.settings, writer=False)
         try:
             _migrate(self._write_engine)
         except BaseException:
             self._write_engine.dispose()
-            self._read_engine.dispose()
             raise
+        self._read_engine = _make_engine(self.url, self.settings, writer=False)
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: stop
         self._conn: Connection | None = None
         self._closed = False
@@ -610,7 +586,7 @@ class Store:
             raise InvalidData("event kind must be a non-empty string of at most 32 characters")
         if data is not None and not isinstance(data, dict):
             raise InvalidData("event data must be a JSON object")
-        return self._submit(_op_append_event, rollout_id, kind, data or {})
+        return self._submit(_op_append_event, rollout_id, kind, data or {}, {})
 
     def set_reward(
         self,
@@ -625,7 +601,7 @@ class Store:
         if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
             raise InvalidData(f"reward must be a finite number, not {reward!r}")
         data = {"value": float(reward), "source": source, "final": final, "call_seq": call_seq}
-        return self._submit(_op_set_reward, rollout_id, float(reward), data)
+        return self._submit(_op_append_event, rollout_id, "reward", data, {"reward": float(reward)} if final else {})
 
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
@@ -677,27 +653,16 @@ class Store:
 
     def calls_for(self, rollout_ids: Iterable[str], *, all_attempts: bool = False) -> dict[str, list[Call]]:
         """The calls of many rollouts at once, in order; by default only each one's last attempt."""
-        ids = list(dict.fromkeys(rollout_ids))
-        result: dict[str, list[Call]] = {rid: [] for rid in ids}
-        for start in range(0, len(ids), 500):
-            chunk = ids[start : start + 500]
-            query = sa.select(calls).where(calls.c.rollout_id.in_(chunk)).order_by(calls.c.rollout_id, calls.c.seq)
-            if not all_attempts:
-                query = query.join(rollouts, _CURRENT_ATTEMPT)
-            for row in self._read(query):
-                result[row.rollout_id].append(_call(row))
+        result: dict[str, list[Call]] = {rid: [] for rid in rollout_ids}
+        query = sa.select(calls).where(calls.c.rollout_id.in_(list(result))).order_by(calls.c.rollout_id, calls.c.seq)
+        for row in self._read(query if all_attempts else query.join(rollouts, _CURRENT_ATTEMPT)):
+            result[row.rollout_id].append(_call(row))
         return result
 
     def last_calls(self, rollout_id: str, n: int = 1) -> list[Call]:
         """The last `n` calls of the rollout's current attempt, in order."""
-        query = (
-            sa.select(calls)
-            .join(rollouts, _CURRENT_ATTEMPT)
-            .where(calls.c.rollout_id == rollout_id)
-            .order_by(calls.c.seq.desc())
-            .limit(n)
-        )
-        return [_call(row) for row in reversed(self._read(query))]
+        query = sa.select(calls).join(rollouts, _CURRENT_ATTEMPT).where(calls.c.rollout_id == rollout_id)
+        return [_call(row) for row in reversed(self._read(query.order_by(calls.c.seq.desc()).limit(n)))]
 
     def events(self, rollout_id: str, *, after: int = 0, kind: str | None = None) -> list[Event]:
         query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)

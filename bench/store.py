@@ -17,7 +17,7 @@ from array import array
 from pathlib import Path
 
 from agl.settings import StoreSettings
-from agl.store import Store, encode
+from agl.store import Store
 from agl.types import Call, Status
 
 PROMPT, RESPONSE = 4096, 512
@@ -79,9 +79,9 @@ def bench_baseline(path: Path, n: int) -> float:
                 k,
                 json.dumps(c.request),
                 json.dumps(c.response),
-                encode(c.prompt_ids),
-                encode(c.response_ids),
-                encode(c.logprobs),
+                c.prompt_ids.tobytes(),
+                c.response_ids.tobytes(),
+                c.logprobs.tobytes(),
             )
         )
     t0 = time.perf_counter()
