@@ -41,14 +41,13 @@ class GatewayClient:
 
     http: aiohttp.ClientSession  # opened by `async with`
 
-    def __init__(self, url: str, admin_key: str, *, timeout_s: float = 30.0, max_connections: int = 32) -> None:
+    def __init__(self, url: str, admin_key: str, *, timeout_s: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {admin_key}"}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.max_connections = max_connections
 
     async def __aenter__(self) -> GatewayClient:
-        connector = aiohttp.TCPConnector(limit=self.max_connections)  # made in the event loop that uses it
+        connector = aiohttp.TCPConnector(limit=32)  # made in the event loop that uses it
         self.http = aiohttp.ClientSession(headers=self.headers, timeout=self.timeout, connector=connector)
         return self
 
@@ -117,12 +116,11 @@ class GatewayClient:
         body = {"kind": kind, "data": data or {}}
         return await self._request("POST", f"/api/rollouts/{rollout_id}/events", json=body)
 
-    async def events(self, rollout_id: str, *, after: int = 0) -> list[JSON]:
-        return await self._request("GET", f"/api/rollouts/{rollout_id}/events", params={"after": str(after)})
+    async def events(self, rollout_id: str) -> list[JSON]:
+        return await self._request("GET", f"/api/rollouts/{rollout_id}/events")
 
-    async def calls(self, rollout_id: str, *, all_attempts: bool = False) -> list[JSON]:
-        params = {"all_attempts": str(all_attempts).lower()}
-        return await self._request("GET", f"/api/rollouts/{rollout_id}/calls", params=params)
+    async def calls(self, rollout_id: str) -> list[JSON]:
+        return await self._request("GET", f"/api/rollouts/{rollout_id}/calls")
 
     async def pause(self) -> JSON:
         """Hold new harness calls; returns once no call is in flight."""

@@ -19,7 +19,6 @@ policy such as when to retry; those belong to the gateway and the controller.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import itertools
 import logging
@@ -33,7 +32,7 @@ import uuid
 from array import array
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -341,7 +340,7 @@ def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
     latest = conn.execute(sa.select(sa.func.max(models.c.version))).scalar()
     if latest is not None and model.version <= latest:
         raise InvalidData(f"model version {model.version} is not newer than the latest, {latest}")
-    conn.execute(models.insert(), dataclasses.asdict(model))
+    conn.execute(models.insert(), asdict(model))
     return model
 
 
