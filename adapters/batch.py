@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ import numpy as np
 from adapters.advantage import rollout_advantages
 from adapters.merge import MISMATCHES, Draft, Segment, merge
 from adapters.settings import AdapterError, AdapterSettings
-from agl.types import Call, FailureKind, Rollout, Sample, Status
+from agl.types import Call, FailureKind, Rollout, Status
 
 # Counted in every batch's metrics, zero or not.
 COUNTS = [
@@ -42,7 +41,6 @@ class Batch:
     micro-batches and ranks (verl's `token-sum`), the same however the samples are split."""
 
     input_ids: np.ndarray  # int32, per token
-    position_ids: np.ndarray  # int32, per token, from 0 in each sample
     loss_mask: np.ndarray  # bool, per token: sampled by the policy and trained
     advantages: np.ndarray  # float32, per token; 0 where loss_mask is False
     loss_weights: np.ndarray  # float32, per token; the loss is sum(weight * token loss)
@@ -62,20 +60,6 @@ class Batch:
     @property
     def n_samples(self) -> int:
         return len(self.offsets) - 1
-
-    def sample(self, i: int) -> Sample:
-        """Sample `i` as the domain record (a copy: for inspection and tests, not for training)."""
-        t = slice(int(self.offsets[i]), int(self.offsets[i + 1]))
-        r = int(self.sample_rollout[i])
-        return Sample(
-            rollout_id=self.rollout_ids[r] if r >= 0 else "",
-            input_ids=array("i", self.input_ids[t].tobytes()),
-            loss_mask=array("i", self.loss_mask[t].astype(np.int32).tobytes()),
-            logprobs=array("f", self.logprobs[t].tobytes()),
-            call_seqs=self.sample_calls[i],
-            agent=self.sample_agents[i],
-            min_model_version=int(self.versions[t].min()),
-        )
 
 
 def truncated_is_weights(behaviour: Any, recomputed: Any, mask: Any, cap: float) -> Any:
@@ -248,7 +232,6 @@ def _assemble(
     }
     return Batch(
         input_ids=input_ids,
-        position_ids=(np.arange(total) - np.repeat(offsets[:-1], np.diff(offsets))).astype(np.int32),
         loss_mask=loss_mask,
         advantages=advantages,
         loss_weights=loss_weights,

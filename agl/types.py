@@ -1,4 +1,4 @@
-"""Domain records shared by every agl component: rollouts, calls, events, model versions, samples.
+"""Domain records shared by every agl component: rollouts, calls, events, model versions.
 
 Standard library only, so that any module (and any harness-side helper) can import it cheaply.
 Neither wire schemas (pydantic, in the gateway) nor table rows (SQLAlchemy, in `agl.store`):
@@ -128,20 +128,3 @@ class ModelVersion:
     endpoints: list[str] = field(default_factory=list)
     metadata: JSON = field(default_factory=dict)
     created_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One training sequence built from one or more calls of one rollout (see adapters/).
-
-    `input_ids` is the full token sequence; `loss_mask[i]` is 1 where token i was sampled by
-    the policy (and is trained on) and 0 for prompt, tool output and other fed tokens;
-    `logprobs[i]` is the behaviour log-probability where `loss_mask[i]` is 1, else 0."""
-
-    rollout_id: str
-    input_ids: array[int]
-    loss_mask: array[int]
-    logprobs: array[float]
-    call_seqs: tuple[int, ...] = ()
-    agent: str = ""
-    min_model_version: int = 0

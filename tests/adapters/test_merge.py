@@ -19,10 +19,9 @@ def build(calls_a: list, settings: AdapterSettings | None = None, **kw) -> Batch
 
 def samples_of(batch: Batch, rid: str = "a") -> list[tuple[list[int], list[bool], list[float]]]:
     """(input IDs, loss mask, logprobs) of each real sample of rollout `rid`, in output order."""
-    samples = [batch.sample(j) for j in range(batch.n_samples)]
-    return [
-        (list(x.input_ids), [bool(m) for m in x.loss_mask], list(x.logprobs)) for x in samples if x.rollout_id == rid
-    ]
+    r = batch.rollout_ids.index(rid)
+    mine = [slice(*batch.offsets[j : j + 2]) for j in range(batch.n_samples) if batch.sample_rollout[j] == r]
+    return [(batch.input_ids[t].tolist(), batch.loss_mask[t].tolist(), batch.logprobs[t].tolist()) for t in mine]
 
 
 def test_prefix_chain_is_one_sample_with_fed_tokens_masked() -> None:
@@ -34,8 +33,6 @@ def test_prefix_chain_is_one_sample_with_fed_tokens_masked() -> None:
     assert mask == [False] * 3 + [True] * 2 + [False] * 2 + [True] + [False] + [True] * 3
     expected = [0.0] * 3 + list(calls[0].logprobs) + [0.0] * 2 + list(calls[1].logprobs) + [0.0, *calls[2].logprobs]
     assert logps == pytest.approx(expected)
-    lo, hi = batch.offsets[0], batch.offsets[1]
-    assert batch.position_ids[lo:hi].tolist() == list(range(hi - lo))
     assert batch.metrics["calls_merged"] == 2
     assert batch.metrics["mismatch_new_chain"] == batch.metrics["mismatch_rewritten"] == 0
 
@@ -53,9 +50,11 @@ def test_interleaved_sub_agent_chains_keep_their_own_samples() -> None:
     )
     assert batch.metrics["mismatch_new_chain"] == 1
     assert batch.metrics["calls_merged"] == 3
-    records = {x.agent: x for x in (batch.sample(j) for j in range(batch.n_samples)) if x.rollout_id == "a"}
-    assert records["main"].call_seqs == (0, 2, 4) and records["main"].rollout_id == "a"
-    assert records["sub"].call_seqs == (1, 3)
+    a = batch.rollout_ids.index("a")
+    seqs = {
+        batch.sample_agents[j]: batch.sample_calls[j] for j in range(batch.n_samples) if batch.sample_rollout[j] == a
+    }
+    assert seqs == {"main": (0, 2, 4), "sub": (1, 3)}
 
 
 def test_retokenized_boundary_opens_a_new_sample() -> None:
