@@ -118,49 +118,42 @@ def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 
     `loss_weights`; per sample: `minibatch`, `rank`. `old_log_probs` and `rollout_is_weights`
     are added by the backend once the current policy's log-probs are known (`set_old_log_probs`).
     """
-    n = batch.n_samples
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
-    first = np.array([s + int(np.argmax(batch.loss_mask[s:e])) if batch.loss_mask[s:e].any() else e for s, e in spans])
+    first = np.array(
+        [s + int(np.argmax(batch.loss_mask[s:e])) if batch.loss_mask[s:e].any() else e for s, e in spans], np.int64
+    )
     P, R = int((first - starts).max(initial=1)), int((ends - first).max(initial=1))
-    prompts = np.full((n, P), pad_token_id, np.int64)
-    responses = np.full((n, R), pad_token_id, np.int64)
-    prompt_mask, response_mask = np.zeros((n, P), np.int64), np.zeros((n, R), np.int64)
-    trained, behaviour = np.zeros((n, R), bool), np.zeros((n, R), np.float32)
-    advantages, weights = np.zeros((n, R), np.float32), np.zeros((n, R), np.float32)
-    for i, (s, f, e) in enumerate(zip(starts.tolist(), first.tolist(), ends.tolist(), strict=True)):
-        prompts[i, P - (f - s) :] = batch.input_ids[s:f]
-        prompt_mask[i, P - (f - s) :] = 1
-        responses[i, : e - f] = batch.input_ids[f:e]
-        response_mask[i, : e - f] = 1
-        trained[i, : e - f] = batch.loss_mask[f:e]
-        behaviour[i, : e - f] = batch.logprobs[f:e]
-        advantages[i, : e - f] = batch.advantages[f:e]
-        weights[i, : e - f] = batch.loss_weights[f:e]
-    attention = torch.from_numpy(np.concatenate([prompt_mask, response_mask], axis=1))
+    # the token in each cell: a prompt ends at `first` (left-padded), its response starts there (right-padded)
+    at = first[:, None] + np.arange(-P, R)
+    real = (at >= starts[:, None]) & (at < ends[:, None])
+    at = at.clip(0, len(batch.input_ids) - 1)
+
+    def cells(values: np.ndarray, fill: int = 0, cols: slice = slice(P, None)) -> torch.Tensor:
+        """Per-token `values` in the rows' layout; the response block unless `cols` says otherwise."""
+        return torch.from_numpy(np.where(real[:, cols], values[at[:, cols]], fill))
+
+    input_ids = cells(batch.input_ids, pad_token_id, slice(None)).long()
+    attention = torch.from_numpy(real.astype(np.int64))
     tensors = {
-        "prompts": torch.from_numpy(prompts),
-        "responses": torch.from_numpy(responses),
-        "input_ids": torch.from_numpy(np.concatenate([prompts, responses], axis=1)),
+        "prompts": input_ids[:, :P].contiguous(),
+        "responses": input_ids[:, P:].contiguous(),
+        "input_ids": input_ids,
         "attention_mask": attention,
         "position_ids": torch.clip(torch.cumsum(attention, dim=-1) - 1, min=0),
-        "response_mask": torch.from_numpy(trained.astype(np.int64)),
-        "rollout_log_probs": torch.from_numpy(behaviour),
-        "advantages": torch.from_numpy(advantages),
-        "loss_weights": torch.from_numpy(weights),
+        "response_mask": cells(batch.loss_mask).long(),
+        "rollout_log_probs": cells(batch.logprobs),
+        "advantages": cells(batch.advantages),
+        "loss_weights": cells(batch.loss_weights),
         "minibatch": torch.from_numpy(batch.sample_minibatch.astype(np.int64)),
         "rank": torch.from_numpy(batch.sample_rank.astype(np.int64)),
     }
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
 
 
-def set_old_log_probs(data: DataProto, old_log_probs: torch.Tensor, cap: float, rows: Any = None) -> None:
-    """Record the current policy's log-probs (of all rows, or of `rows`) and the weights our loss reads."""
+def set_old_log_probs(data: DataProto, old_log_probs: torch.Tensor, cap: float) -> None:
+    """Record the current policy's log-probs, and the weights our loss reads: loss weight x truncated IS weight."""
     b = data.batch
-    if "old_log_probs" not in b.keys():  # noqa: SIM118  (a TensorDict)
-        b["old_log_probs"] = torch.zeros_like(b["rollout_log_probs"])
-        b["rollout_is_weights"] = torch.zeros_like(b["loss_weights"])
-    sel = slice(None) if rows is None else torch.as_tensor(rows)
-    b["old_log_probs"][sel] = old_log_probs
-    tis = truncated_is_weights(b["rollout_log_probs"][sel], old_log_probs, b["response_mask"][sel], cap)
-    b["rollout_is_weights"][sel] = b["loss_weights"][sel] * tis
+    b["old_log_probs"] = old_log_probs
+    tis = truncated_is_weights(b["rollout_log_probs"], old_log_probs, b["response_mask"], cap)
+    b["rollout_is_weights"] = b["loss_weights"] * tis
