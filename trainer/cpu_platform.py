@@ -10,10 +10,8 @@ the CPU a test bed for the GPU code path (DESIGN.md section 9), not a fast train
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -38,12 +36,12 @@ def _nothing(*_: Any, **__: Any) -> None:
     return None
 
 
-class _Stream:
-    """What verl asks of a device stream: to be waited on and entered."""
+class _Nothing:
+    """A device stream, event or profiler range that does nothing: waited on, entered, left."""
 
     def __init__(self, *_: Any, **__: Any) -> None: ...
 
-    def __enter__(self) -> _Stream:
+    def __enter__(self) -> _Nothing:
         return self
 
     def __exit__(self, *_: Any) -> None: ...
@@ -73,27 +71,23 @@ DEVICE = SimpleNamespace(
     manual_seed=torch.manual_seed,
     manual_seed_all=torch.manual_seed,
     get_device_name=lambda *_: "cpu",
-    Stream=_Stream,
-    Event=_Stream,
-    stream=lambda *_: _Stream(),
-    current_stream=lambda *_: _Stream(),
+    Stream=_Nothing,
+    Event=_Nothing,
+    stream=_Nothing,
+    current_stream=_Nothing,
     amp=torch.amp,
 )
 
 
 @PlatformRegistry.register(platform="cpu")
 class PlatformCPU(PlatformBase):
-    @property
-    def device_name(self) -> str:
-        return "cpu"
+    """verl's platform interface on the CPU; what a device would do (memory, streams, profiling) does nothing."""
 
-    @property
-    def vendor_name(self) -> str:
-        return "cpu"
-
-    @property
-    def device_module(self) -> ModuleType:
-        return DEVICE  # type: ignore[return-value]
+    device_name = vendor_name = "cpu"
+    device_module = DEVICE  # type: ignore[assignment]
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
+    nvtx_range = _Nothing  # type: ignore[assignment]
+    cudart = _nothing
 
     def is_available(self) -> bool:
         return True
@@ -104,19 +98,10 @@ class PlatformCPU(PlatformBase):
     def device_count(self) -> int:
         return 1
 
-    def set_device(self, device_index: int) -> None: ...
-
-    def synchronize(self, device_index: int | None = None) -> None: ...
-
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
-
-    def set_allocator_settings(self, settings: str) -> None: ...
-
-    def empty_cache(self) -> None: ...
+    manual_seed_all = manual_seed
 
     def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
         return None, None
@@ -126,14 +111,6 @@ class PlatformCPU(PlatformBase):
 
     def visible_devices_envvar(self) -> str:
         return "AGL_CPU_VISIBLE_DEVICES"
-
-    @contextlib.contextmanager
-    def nvtx_range(self, msg: str) -> Iterator[None]:
-        yield
-
-    def profiler_start(self) -> None: ...
-
-    def profiler_stop(self) -> None: ...
 
     def ray_resource_name(self) -> str:
         return "CPU"
@@ -146,6 +123,3 @@ class PlatformCPU(PlatformBase):
 
     def is_ipc_supported(self) -> bool:
         return False
-
-    def cudart(self) -> Any:
-        return None
