@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,7 @@ class AglWorker(ActorRolloutRefWorker):
     def init_model(self) -> None:
         super().init_model()
         assert self.actor is not None
-        self.actor.set_loss_fn(lambda *a, **k: agl_ppo_loss(self.actor_config, *a, **k))
-
-    @property
-    def actor_config(self) -> Any:
-        if not hasattr(self, "_actor_config"):
-            self._actor_config = omega_conf_to_dataclass(self.config.actor)
-        return self._actor_config
+        self.actor.set_loss_fn(partial(agl_ppo_loss, omega_conf_to_dataclass(self.config.actor)))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]
     def save_weights(self, path: str) -> None:
@@ -90,7 +85,7 @@ class Backend:
     """Actor (and reference) on `trainer.n_gpus_per_node` x `trainer.nnodes` devices, and the engines they feed."""
 
     def __init__(self, cfg: DictConfig, agl: AglConfig) -> None:
-        self.cfg, self.agl = cfg, agl
+        self.agl = agl
         self.actor = cfg.actor_rollout_ref.actor
         on_cpu = cfg.trainer.device == "cpu"
         env = dict(cpu_platform.ENV) if on_cpu else {}

@@ -62,17 +62,10 @@ class AglConfig(BaseModel):
     poll_s: float = Field(0.5, gt=0, description="How often rollout progress is read (seconds).")
     seed: int = 0
 
-    def adapter(self, dp_size: int = 1, n_minibatches: int = 1) -> AdapterSettings:
-        return AdapterSettings(
-            max_length=self.max_length,
-            estimator=self.estimator,
-            loss_mode=self.loss_mode,
-            max_staleness=self.max_staleness,
-            is_cap=self.is_cap,
-            dp_size=dp_size,
-            n_minibatches=n_minibatches,
-            temperature=self.temperature,
-        )
+    def adapter(self, dp_size: int = 1) -> AdapterSettings:
+        """The adapter's settings: the fields they share, and verl's data-parallel size."""
+        shared = {"max_length", "estimator", "loss_mode", "max_staleness", "is_cap", "temperature"}
+        return AdapterSettings(**self.model_dump(include=shared), dp_size=dp_size)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[DictConfig, AglConfig]:

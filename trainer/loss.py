@@ -5,7 +5,7 @@ The `agl` loss is clipped PPO with the dual clip, each token's loss multiplied b
 verl's `rollout_is_weights` field) and summed: the objective of DESIGN.md section 6.3, exact
 however samples are split over micro-batches and data-parallel ranks. The weights carry the
 normalization, so verl's `loss_agg_mode` is not consulted. Importing this module registers the
-loss; verl's worker processes must import it too. `regularizers` adds verl's KL-to-reference and
+loss; verl's worker processes must import it too. `agl_ppo_loss` adds verl's KL-to-reference and
 entropy terms with the same weights. Nothing here runs a model.
 """
 
@@ -54,35 +54,13 @@ def agl_policy_loss(
     return loss, metrics
 
 
-def regularizers(
-    config: Any,
-    log_prob: torch.Tensor,
-    weights: torch.Tensor,
-    entropy: torch.Tensor | None = None,
-    ref_log_prob: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """verl's KL loss to the reference (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy
-    bonus (`entropy_coeff`), each summed with the adapter's per-token loss `weights` (0 off the
-    trained tokens), so that they are normalized per rollout exactly as the policy loss is.
-    Returns the term to add to the loss and its parts (partial sums: add them over micro-batches)."""
-    term = torch.zeros((), dtype=log_prob.dtype)
-    parts: dict[str, float] = {}
-    if config.get("use_kl_loss"):
-        kl = (kl_penalty(log_prob, ref_log_prob, config.kl_loss_type) * weights).sum()  # type: ignore[arg-type]
-        term = term + config.kl_loss_coef * kl
-        parts["actor/kl_loss"] = kl.detach().item()
-    if config.get("entropy_coeff") and entropy is not None:
-        bonus = (entropy * weights).sum()
-        term = term - config.entropy_coeff * bonus
-        parts["actor/entropy_loss"] = bonus.detach().item()
-    return term, parts
-
-
 def agl_ppo_loss(
     config: Any, model_output: Any, data: Any, dp_group: Any = None
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's `ppo_loss` (its actor's loss function), with the KL and entropy terms weighted per
-    rollout by `loss_weights` like the policy loss, where verl sums them over tokens unweighted.
+    """verl's `ppo_loss` (its actor's loss function) with our policy loss, and verl's KL loss to the
+    reference (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`)
+    each summed with the adapter's per-token `loss_weights` (0 off the trained tokens), so that they
+    are normalized per rollout exactly as the policy loss is, where verl sums them unweighted.
     Set on verl's workers by `trainer/backend.py`."""
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.padding import no_padding_2_padding
@@ -99,11 +77,17 @@ def agl_ppo_loss(
     pg, pg_metrics = agl_policy_loss(
         d["old_log_probs"], log_prob, d["advantages"], mask, "token-sum", config, d["rollout_is_weights"]
     )
-    weights = d["loss_weights"] * mask
-    extra, parts = regularizers(config, log_prob, weights, entropy, d.get("ref_log_prob", None))
     metrics: dict[str, Any] = Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
     metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)
-    metrics |= {k: Metric(value=v, aggregation=AggregationType.SUM) for k, v in parts.items()}
+    weights, extra = d["loss_weights"] * mask, 0.0
+    if config.get("use_kl_loss"):  # partial sums: verl adds them over micro-batches
+        kl = (kl_penalty(log_prob, d["ref_log_prob"], config.kl_loss_type) * weights).sum()  # type: ignore[arg-type]
+        extra += config.kl_loss_coef * kl
+        metrics["actor/kl_loss"] = Metric(value=kl.detach().item(), aggregation=AggregationType.SUM)
+    if entropy is not None and config.get("entropy_coeff"):
+        bonus = (entropy * weights).sum()
+        extra -= config.entropy_coeff * bonus
+        metrics["actor/entropy_loss"] = Metric(value=bonus.detach().item(), aggregation=AggregationType.SUM)
     if entropy is not None:  # the policy's entropy at the trained tokens (mean)
         n = mask.sum().clamp(min=1)
         metrics["actor/entropy"] = Metric(value=((entropy.detach() * mask).sum() / n).item(), aggregation="mean")
