@@ -21,9 +21,10 @@ import logging
 import os
 import random
 import shutil
-import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ from tqdm import tqdm
 
 from adapters import Batch, build_batch
 from agl.client import GatewayClient, GatewayError, call_from_json
-from agl.types import JSON, FailureKind, Mode, Rollout, Status
+from agl.types import JSON, Call, FailureKind, Mode, Rollout, Status
 from trainer.config import AglConfig, ConfigError, load_config
 
 if TYPE_CHECKING:
@@ -45,10 +46,8 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass
 class Group:
     id: str
-    task: JSON
     rollouts: list[str]
     version: int  # the model version when it was launched
-    mode: str = Mode.TRAIN.value
 
 
 def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
@@ -60,6 +59,9 @@ def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
     if spec is None and not all("spec" in t for t in tasks):
         raise ConfigError(f"{path}: a task without its own `spec` needs agl.spec")
     return tasks
+
+
+STATE = ("step", "version", "cursor", "history", "trained", "best")  # the Trainer's checkpointed attributes, and groups
 
 
 class Trainer:
@@ -75,11 +77,9 @@ class Trainer:
         self.steps = int(cfg.trainer.total_training_steps)
         self.step, self.version, self.cursor = 0, 0, 0
         self.groups: list[Group] = []  # launched, not yet trained on, in launch order
-        self.val: list[Group] = []  # validation groups of the current round
+        self.val: list[Group] = []  # validation groups of the round out
         self.history: list[dict[str, float]] = []
         self.trained: list[list[str]] = []  # the group IDs of each step: none trained twice, none lost
-        self.flags: Counter[str] = Counter()  # per flag name: the batch's rollouts with such a `flag` event
-        self.val_step = -1  # the step of the last validation round launched
         self.best: float | None = None  # the best validation reward so far (the guard's)
         self.stopped = False  # by the guard
         self.last_step_at = time.monotonic()
@@ -112,13 +112,13 @@ class Trainer:
                 await self.launch_validation()
             while self.step < self.steps and not self.stopped:
                 await self.launch_groups()
-                ready = await self.complete(self.groups)
+                ready = [g for g in self.groups if await self.ended([g]) is not None]
                 needed = self.agl.batch_groups if self.agl.mode == "async" else len(self.groups)
                 if await self.finish_validation() and not self.stopped and len(ready) >= needed:
                     await self.train_step(ready[: self.agl.batch_groups])
                 else:
                     await asyncio.sleep(self.agl.poll_s)
-            if not self.stopped and self.val_step != self.step:  # the final validation
+            if not self.stopped and not self.val:  # the final validation, unless the last step launched it
                 await self.launch_validation()
             while not await self.finish_validation():
                 await asyncio.sleep(self.agl.poll_s)
@@ -129,46 +129,44 @@ class Trainer:
 
     async def cancel_unfinished(self) -> None:
         """The run is over: end the rollouts still running (their harnesses get 403 and stop)."""
-        for g in self.groups + self.val:
-            for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1):
-                if not r.status.terminal:
-                    with contextlib.suppress(GatewayError):  # it ended meanwhile
-                        await self.gw.set_status(r.id, Status.CANCELLED, reason="training finished")
+        for r in await self.members(self.groups + self.val):
+            if not r.status.terminal:
+                with contextlib.suppress(GatewayError):  # it ended meanwhile
+                    await self.gw.set_status(r.id, Status.CANCELLED, reason="training finished")
 
     async def launch_groups(self) -> None:
         """Async: keep `active_groups` running. Sync: launch `batch_groups` once the last batch is trained."""
         want = self.agl.active_groups if self.agl.mode == "async" else (0 if self.groups else self.agl.batch_groups)
         while len(self.groups) < want:
-            task = self.tasks[self.cursor % len(self.tasks)]
-            self.groups.append(await self.launch(f"{self.name}/{self.cursor}", task, self.agl.n))
-            self.cursor += 1
+            await self.launch_next()
+
+    async def launch_next(self, known: Sequence[str] = ()) -> None:
+        """The next task's group, `{experiment_name}/{cursor}`: `agl.n` rollouts, of which `known` exist already."""
+        entry = self.tasks[self.cursor % len(self.tasks)]
+        group = await self.launch(f"{self.name}/{self.cursor}", entry, self.agl.n - len(known))
+        group.rollouts[:0] = known
+        self.groups.append(group)
+        self.cursor += 1
 
     async def launch(
-        self, group: str, entry: JSON, n: int, mode: Mode = Mode.TRAIN, known: int = 0, sampling: JSON | None = None
+        self, group: str, entry: JSON, n: int, mode: Mode = Mode.TRAIN, sampling: JSON | None = None
     ) -> Group:
-        """`n - known` rollouts of one task entry: the task itself, or `{"task", "spec", "grader"}`."""
+        """`n` rollouts of one task entry: the task itself, or `{"task", "spec", "grader"}`."""
         task, spec = (entry.get("task", {}), entry["spec"]) if "spec" in entry else (entry, self.agl.spec)
-        metadata = {"spec": spec, "trainer": self.name}
-        grader = entry.get("grader")
-        made = [
-            (await self.gw.create_rollout(task, group, mode=mode, grader=grader, metadata=metadata, sampling=sampling))[
-                "id"
-            ]
-            for _ in range(n - known)
-        ]
-        return Group(group, entry, made, self.version, mode.value)
+        meta = {"spec": spec, "trainer": self.name}
+        create = partial(self.gw.create_rollout, task, group, mode=mode, grader=entry.get("grader"), metadata=meta)
+        return Group(group, [(await create(sampling=sampling))["id"] for _ in range(n)], self.version)
 
-    async def members(self, g: Group) -> list[Rollout]:
-        return [r for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 100) if r.id in g.rollouts]
+    async def members(self, groups: list[Group]) -> list[Rollout]:
+        ids = {i for g in groups for i in g.rollouts}
+        listed = [r for g in groups for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 100)]
+        return [r for r in listed if r.id in ids]
 
-    async def complete(self, groups: list[Group]) -> list[Group]:
-        """The groups whose rollouts have all ended, in launch order."""
-        done = []
-        for g in groups:
-            listed = await self.members(g)
-            if len(listed) >= len(g.rollouts) and all(r.status.terminal for r in listed):
-                done.append(g)
-        return done
+    async def ended(self, groups: list[Group]) -> list[Rollout] | None:
+        """The groups' rollouts once every one has ended, else None."""
+        listed = await self.members(groups)
+        done = len(listed) >= sum(len(g.rollouts) for g in groups) and all(r.status.terminal for r in listed)
+        return listed if done else None
 
     async def train_step(self, groups: list[Group]) -> None:
         """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume.
@@ -176,26 +174,26 @@ class Trainer:
         A batch without samples (in every group the rewards were equal, or the rollouts stale or
         failed) makes a step without an update: nothing is paused or pushed and the version stays,
         unless a checkpoint is due."""
-        rollouts, calls = await self.fetch(groups)  # they have ended: built while the harnesses still run
+        rollouts, calls, flags = await self.fetch(groups)  # they have ended: built while the harnesses still run
         base = self.version  # the policy the batch is trained against
         batch = build_batch(rollouts, calls, self.agl.adapter(self.backend.dp_size), version=base)
         self.check_temperature(batch, calls)
         self.step += 1
         self.trained.append([g.id for g in groups])
-        self.groups = [g for g in self.groups if g.id not in self.trained[-1]]
+        self.groups = [g for g in self.groups if g not in groups]
         freq = int(self.cfg.trainer.save_freq)
         due = (freq > 0 and self.step % freq == 0) or (freq >= 0 and self.step == self.steps)  # and the last
         update = bool(batch.n_samples) or due
-        started = paused = time.monotonic()
+        started = drained = time.monotonic()
         metrics: dict[str, float] = {}
         if update:
             await self.gw.pause()
-            paused = time.monotonic()
+            drained = time.monotonic()
             self.backend.engine.sleep()
             metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
             self.version += 1
-        metrics |= self.step_metrics(rollouts, calls, batch, base, started, paused)
-        metrics["groups/carried_over"] = sum(g.version < base for g in groups)
+        metrics |= self.step_metrics(rollouts, calls, batch, base) | flags
+        metrics |= {"timing/drain_s": drained - started, "groups/carried_over": sum(g.version < base for g in groups)}
         self.history.append(metrics)
         if update:
             await self.publish(await asyncio.to_thread(self.save) if due else None)
@@ -205,7 +203,7 @@ class Trainer:
         if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
             await self.launch_validation()
 
-    def check_temperature(self, batch: Batch, calls: dict[str, list[Any]]) -> None:
+    def check_temperature(self, batch: Batch, calls: dict[str, list[Call]]) -> None:
         """Log-probs are only comparable at the temperature they were sampled at: calls sampled at
         another one than `agl.temperature` were left out of training; when that is every call, the
         config is wrong."""
@@ -223,47 +221,38 @@ class Trainer:
             m["calls_temperature_mismatch"], m["calls"], self.agl.temperature, seen,
         )  # fmt: skip
 
-    async def fetch(self, groups: list[Group]) -> tuple[list[Rollout], dict[str, list[Any]]]:
-        rollouts = [r for g in groups for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 1)]
+    async def fetch(self, groups: list[Group]) -> tuple[list[Rollout], dict[str, list[Call]], dict[str, float]]:
+        """The rollouts, their calls, and per `flag` event name (reward-hacking checks) the share with one."""
+        rollouts = await self.members(groups)
         calls = {r.id: [call_from_json(c) for c in await self.gw.calls(r.id)] for r in rollouts}
-        self.flags = Counter()  # rollouts with at least one `flag` event of each name (reward-hacking checks)
+        flags: Counter[str] = Counter()
         for r in rollouts:
-            self.flags.update({str(e["data"].get("flag")) for e in await self.gw.events(r.id) if e["kind"] == "flag"})
-        return rollouts, calls
+            flags.update({str(e["data"].get("flag")) for e in await self.gw.events(r.id) if e["kind"] == "flag"})
+        return rollouts, calls, {f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()}
 
     def step_metrics(
-        self,
-        rollouts: list[Rollout],
-        calls: dict[str, list[Any]],
-        batch: Batch,
-        base: int,
-        started: float,
-        paused: float,
+        self, rollouts: list[Rollout], calls: dict[str, list[Call]], batch: Batch, base: int
     ) -> dict[str, float]:
-        rewards = [r.reward if r.reward is not None else 0.0 for r in rollouts]
-        oldest = [min((c.model_version for c in calls[r.id]), default=base) for r in rollouts]
-        staleness = [base - v for v in oldest]
-        n_calls = sum(len(c) for c in calls.values())
+        """The adapter's metrics, and the batch's rewards, lengths, staleness and pace since the last step."""
+        rewards = [r.reward or 0.0 for r in rollouts]
+        staleness = [base - min((c.model_version for c in calls[r.id]), default=base) for r in rollouts]
         lengths = [len(c.response_ids) for cs in calls.values() for c in cs]
         now = time.monotonic()
+        elapsed, self.last_step_at = now - self.last_step_at, now
         metrics = {f"adapter/{k}": float(v) for k, v in batch.metrics.items()}
         if batch.loss_mask.any():  # the behaviour policy's entropy, estimated from what it sampled
             metrics["rollout/sampled_entropy"] = -float(batch.logprobs[batch.loss_mask].mean())
         metrics |= {
             "reward/mean": float(np.mean(rewards)) if rewards else 0.0,
             "response_length/mean": float(np.mean(lengths)) if lengths else 0.0,
-            "rollout/calls_per_rollout": n_calls / len(rollouts) if rollouts else 0.0,
+            "rollout/calls_per_rollout": len(lengths) / len(rollouts) if rollouts else 0.0,
             "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
             "staleness/max": float(max(staleness, default=0)),
-            "rollout/calls_per_s": n_calls / max(now - self.last_step_at, 1e-9),
-            "timing/step_s": now - self.last_step_at,
-            "timing/drain_s": paused - started,
+            "rollout/calls_per_s": len(lengths) / max(elapsed, 1e-9),
+            "timing/step_s": elapsed,
             "version": float(self.version),
         }
-        metrics |= {f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))}
-        metrics |= {f"flags/{name}_rate": n / len(rollouts) for name, n in self.flags.items()}
-        self.last_step_at = now
-        return metrics
+        return metrics | {f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))}
 
     # ------------------------------------------------------------------ validation
 
@@ -273,20 +262,21 @@ class Trainer:
         if not self.val_tasks:
             return
         kw = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        sampling = {"temperature": float(kw.temperature), "top_p": kw.top_p, "top_k": kw.top_k} if kw.do_sample else {}
-        sampling = sampling or {"temperature": 0.0}
-        self.val_step = self.step
+        sampling = {"temperature": 0.0}  # greedy
+        if kw.do_sample:
+            sampling = {"temperature": float(kw.temperature), "top_p": kw.top_p, "top_k": kw.top_k}
         self.val = [
-            await self.launch(f"{self.name}/val{self.step}/{i}", task, int(kw.n), Mode.VAL, sampling=sampling)
+            await self.launch(f"{self.name}/val{self.step}/{i}", task, int(kw.n), Mode.VAL, sampling)
             for i, task in enumerate(self.val_tasks)
         ]
 
     async def finish_validation(self) -> bool:
         """Once every rollout of the round has ended: log its mean reward (infra failures aside) and
         apply the guard. True when no round is out."""
-        if not self.val or len(await self.complete(self.val)) < len(self.val):
-            return not self.val
-        rollouts = [r for g in self.val for r in await self.members(g)]
+        if not self.val:
+            return True
+        if (rollouts := await self.ended(self.val)) is None:
+            return False
         counted = [r for r in rollouts if r.failure_kind is not FailureKind.INFRA and r.status is not Status.CANCELLED]
         reward = float(np.mean([r.reward or 0.0 for r in counted])) if counted else 0.0
         m = {"val/reward_mean": reward, "val/step": float(self.step), "val/version": float(self.version)}
@@ -335,22 +325,14 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, name: str = "") -> Path:
-        """step_N/{model, optim.pt, state.json}, written aside and renamed; `latest` names it.
+        """step_N/{actor, model, state.json}, written aside and renamed; `latest` names it.
         With a `name` (the guard's `best`), that folder instead, and `latest` stays."""
         path = self.dir / (name or f"step_{self.step}")
         tmp = self.dir / f".{path.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.backend.save(tmp)
-        state = {
-            "step": self.step,
-            "version": self.version,
-            "cursor": self.cursor,
-            "groups": [dataclasses.asdict(g) for g in self.groups],
-            "history": self.history,
-            "trained": self.trained,
-            "best": self.best,
-        }
+        state = {k: getattr(self, k) for k in STATE} | {"groups": [dataclasses.asdict(g) for g in self.groups]}
         (tmp / "state.json").write_text(json.dumps(state))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
@@ -382,9 +364,9 @@ class Trainer:
         if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
             path = self.dir / latest.read_text().strip()
             state = json.loads((path / "state.json").read_text())
-            self.step, self.version, self.cursor = state["step"], state["version"], state["cursor"]
-            self.groups, self.history = [Group(**g) for g in state["groups"]], state["history"]
-            self.trained, self.best = state["trained"], state.get("best")
+            for key in STATE:
+                setattr(self, key, state.get(key))
+            self.groups = [Group(g["id"], g["rollouts"], g["version"]) for g in state["groups"]]
             self.bar.update(self.step)
             await asyncio.to_thread(self.backend.load, path)
             self.backend.engine.sleep()
@@ -396,24 +378,14 @@ class Trainer:
         if not registered or registered["version"] < self.version:
             await self.gw.register_model(self.version, endpoints=self.backend.engine.endpoints())
         await self.gw.resume(self.version)
-        while True:  # groups launched after the checkpoint (or before a crash that left none)
-            group = f"{self.name}/{self.cursor}"
-            found = await self.gw.list_rollouts(group=group, limit=self.agl.n + 1)
-            if not found:
-                break
-            entry = self.tasks[self.cursor % len(self.tasks)]  # what launched it, by construction
-            extra = await self.launch(group, entry, self.agl.n, known=len(found)) if len(found) < self.agl.n else None
-            ids = [r.id for r in found] + (extra.rollouts if extra else [])
-            self.groups.append(Group(group, entry, ids, self.version))
-            self.cursor += 1
+        # groups launched after the checkpoint (or before a crash that left none): the cursor names them
+        while found := await self.gw.list_rollouts(group=f"{self.name}/{self.cursor}", limit=self.agl.n + 1):
+            await self.launch_next([r.id for r in found])
 
 
 def reward_curve(history: list[dict[str, float]], path: Path) -> None:
     """Training and validation reward per step, and below them the entropy, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
 
     steps = [h for h in history if "reward/mean" in h]
 
@@ -421,7 +393,8 @@ def reward_curve(history: list[dict[str, float]], path: Path) -> None:
         return [float(i) for i, h in enumerate(steps, 1) if key in h], [h[key] for h in steps if key in h]
 
     val = [(h["val/step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5.5), sharex=True)
+    fig = Figure(figsize=(6, 5.5), layout="tight")
+    top, bottom = fig.subplots(2, 1, sharex=True)
     top.plot(*series("reward/mean"), marker="o", label="train reward (mean)")
     if val:
         top.plot(*zip(*val, strict=True), marker="s", label="validation reward (mean)")
@@ -433,9 +406,7 @@ def reward_curve(history: list[dict[str, float]], path: Path) -> None:
     for ax in (top, bottom):
         ax.legend()
         ax.grid(alpha=0.3)
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
@@ -490,7 +461,3 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:  # also one found once calls are seen (a temperature none was sampled at)
         parser.error(str(e))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
