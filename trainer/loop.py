@@ -367,6 +367,8 @@ class Trainer:
             for key in STATE:
                 setattr(self, key, state.get(key))
             self.groups = [Group(g["id"], g["rollouts"], g["version"]) for g in state["groups"]]
+            if registered and registered["version"] > self.version:  # updates after the checkpoint were lost:
+                self.version = registered["version"] + 1  # its weights are served again, as a new version
             self.bar.update(self.step)
             await asyncio.to_thread(self.backend.load, path)
             self.backend.engine.sleep()

@@ -22,11 +22,7 @@ from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 from trainer.config import ConfigError, load_config
 
 torch.set_num_threads(1)
-pytestmark = [
-    pytest.mark.slow,
-    # verl and Ray, not our code: Ray's state API moved, verl warns of engines it cannot import
-    pytest.mark.filterwarnings("ignore:Ray state API:DeprecationWarning", "ignore::UserWarning:verl"),
-]
+pytestmark = pytest.mark.slow
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "calculator" / "train.yaml"
 LR, TEMPERATURE, KL, ENTROPY = 1e-5, 0.7, 0.5, 0.01
 EPS = 1e-4  # Adam's epsilon, large enough that weights whose gradient is ~0 move smoothly in it

@@ -205,6 +205,37 @@ def test_a_killed_run_resumes_without_losing_or_repeating_groups(tiny_path: Path
     assert [h["version"] for h in state["history"] if "version" in h] == [1.0, 2.0, 3.0]
 
 
+def test_a_run_killed_after_an_update_it_did_not_checkpoint_resumes_on_a_new_version(
+    tiny_path: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """With a checkpoint every 2 steps, a run killed once step 3's update is served (version 3)
+    resumes from step 2's checkpoint, whose weights it serves as version 4, and trains steps 3
+    and 4 as later versions (version 3's weights were lost, and a version is registered once)."""
+    argv = [sys.executable, "-m", "agl.cli", "train", str(DEMO)]
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    with stack(tiny_path, tmp_path) as gw, controller(gw, tmp_path, None):
+        extra = ["agl.batch_groups=1", "agl.active_groups=2", "trainer.save_freq=2", "trainer.total_training_steps=4"]
+        args = [*argv, *overrides(gw, tmp_path, 0.0, *extra)]
+        with (tmp_path / "first.log").open("wb") as log:
+            first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 180
+        while (gw.admin.get("/api/state").json().get("latest_model") or {}).get("version") != 3:
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "version 3 not served after 180 s"
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        assert (tmp_path / "run" / "latest").read_text() == "step_2"
+        second = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, timeout=240)
+        assert second.returncode == 0, second.stderr.decode()[-3000:]
+        state = json.loads((tmp_path / "run" / "step_4" / "state.json").read_text())
+        versions = [int(h["version"]) for h in state["history"] if "version" in h]
+        check_versions(gw, versions[-1])
+    # steps 1-2 as checkpointed; then version 4 or later (5, 6 for steps with samples): never 3 again
+    assert versions[:2] == [1, 2] and 4 <= versions[2] <= versions[3] and versions[3] >= 5
+
+
 def test_validation_runs_before_training_every_test_freq_steps_and_at_the_end_each_round_greedy_on_one_version(
     tiny_path: Path,  # noqa: F811
     tmp_path: Path,
