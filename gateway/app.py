@@ -1,10 +1,10 @@
 """`agl gateway`: the HTTP face of the gateway (FastAPI), for harnesses and for the admin API.
 
-Owns: the settings, the assembly of the app from the routers of `gateway/routes.py` (each
-mounted with its authentication, `gateway/auth.py`), the `/r/{token}` path prefix, the request
-size limit, and the mapping of every error to a status code in the caller's wire format
-(Anthropic's on `/v1/messages`, OpenAI's elsewhere), never a 500 for bad input. A model call
-with bad input leaves only an error event on its rollout.
+Owns: the assembly of the app from the routers of `gateway/routes.py` (each mounted with its
+authentication, `gateway/auth.py`), the `/r/{token}` path prefix, the request size limit, and
+the mapping of every error to a status code in the caller's wire format (Anthropic's on
+`/v1/messages`, OpenAI's elsewhere), never a 500 for bad input. A model call with bad input
+leaves only an error event on its rollout.
 
 It does not sample or record (`gateway/proxy.py`), parse wire formats (`gateway/wire.py`) or
 render templates (`gateway/render.py`).
@@ -24,8 +24,7 @@ import uvloop
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,30 +37,10 @@ from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUna
 from gateway.proxy import ContextOverflow, HeldTooLong, Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
+from gateway.settings import GatewaySettings
 from gateway.types import RenderError
 
 log = logging.getLogger(__name__)
-
-
-class GatewaySettings(BaseSettings):
-    """The gateway (`AGL_GATEWAY_*`); command-line flags override them."""
-
-    model_config = SettingsConfigDict(env_prefix="AGL_GATEWAY_", extra="forbid")
-
-    host: str = Field("127.0.0.1", description="Interface to listen on. Loopback by default: expose it on purpose.")
-    port: int = Field(8000, description="TCP port.")
-    admin_key: str = Field("", description="Key for /api (required). Harness tokens never reach /api's admin routes.")
-    engine_urls: list[str] = Field(["http://127.0.0.1:30000"], description="Engine replicas (sglang or agl engine).")
-    engine_timeout_s: float = Field(600.0, gt=0, description="Longest engine request (s), then retried.")
-    tokenizer: str = Field("", description="Tokenizer folder; default: the engine's /model_info tokenizer_path.")
-    public_url: str = Field("", description="URL harnesses reach the gateway at; default http://host:port.")
-    max_body_bytes: int = Field(32 * 2**20, description="Largest request body (bytes). 32 MiB fits any real context.")
-    token_ttl_s: float = Field(7 * 86400, ge=0, description="Tokens expire this long after issue (s); 0: never.")
-    max_hold_s: float = Field(600.0, description="Longest a call waits during a pause before a 503 (seconds).")
-    context_length: int = Field(0, description="Context window (tokens); 0: the engine's max_context_length.")
-    default_max_tokens: int = Field(4096, description="Completion budget when a request gives none (tokens).")
-    prefix_preserving: bool = Field(True, description="Reuse sampled IDs of earlier replies (DESIGN.md section 4).")
-    tool_parser: str = Field("hermes", description="Tool-call format of the model family (gateway/render.py).")
 
 
 class BodyTooLarge(Exception):
@@ -136,13 +115,22 @@ def _reply(path: str, status: int, message: str, kind: str, code: str | None) ->
     return JSONResponse(body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None)
 
 
-def create_app(settings: GatewaySettings, store: Store, proxy: Proxy) -> FastAPI:
-    """The gateway's ASGI app over an open store and a ready proxy."""
+def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, info: JSON) -> FastAPI:
+    """The gateway's ASGI app over an open store and engine client, given the engine's /model_info."""
+    from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
+
+    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info["tokenizer_path"])
+    latest = store.latest_model()
+    if not settings.context_length and "max_context_length" not in info:
+        log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
+    context_length = settings.context_length or int(info.get("max_context_length", 32768))
+    renderer = Renderer(tokenizer, tool_parser=settings.tool_parser)
+    proxy = Proxy(store, engines, renderer, settings, context_length, version=latest.version if latest else 0)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        await proxy.engines.aclose()
+        await engines.aclose()
 
     app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
     auth = Auth(settings.admin_key, store)
@@ -185,27 +173,6 @@ async def engine_info(engines: EngineClient, wait_s: float = 600) -> JSON:
                 raise
             log.info("waiting for the engine: %s", e)
             await asyncio.sleep(1)
-
-
-def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, info: JSON) -> FastAPI:
-    """The gateway over an open store and engine client, given the engine's /model_info."""
-    from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
-
-    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info["tokenizer_path"])
-    latest = store.latest_model()
-    if not settings.context_length and "max_context_length" not in info:
-        log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
-    proxy = Proxy(
-        store,
-        engines,
-        Renderer(tokenizer, tool_parser=settings.tool_parser),
-        context_length=settings.context_length or int(info.get("max_context_length", 32768)),
-        default_max_tokens=settings.default_max_tokens,
-        max_hold_s=settings.max_hold_s,
-        prefix_preserving=settings.prefix_preserving,
-        version=latest.version if latest else 0,
-    )
-    return create_app(settings, store, proxy)
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,6 @@ gateway does), and it imports no torch.
 from __future__ import annotations
 
 import asyncio
-import http
 import json
 import logging
 import random
@@ -231,11 +230,11 @@ class EngineClient:
     async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
         data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
         try:
-            status, raw, is_json = await self._exchange(r, method, path, data)
+            status, reason, raw, is_json = await self._exchange(r, method, path, data)
         except _Unanswered:
-            status, raw, is_json = await self._exchange(r, method, path, data)
+            status, reason, raw, is_json = await self._exchange(r, method, path, data)
         if status >= 400:
-            message = _message(raw.decode(errors="replace"), _reason(status))
+            message = _message(raw.decode(errors="replace"), reason)
             if status >= 500:
                 raise _ServerError(status, message)
             raise EngineRejected(status, message)
@@ -246,11 +245,11 @@ class EngineClient:
         except orjson.JSONDecodeError as e:
             raise EngineError(f"{r.url}{path} answered invalid JSON: {raw[:BODY_CUT]!r}") from e
 
-    async def _exchange(self, r: _Replica, method: str, path: str, data: bytes | None) -> tuple[int, bytes, bool]:
-        """One HTTP exchange: (status, body, whether it is JSON)."""
+    async def _exchange(self, r: _Replica, method: str, path: str, data: bytes | None) -> tuple[int, str, bytes, bool]:
+        """One HTTP exchange: (status, reason phrase, body, whether it is JSON)."""
         try:
             async with self.http.request(method, r.url + path, data=data) as reply:
-                return reply.status, await reply.read(), "json" in reply.content_type
+                return reply.status, reply.reason or "", await reply.read(), "json" in reply.content_type
         except aiohttp.ServerDisconnectedError as e:
             raise _Unanswered(f"{r.url}{path}: {e!r}") from e
         except TimeoutError as e:
@@ -268,13 +267,6 @@ class EngineClient:
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-
-
-def _reason(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return ""
 
 
 def _message(text: str, reason: str) -> str:

@@ -14,6 +14,7 @@ or render templates (`gateway/render.py`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ from agl.store import Store
 from agl.types import JSON, Call
 from gateway.engines import EngineClient
 from gateway.render import Renderer, parse_reply
+from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, Message, Params, RenderError
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ class Gate:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, gate: Gate) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.calls = Counter("agl_calls", "Recorded model calls", ["agent", "api"], registry=r)
@@ -91,8 +93,8 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=r,
         )
-        self.inflight = Gauge("agl_inflight_calls", "Calls being served", registry=r)
-        self.paused = Gauge("agl_paused", "1 while the gateway is paused", registry=r)
+        Gauge("agl_inflight_calls", "Calls being served", registry=r).set_function(lambda: gate.inflight)
+        Gauge("agl_paused", "1 while the gateway is paused", registry=r).set_function(lambda: gate.paused)
         self.rollouts = Gauge("agl_rollouts", "Rollouts by status", ["status"], registry=r)
         self.prefix = Counter(
             "agl_prefix", "Prompts by how they relate to the rollout's earlier calls", ["kind"], registry=r
@@ -107,28 +109,22 @@ class Proxy:
         store: Store,
         engines: EngineClient,
         renderer: Renderer,
-        *,
+        settings: GatewaySettings,
         context_length: int,
-        default_max_tokens: int,
-        max_hold_s: float,
-        prefix_preserving: bool = True,
         version: int = 0,
     ) -> None:
-        self.store, self.engines, self.renderer = store, engines, renderer
-        self.context_length = context_length
-        self.default_max_tokens = default_max_tokens
-        self.max_hold_s = max_hold_s
-        self.prefix_preserving = prefix_preserving
-        self.version = version
+        """`context_length`: the engine's context window (tokens); `version`: the model version served."""
+        self.store, self.engines, self.renderer, self.settings = store, engines, renderer, settings
+        self.context_length, self.version = context_length, version
         self.gate = Gate()
-        self.metrics = Metrics()
+        self.metrics = Metrics(self.gate)
         self.started = time.time()
         self.seen: set[str] = set()  # rollouts called since this gateway started
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         """Sample `params.n` replies to a conversation; each is one recorded call."""
         rollout_id = ask.rollout.id
-        prompt = self.renderer.prompt(rollout_id, messages, tools, preserve=self.prefix_preserving)
+        prompt = self.renderer.prompt(rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
         self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
             self.store.append_event(rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent})
@@ -174,7 +170,7 @@ class Proxy:
     ) -> tuple[Completion, list[int], str]:
         """One sampled, recorded reply: (completion, sampled IDs, their text before any stop string cut)."""
         room = self.context_length - len(prompt)
-        max_tokens = params.max_tokens if params.max_tokens is not None else min(self.default_max_tokens, room)
+        max_tokens = params.max_tokens if params.max_tokens is not None else min(self.settings.default_max_tokens, room)
         if max_tokens > room or room <= 0:
             raise ContextOverflow(
                 f"This model's maximum context length is {self.context_length} tokens. However, you requested "
@@ -191,8 +187,7 @@ class Proxy:
             sampling["sampling_seed"] = params.seed + index
         sampling |= ask.rollout.metadata.get("sampling") or {}  # set by whoever made the rollout (greedy validation)
         started = time.monotonic()
-        await self.gate.enter(self.max_hold_s)
-        self.metrics.inflight.inc()
+        await self.gate.enter(self.settings.max_hold_s)
         try:
             version = self.version
             gen = await self.engines.generate(prompt, sampling, rollout_id=ask.rollout.id)
@@ -223,7 +218,6 @@ class Proxy:
             await recorded  # the reply is built while the call commits, and returned once it has
         finally:
             self.gate.leave()
-            self.metrics.inflight.dec()
         asyncio.get_running_loop().call_soon(self._count, ask, len(prompt), len(ids), time.monotonic() - started)
         return completion, ids, sampled_text
 
@@ -238,10 +232,7 @@ class Proxy:
         text, ids, stop = call.response["text"], call.response_ids, call.response.get("stop", "")
         reply = parse_reply(text, self.renderer.tool_parser) if parse else Message("assistant", text)
         tokens = [self.renderer.decode([t]) for t in ids] if call.request.get("logprobs") else []
-        visible = reply.content if parse else text
-        return Completion(
-            reply, visible, len(call.prompt_ids), len(ids), call.finish_reason, stop, call.logprobs, tokens
-        )
+        return Completion(reply, len(call.prompt_ids), len(ids), call.finish_reason, stop, call.logprobs, tokens)
 
     def _stop_at(self, ids: list[int], stops: list[str]) -> tuple[int, str]:
         """How many sampled tokens to keep, and the stop string they end with: the fewest whose
@@ -251,18 +242,14 @@ class Proxy:
         if not found:
             return len(ids), ""
         pos, stop = min(found)
-        lo, hi = 1, len(ids)  # binary search on k: decode(ids[:k]) reaches past the stop string
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if len(self.renderer.decode(ids[:mid])) >= pos + len(stop):
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo, stop
+        # The text of ids[:k] grows with k: a binary search for the first k that reaches past the stop string.
+        kept = bisect.bisect_left(
+            range(len(ids)), pos + len(stop), lo=1, key=lambda k: len(self.renderer.decode(ids[:k]))
+        )
+        return kept, stop
 
     async def pause(self) -> float:
         started = time.monotonic()
-        self.metrics.paused.set(1)
         await self.gate.pause()
         return time.monotonic() - started
 
@@ -274,7 +261,6 @@ class Proxy:
     def resume(self, version: int | None) -> None:
         if version is not None:
             self.version = version
-        self.metrics.paused.set(0)
         self.gate.resume()
 
     def state(self) -> dict[str, Any]:

@@ -140,7 +140,6 @@ class Renderer:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
-        """Token IDs of `text`, no special tokens added."""
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)  # no offsets

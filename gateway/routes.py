@@ -10,8 +10,7 @@ import dataclasses
 import json
 import time
 from asyncio import wrap_future
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Query, Request
@@ -19,30 +18,30 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agl.store import Created, Store, StoreError
+from agl.store import Created, Store
 from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
 from gateway import wire
 from gateway.auth import Auth
 from gateway.proxy import Proxy
-from gateway.types import Ask, RenderError
-
-if TYPE_CHECKING:
-    from gateway.app import GatewaySettings
+from gateway.settings import GatewaySettings
+from gateway.types import Ask, Completion, RenderError
 
 Cursor = Annotated[int, Query(ge=0, le=2**63 - 1)]  # compared in SQL: a larger one overflows the driver
 
 
-class SamplingIn(BaseModel):
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
+
+
+class SamplingIn(_In):
     """Sampling the gateway applies to every call of a rollout, whatever the harness asks (e.g. greedy validation)."""
 
-    model_config = ConfigDict(extra="forbid")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
 
 
-class RolloutIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RolloutIn(_In):
     task: JSON = Field(default_factory=dict)
     group: str = Field(min_length=1, max_length=255)
     mode: Mode = Mode.TRAIN
@@ -58,38 +57,33 @@ class RolloutIn(BaseModel):
         return metadata
 
 
-class StatusIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StatusIn(_In):
     status: Status
     failure_kind: str | None = None
     reason: str = ""
     attempt: int | None = None
 
 
-class RewardIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RewardIn(_In):
     reward: float = Field(allow_inf_nan=False)
     final: bool = True
     call_seq: int | None = None
     source: str = ""
 
 
-class EventIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EventIn(_In):
     kind: str = Field(min_length=1, max_length=32)
     data: JSON = Field(default_factory=dict)
 
 
-class ModelIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ModelIn(_In):
     version: int = Field(ge=0, le=2**31 - 1)  # an INTEGER column
     path: str = ""
     endpoints: list[str] = Field(default_factory=list)
     metadata: JSON = Field(default_factory=dict)
 
 
-class ResumeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ResumeIn(_In):
     version: int | None = Field(None, ge=0)
 
 
@@ -123,44 +117,37 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     router = APIRouter()
     Agent = Annotated[Rollout, Depends(auth.agent)]
 
-    def ask(request: Request, rollout: Rollout, api: str, model: str) -> Ask:
-        return Ask(rollout, request.headers.get("x-agl-agent") or model or "default", api, request.state.body)
+    def ask(request: Request, rollout: Rollout, api: str, req: wire.Request) -> Ask:
+        return Ask(rollout, request.headers.get("x-agl-agent") or req.model or "default", api, request.state.body)
 
-    def reply(response: JSON, chunks: Iterator[str] | None) -> Response:
+    def answer(req: wire.Request, completions: list[Completion]) -> Response:
         """The reply as one JSON body, or as server-sent events when the client asked to stream."""
-        if chunks is not None:
-            return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return Response(orjson.dumps(response), media_type="application/json")
+        reply = req.reply(completions)
+        if req.stream:
+            headers = {"Cache-Control": "no-cache"}
+            return StreamingResponse(req.events(reply), media_type="text/event-stream", headers=headers)
+        return Response(orjson.dumps(reply), media_type="application/json")
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request, rollout: Agent) -> Response:
         req = await body(request, wire.ChatRequest)
-        completions = await proxy.chat(ask(request, rollout, "chat", req.model), *req.parse())
-        response = wire.chat_response(completions, req.model, req.logprobs)
-        usage = bool((req.stream_options or {}).get("include_usage"))
-        return reply(response, wire.chat_stream(response, usage) if req.stream else None)
+        return answer(req, await proxy.chat(ask(request, rollout, "chat", req), *req.parse()))
 
     @router.post("/v1/completions")
     async def completions(request: Request, rollout: Agent) -> Response:
         req = await body(request, wire.CompletionRequest)
         ids = proxy.renderer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-        done = await proxy.complete(ask(request, rollout, "completions", req.model), ids, req.params())
-        response = wire.completion_response(done, req.model)
-        return reply(response, wire.completion_stream(response) if req.stream else None)
+        return answer(req, await proxy.complete(ask(request, rollout, "completions", req), ids, req.params()))
 
     @router.post("/v1/responses")
     async def responses(request: Request, rollout: Agent) -> Response:
         req = await body(request, wire.ResponsesRequest)
-        (done,) = await proxy.chat(ask(request, rollout, "responses", req.model), *req.parse())
-        response = wire.responses_response(done, req.model)
-        return reply(response, wire.responses_stream(response) if req.stream else None)
+        return answer(req, await proxy.chat(ask(request, rollout, "responses", req), *req.parse()))
 
     @router.post("/v1/messages")
     async def messages(request: Request, rollout: Agent) -> Response:
         req = await body(request, wire.AnthropicRequest)
-        (done,) = await proxy.chat(ask(request, rollout, "messages", req.model), *req.parse())
-        response = wire.anthropic_response(done, req.model)
-        return reply(response, wire.anthropic_stream(response) if req.stream else None)
+        return answer(req, await proxy.chat(ask(request, rollout, "messages", req), *req.parse()))
 
     @router.get("/v1/models")
     async def models(_: Agent) -> Any:
@@ -203,12 +190,13 @@ def rollout_routes(store: Store, auth: Auth) -> APIRouter:
     return router
 
 
-def admin_routes(settings: "GatewaySettings", store: Store, proxy: Proxy, auth: Auth) -> APIRouter:
+def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Auth) -> APIRouter:
     """The admin API; the admin key is checked where the router is mounted (`gateway/app.py`)."""
     router = APIRouter()
 
     def credentials(created: Created) -> JSON:
-        """What a launcher needs to run an attempt: the tokens and where harnesses call."""
+        """What a launcher needs to run an attempt: the tokens (now known to the cache) and where harnesses call."""
+        auth.tokens.issued(created)
         public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
         out = {"id": created.rollout.id, "attempt": created.rollout.attempt, "agent_token": created.agent_token}
         out |= {"base_url": public + "/v1", "anthropic_base_url": public}
@@ -224,9 +212,7 @@ def admin_routes(settings: "GatewaySettings", store: Store, proxy: Proxy, auth: 
         made = store.create_rollout(
             req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata, token_ttl_s=ttl_s
         )
-        created = await wrap_future(made)
-        auth.tokens.issued(created)
-        return credentials(created)
+        return credentials(await wrap_future(made))
 
     @router.post("/api/rollouts/{rollout_id}/tokens")
     async def rotate_tokens(rollout_id: str, attempt: int | None = None) -> Any:
@@ -236,7 +222,6 @@ def admin_routes(settings: "GatewaySettings", store: Store, proxy: Proxy, auth: 
             created = await wrap_future(made)
         finally:
             auth.tokens.changed(rollout_id)  # the old tokens are dead
-        auth.tokens.issued(created)
         return credentials(created)
 
     @router.get("/api/rollouts")
@@ -260,10 +245,8 @@ def admin_routes(settings: "GatewaySettings", store: Store, proxy: Proxy, auth: 
         args = {"failure_kind": req.failure_kind, "reason": req.reason, "attempt": req.attempt}
         try:
             rollout = await wrap_future(store.transition(rollout_id, req.status, **args))
-        except StoreError:
+        finally:
             auth.tokens.changed(rollout_id)
-            raise
-        auth.tokens.changed(rollout_id, rollout)
         if rollout.status.terminal or rollout.status is Status.QUEUED:
             proxy.forget(rollout_id)
         return _jsonable(rollout)

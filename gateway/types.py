@@ -94,8 +94,7 @@ class Params:
 class Completion:
     """One sampled reply, as recorded."""
 
-    reply: Message
-    text: str  # visible text, stop string excluded
+    reply: Message  # its content: the visible text, stop string excluded
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" | "length" | "stop_sequence"

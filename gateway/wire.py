@@ -1,10 +1,10 @@
 """Wire formats: OpenAI Chat Completions, Completions and Responses, and Anthropic Messages.
 
-Owns the pydantic request schemas (unknown fields are ignored, as the real APIs do), the
-mapping of each request onto normalized messages, tools and sampling parameters
-(`gateway/types.py`), the replies, streaming events and error objects in each format. Streams
-are produced after the call has been sampled and recorded, so a harness never sees text that
-is not in the store.
+Owns one pydantic request schema per format (unknown fields are ignored, as the real APIs do)
+that maps the request onto normalized messages, tools and sampling parameters (`parse`,
+`gateway/types.py`) and the recorded completions onto the format's reply (`reply`) and stream
+(`events`); and the error objects. Streams are produced after the call has been sampled and
+recorded, so a harness never sees text that is not in the store.
 
 It does not sample, record or authenticate; `gateway/proxy.py` and `gateway/auth.py` do.
 """
@@ -112,20 +112,16 @@ def message_from_openai(raw: Any) -> Message:
     )
 
 
-def validate_tools(tools: Any) -> list[JSON]:
+def validate_tools(tools: list[JSON] | None) -> list[JSON]:
     """OpenAI function tools (the shape every format's tools are mapped to), checked enough that
     the template cannot choke on them."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise RenderError("tools must be a list")
-    for tool in tools:
-        fn = tool.get("function") if isinstance(tool, dict) else None
+    for tool in tools or []:
+        fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RenderError("each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}")
         if not isinstance(fn.get("parameters", {}), dict):
             raise RenderError(f"tool {fn['name']!r}: parameters must be a JSON schema object")
-    return tools
+    return tools or []
 
 
 def _finish(c: Completion) -> str:
@@ -143,6 +139,15 @@ def _openai_reply(prefix: str, kind: str, model: str, choices: list[JSON], compl
 
 
 # ---------------------------------------------------------------------------- OpenAI chat
+
+
+def _logprobs(c: Completion) -> JSON:
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": [{"token": t, "logprob": lp}]}
+            for t, lp in zip(c.tokens, c.logprobs, strict=False)
+        ]
+    }
 
 
 class ChatRequest(_Request):
@@ -163,55 +168,40 @@ class ChatRequest(_Request):
         tools = [] if self.tool_choice == "none" else validate_tools(self.tools)
         return messages, tools, self._params(self.max_completion_tokens or self.max_tokens, self.stop, self.n)
 
+    def reply(self, completions: list[Completion]) -> JSON:
+        choices = []
+        for i, c in enumerate(completions):
+            content = c.reply.content if c.reply.content or not c.reply.tool_calls else None
+            message: JSON = {"role": "assistant", "content": content}
+            if c.reply.tool_calls:
+                message["tool_calls"] = [
+                    {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+                    for t in c.reply.tool_calls
+                ]
+            if c.reply.reasoning:
+                message["reasoning_content"] = c.reply.reasoning
+            choice: JSON = {"index": i, "message": message, "finish_reason": _finish(c), "logprobs": None}
+            if self.logprobs:
+                choice["logprobs"] = _logprobs(c)
+            choices.append(choice)
+        return _openai_reply("chatcmpl-", "chat.completion", self.model, choices, completions)
 
-def _logprobs(c: Completion) -> JSON:
-    return {
-        "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": [{"token": t, "logprob": lp}]}
-            for t, lp in zip(c.tokens, c.logprobs, strict=False)
-        ]
-    }
-
-
-def chat_response(completions: list[Completion], model: str, logprobs: bool) -> JSON:
-    choices = []
-    for i, c in enumerate(completions):
-        content = c.reply.content if c.reply.content or not c.reply.tool_calls else None
-        message: JSON = {"role": "assistant", "content": content}
-        if c.reply.tool_calls:
-            message["tool_calls"] = [
-                {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
-                for t in c.reply.tool_calls
-            ]
-        if c.reply.reasoning:
-            message["reasoning_content"] = c.reply.reasoning
-        choice: JSON = {"index": i, "message": message, "finish_reason": _finish(c), "logprobs": None}
-        if logprobs:
-            choice["logprobs"] = _logprobs(c)
-        choices.append(choice)
-    return _openai_reply("chatcmpl-", "chat.completion", model, choices, completions)
-
-
-def chat_stream(response: JSON, include_usage: bool) -> Iterator[str]:
-    """The recorded reply as OpenAI chat chunks: role, content, tool calls, finish, usage."""
-    base = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    for choice in response["choices"]:
-        i, message = choice["index"], choice["message"]
-
-        def chunk(delta: JSON, finish: str | None = None, _i: int = i) -> str:
-            return _sse(base | {"choices": [{"index": _i, "delta": delta, "finish_reason": finish, "logprobs": None}]})
-
-        yield chunk({"role": "assistant", "content": ""})
-        if message.get("reasoning_content"):
-            yield chunk({"reasoning_content": message["reasoning_content"]})
-        if message.get("content"):
-            yield chunk({"content": message["content"]})
-        for k, call in enumerate(message.get("tool_calls", [])):
-            yield chunk({"tool_calls": [{"index": k, **call}]})
-        yield chunk({}, choice["finish_reason"])
-    if include_usage:
-        yield _sse(base | {"choices": [], "usage": response["usage"]})
-    yield _sse("[DONE]")
+    def events(self, response: JSON) -> Iterator[str]:
+        """The recorded reply as OpenAI chat chunks: role, content, tool calls, finish, usage."""
+        base = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        for choice in response["choices"]:
+            i, message = choice["index"], choice["message"]
+            deltas: list[JSON] = [{"role": "assistant", "content": ""}]
+            deltas += [{key: message[key]} for key in ("reasoning_content", "content") if message.get(key)]
+            deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(message.get("tool_calls", []))]
+            for n, delta in enumerate([*deltas, {}]):  # the last, empty delta carries the finish reason
+                finish = choice["finish_reason"] if n == len(deltas) else None
+                yield _sse(
+                    base | {"choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+                )
+        if (self.stream_options or {}).get("include_usage"):
+            yield _sse(base | {"choices": [], "usage": response["usage"]})
+        yield _sse("[DONE]")
 
 
 # ---------------------------------------------------------------------------- OpenAI completions
@@ -227,18 +217,17 @@ class CompletionRequest(_Request):
     def params(self) -> Params:
         return self._params(self.max_tokens, self.stop, self.n)
 
+    def reply(self, completions: list[Completion]) -> JSON:
+        choices = [
+            {"index": i, "text": c.reply.content, "finish_reason": _finish(c), "logprobs": None}
+            for i, c in enumerate(completions)
+        ]
+        return _openai_reply("cmpl-", "text_completion", self.model, choices, completions)
 
-def completion_response(completions: list[Completion], model: str) -> JSON:
-    choices = [
-        {"index": i, "text": c.text, "finish_reason": _finish(c), "logprobs": None} for i, c in enumerate(completions)
-    ]
-    return _openai_reply("cmpl-", "text_completion", model, choices, completions)
-
-
-def completion_stream(response: JSON) -> Iterator[str]:
-    for choice in response["choices"]:
-        yield _sse(response | {"choices": [choice]})
-    yield _sse("[DONE]")
+    def events(self, response: JSON) -> Iterator[str]:
+        for choice in response["choices"]:
+            yield _sse(response | {"choices": [choice]})
+        yield _sse("[DONE]")
 
 
 # ---------------------------------------------------------------------------- OpenAI Responses
@@ -275,59 +264,58 @@ class ResponsesRequest(_Request):
         ]
         return messages, validate_tools(tools), self._params(self.max_output_tokens)
 
+    def reply(self, completions: list[Completion]) -> JSON:
+        (c,) = completions
+        output: list[JSON] = []
+        if c.reply.reasoning:
+            summary = [{"type": "summary_text", "text": c.reply.reasoning}]
+            output.append({"type": "reasoning", "id": _id("rs_"), "summary": summary})
+        if c.reply.content or not c.reply.tool_calls:
+            message = {"type": "message", "id": _id("msg_"), "status": "completed", "role": "assistant"}
+            output.append(message | {"content": [{"type": "output_text", "text": c.reply.content, "annotations": []}]})
+        for t in c.reply.tool_calls:
+            call = {"call_id": t.id, "name": t.name, "arguments": t.arguments, "status": "completed"}
+            output.append({"type": "function_call", "id": _id("fc_")} | call)
+        cut = c.finish_reason == "length"
+        usage: JSON = {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens}
+        usage["total_tokens"] = c.prompt_tokens + c.completion_tokens
+        usage |= {"input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+        return {
+            "id": _id("resp_"),
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": usage,
+        }
 
-def responses_response(c: Completion, model: str) -> JSON:
-    output: list[JSON] = []
-    if c.reply.reasoning:
-        summary = [{"type": "summary_text", "text": c.reply.reasoning}]
-        output.append({"type": "reasoning", "id": _id("rs_"), "summary": summary})
-    if c.reply.content or not c.reply.tool_calls:
-        message = {"type": "message", "id": _id("msg_"), "status": "completed", "role": "assistant"}
-        output.append(message | {"content": [{"type": "output_text", "text": c.reply.content, "annotations": []}]})
-    for t in c.reply.tool_calls:
-        call = {"call_id": t.id, "name": t.name, "arguments": t.arguments, "status": "completed"}
-        output.append({"type": "function_call", "id": _id("fc_")} | call)
-    cut = c.finish_reason == "length"
-    usage: JSON = {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens}
-    usage["total_tokens"] = c.prompt_tokens + c.completion_tokens
-    usage |= {"input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
-    return {
-        "id": _id("resp_"),
-        "object": "response",
-        "created_at": int(time.time()),
-        "status": "incomplete" if cut else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "model": model,
-        "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-        "usage": usage,
-    }
+    def events(self, response: JSON) -> Iterator[str]:
+        seq = itertools.count()
 
+        def event(kind: str, **data: Any) -> str:
+            return _event(kind, sequence_number=next(seq), **data)
 
-def responses_stream(response: JSON) -> Iterator[str]:
-    seq = itertools.count()
-
-    def event(kind: str, **data: Any) -> str:
-        return _event(kind, sequence_number=next(seq), **data)
-
-    yield event("response.created", response=response | {"status": "in_progress", "output": []})
-    for i, item in enumerate(response["output"]):
-        yield event("response.output_item.added", output_index=i, item=item)
-        if item["type"] == "message":
-            part = item["content"][0]
-            ids = {"item_id": item["id"], "output_index": i, "content_index": 0}
-            yield event("response.content_part.added", **ids, part=part | {"text": ""})
-            yield event("response.output_text.delta", **ids, delta=part["text"], logprobs=[])
-            yield event("response.output_text.done", **ids, text=part["text"], logprobs=[])
-            yield event("response.content_part.done", **ids, part=part)
-        elif item["type"] == "function_call":
-            ids = {"item_id": item["id"], "output_index": i}
-            yield event("response.function_call_arguments.delta", **ids, delta=item["arguments"])
-            yield event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
-        yield event("response.output_item.done", output_index=i, item=item)
-    yield event("response.completed", response=response)
+        yield event("response.created", response=response | {"status": "in_progress", "output": []})
+        for i, item in enumerate(response["output"]):
+            yield event("response.output_item.added", output_index=i, item=item)
+            if item["type"] == "message":
+                part = item["content"][0]
+                ids = {"item_id": item["id"], "output_index": i, "content_index": 0}
+                yield event("response.content_part.added", **ids, part=part | {"text": ""})
+                yield event("response.output_text.delta", **ids, delta=part["text"], logprobs=[])
+                yield event("response.output_text.done", **ids, text=part["text"], logprobs=[])
+                yield event("response.content_part.done", **ids, part=part)
+            elif item["type"] == "function_call":
+                ids = {"item_id": item["id"], "output_index": i}
+                yield event("response.function_call_arguments.delta", **ids, delta=item["arguments"])
+                yield event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+            yield event("response.output_item.done", output_index=i, item=item)
+        yield event("response.completed", response=response)
 
 
 # ---------------------------------------------------------------------------- Anthropic Messages
@@ -370,47 +358,49 @@ class AnthropicRequest(_Request):
             tools.append({"type": "function", "function": fn | {"parameters": t.get("input_schema", {})}})
         return messages, validate_tools(tools), self._params(self.max_tokens, self.stop_sequences)
 
+    def reply(self, completions: list[Completion]) -> JSON:
+        (c,) = completions
+        content: list[JSON] = []
+        if c.reply.reasoning:
+            content.append({"type": "thinking", "thinking": c.reply.reasoning, "signature": ""})
+        if c.reply.content or not c.reply.tool_calls:
+            content.append({"type": "text", "text": c.reply.content})
+        for call in c.reply.tool_calls:
+            args = call.parsed_arguments()
+            args = args if isinstance(args, dict) else {}
+            content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": args})
+        reasons = {"length": "max_tokens", "stop_sequence": "stop_sequence"}
+        stop_reason = "tool_use" if c.reply.tool_calls else reasons.get(c.finish_reason, "end_turn")
+        return {
+            "id": _id("msg_"),
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": c.stop_sequence or None,
+            "usage": {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens},
+        }
 
-def anthropic_response(c: Completion, model: str) -> JSON:
-    content: list[JSON] = []
-    if c.reply.reasoning:
-        content.append({"type": "thinking", "thinking": c.reply.reasoning, "signature": ""})
-    if c.reply.content or not c.reply.tool_calls:
-        content.append({"type": "text", "text": c.reply.content})
-    for call in c.reply.tool_calls:
-        args = call.parsed_arguments()
-        args = args if isinstance(args, dict) else {}
-        content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": args})
-    reasons = {"length": "max_tokens", "stop_sequence": "stop_sequence"}
-    stop_reason = "tool_use" if c.reply.tool_calls else reasons.get(c.finish_reason, "end_turn")
-    return {
-        "id": _id("msg_"),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": c.stop_sequence or None,
-        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens},
-    }
+    def events(self, message: JSON) -> Iterator[str]:
+        start = message | {"content": [], "stop_reason": None, "stop_sequence": None}
+        start["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 0}
+        yield _event("message_start", message=start)
+        for i, block in enumerate(message["content"]):
+            if block["type"] == "text":
+                empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+            elif block["type"] == "thinking":
+                empty = {"type": "thinking", "thinking": "", "signature": ""}
+                delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+            else:
+                empty = block | {"input": {}}
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+            yield _event("content_block_start", index=i, content_block=empty)
+            yield _event("content_block_delta", index=i, delta=delta)
+            yield _event("content_block_stop", index=i)
+        delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+        yield _event("message_delta", delta=delta, usage={"output_tokens": message["usage"]["output_tokens"]})
+        yield _event("message_stop")
 
 
-def anthropic_stream(message: JSON) -> Iterator[str]:
-    start = message | {"content": [], "stop_reason": None, "stop_sequence": None}
-    start["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 0}
-    yield _event("message_start", message=start)
-    for i, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-        elif block["type"] == "thinking":
-            empty = {"type": "thinking", "thinking": "", "signature": ""}
-            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-        else:
-            empty = block | {"input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-        yield _event("content_block_start", index=i, content_block=empty)
-        yield _event("content_block_delta", index=i, delta=delta)
-        yield _event("content_block_stop", index=i)
-    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    yield _event("message_delta", delta=delta, usage={"output_tokens": message["usage"]["output_tokens"]})
-    yield _event("message_stop")
+Request = ChatRequest | CompletionRequest | ResponsesRequest | AnthropicRequest

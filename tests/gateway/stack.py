@@ -17,8 +17,9 @@ import httpx
 from agl.store import Store
 from engine.batcher import Engine
 from engine.server import create_app as engine_app
-from gateway.app import GatewaySettings, make_app
+from gateway.app import make_app
 from gateway.engines import EngineClient
+from gateway.settings import GatewaySettings
 from tests.gateway.conftest import serve
 
 ADMIN = "admin-secret"

@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from agl.store import Store
 from bench.gateway import stand_in_app
 from gateway import routes, wire
-from gateway.app import GatewaySettings, make_app
+from gateway.app import make_app
 from gateway.engines import EngineClient
+from gateway.settings import GatewaySettings
 from tests.gateway.conftest import serve
 
 ADMIN = "fuzz-admin"

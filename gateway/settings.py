@@ -1,0 +1,24 @@
+"""The gateway's settings (`AGL_GATEWAY_*`, each also a flag of `agl gateway`), read by the app,
+the routes and the proxy. Only the declarations: `agl/settings.py` turns them into flags."""
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AGL_GATEWAY_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Interface to listen on. Loopback by default: expose it on purpose.")
+    port: int = Field(8000, description="TCP port.")
+    admin_key: str = Field("", description="Key for /api (required). Harness tokens never reach /api's admin routes.")
+    engine_urls: list[str] = Field(["http://127.0.0.1:30000"], description="Engine replicas (sglang or agl engine).")
+    engine_timeout_s: float = Field(600.0, gt=0, description="Longest engine request (s), then retried.")
+    tokenizer: str = Field("", description="Tokenizer folder; default: the engine's /model_info tokenizer_path.")
+    public_url: str = Field("", description="URL harnesses reach the gateway at; default http://host:port.")
+    max_body_bytes: int = Field(32 * 2**20, description="Largest request body (bytes). 32 MiB fits any real context.")
+    token_ttl_s: float = Field(7 * 86400, ge=0, description="Tokens expire this long after issue (s); 0: never.")
+    max_hold_s: float = Field(600.0, description="Longest a call waits during a pause before a 503 (seconds).")
+    context_length: int = Field(0, description="Context window (tokens); 0: the engine's max_context_length.")
+    default_max_tokens: int = Field(4096, description="Completion budget when a request gives none (tokens).")
+    prefix_preserving: bool = Field(True, description="Reuse sampled IDs of earlier replies (DESIGN.md section 4).")
+    tool_parser: str = Field("hermes", description="Tool-call format of the model family (gateway/render.py).")
