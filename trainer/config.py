@@ -46,6 +46,9 @@ class AglConfig(BaseModel):
     active_groups: int = Field(8, ge=1, description="Async: groups kept running (>= batch_groups).")
     max_staleness: int | None = Field(1, ge=0, description="Drop rollouts more versions behind than this.")
     estimator: str = Field("grpo", description="grpo | rloo | reinforce_pp (adapters/advantage.py).")
+    advantage_level: Literal["rollout", "sample"] = Field(
+        "rollout", description="Group members: rollouts (one advantage each), or samples (each split counts)."
+    )
     loss_mode: Literal["rollout", "token-mean", "seq-mean-token-mean"] = "rollout"
     is_cap: float = Field(2.0, gt=0, description="Truncated importance weight cap.")
     max_length: int = Field(32_768, ge=1, description="Longest merged sample (tokens).")
@@ -64,7 +67,7 @@ class AglConfig(BaseModel):
 
     def adapter(self, dp_size: int = 1) -> AdapterSettings:
         """The adapter's settings: the fields they share, and verl's data-parallel size."""
-        shared = {"max_length", "estimator", "loss_mode", "max_staleness", "is_cap", "temperature"}
+        shared = {"max_length", "estimator", "advantage_level", "loss_mode", "max_staleness", "is_cap", "temperature"}
         return AdapterSettings(**self.model_dump(include=shared), dp_size=dp_size)
 
 

@@ -40,8 +40,9 @@ def test_warmup_steps_follow_verls_two_settings() -> None:
 
 
 def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
-    _, agl = load_config(DEMO, ["agl.admin_key=k", "agl.seed=7", "agl.threads=1"])
+    _, agl = load_config(DEMO, ["agl.admin_key=k", "agl.seed=7", "agl.threads=1", "agl.advantage_level=sample"])
     assert agl.seed == 7 and agl.threads == 1
+    assert agl.adapter().advantage_level == "sample"  # reaches the adapter
 
 
 @pytest.mark.parametrize(
@@ -62,6 +63,7 @@ def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
         (["agl.admin_key=k", "agl.engine="], "agl.engine"),  # trainer.device cpu feeds the embedded engine
         (["agl.admin_key=k", "agl.guard_drop=0.2", "trainer.test_freq=0"], "agl.guard_drop"),
         (["agl.admin_key=k", "agl.guard_action=pray"], "agl.guard_action"),
+        (["agl.admin_key=k", "agl.advantage_level=token"], "agl.advantage_level"),
         (["agl.admin_key=k", "actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "val_kwargs.temperature"),
         (["agl.admin_key=k", "actor_rollout_ref.rollout.val_kwargs.n=0"], "val_kwargs.n"),
         (["agl.admin_key=k", "agl.temperature=0"], "agl.temperature"),
