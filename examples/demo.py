@@ -3,7 +3,8 @@
 Starts the embedded engine (SmolLM2-135M-Instruct), the gateway (SQLite store) and the
 controller (local processes) as real processes on 127.0.0.1, then runs `agl train` on
 examples/calculator/train.yaml: collocated async RL of the calculator agent (a multi-call
-harness written with the plain openai SDK). Each step pauses the gateway, puts the engine to
+harness written with the plain openai SDK; `--harness` trains another agent on the same tasks,
+such as examples/splitting/harness.py). Each step pauses the gateway, puts the engine to
 sleep, trains on the finished groups, loads the new weights into the engine and resumes.
 Prints a line per step (reward, entropy, KL, grad norm) and per validation round, and at the end
 the greedy validation reward on held-out tasks before and after training, the first-3 vs last-3
@@ -73,6 +74,9 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a folder")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo", help="store, logs, checkpoints")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--harness", type=Path, default=ROOT / "examples" / "calculator" / "harness.py", help="the agent to train"
+    )
     parser.add_argument("overrides", nargs="*", help="passed to agl train, e.g. trainer.total_training_steps=4")
     args = parser.parse_args()
     out = args.out.resolve()
@@ -97,12 +101,12 @@ def main() -> int:
         procs.append(start("controller", [*controller, "--state-dir", str(out / "controller")], out))
         print(f"engine {engine_url}, gateway {gateway_url}, store {db}; logs in {out}")
 
-        harness = ROOT / "examples" / "calculator"
+        calculator = ROOT / "examples" / "calculator"
         train = [
-            *[sys.executable, "-m", "agl.cli", "train", str(harness / "train.yaml")],
+            *[sys.executable, "-m", "agl.cli", "train", str(calculator / "train.yaml")],
             *[f"agl.gateway={gateway_url}", f"agl.engine={engine_url}", f"agl.admin_key={ADMIN_KEY}"],
-            f"agl.spec.harness.command=[{sys.executable},{harness / 'harness.py'}]",
-            *[f"agl.tasks={harness / 'tasks.jsonl'}", f"agl.val_tasks={harness / 'val.jsonl'}"],
+            f"agl.spec.harness.command=[{sys.executable},{args.harness.resolve()}]",
+            *[f"agl.tasks={calculator / 'tasks.jsonl'}", f"agl.val_tasks={calculator / 'val.jsonl'}"],
             *[f"agl.seed={args.seed}", f"trainer.default_local_dir={out / 'train'}", "trainer.resume_mode=disable"],
             *args.overrides,
         ]

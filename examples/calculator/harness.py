@@ -91,12 +91,17 @@ def main() -> int:
                 messages.append({"role": "user", "content": "State the final result as: Answer: <number>"})
     except openai.PermissionDeniedError:
         return 0  # the rollout was ended from outside (e.g. cancelled): stop at once
+    report(task, answer)
+    return 0
+
+
+def report(task: dict, answer: float | None) -> None:
+    """Post the reward (1 for the right number, else 0) with the rollout's own token, and print it."""
     reward = 1.0 if answer is not None and abs(answer - float(task["answer"])) < 1e-6 else 0.0
     rollout = os.environ["AGL_ROLLOUT_ID"]
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{rollout}/reward"
     httpx.post(url, json={"reward": reward}, headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"})
     print(json.dumps({"answer": answer, "expected": task["answer"], "reward": reward}))
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""Rollout-level against sample-level handling, trained side by side on a harness whose rollouts split.
+
+`python -m bench.ablation` trains the splitting calculator agent (`examples/splitting/harness.py`:
+it rewrites its context after every calculator result, so a rollout makes one sample per
+calculator call plus one) with three arms, each from scratch through `examples/demo.py`:
+- `rollout`: one advantage per rollout, broadcast to its samples, and rollout-level loss weights
+  (agl's default);
+- `sample`: every sample its own group member (naive transition-level GRPO) and verl's token-mean;
+- `mixed`: rollout-level advantage and token-mean.
+Runs are interleaved (seed 0 of every arm, then seed 1, ...), so a slow phase of the machine
+falls on all arms alike. Writes `ablation.png` (greedy validation reward and policy entropy per
+step, mean over seeds with the min-max band, per arm) and `results.json`, and prints a table:
+final validation reward (mean and spread over seeds), entropy at the end relative to the start,
+samples per rollout, and the rollout-vs-sample difference against the seed-to-seed spread.
+Last line: `ablation_val_rollout=A ablation_val_sample=B ablation_val_mixed=C
+ablation_entropy_ratio_rollout=D ablation_entropy_ratio_sample=E seeds=S samples_per_rollout=F`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = {
+    "rollout": ["agl.advantage_level=rollout", "agl.loss_mode=rollout"],
+    "sample": ["agl.advantage_level=sample", "agl.loss_mode=token-mean"],
+    "mixed": ["agl.advantage_level=rollout", "agl.loss_mode=token-mean"],
+}
+
+
+def run(arm: str, seed: int, out: Path, steps: int, test_freq: int) -> list[dict[str, float]]:
+    """One training run from scratch; its metrics history."""
+    demo = [
+        *[sys.executable, str(ROOT / "examples" / "demo.py"), "--seed", str(seed), "--out", str(out)],
+        *["--harness", str(ROOT / "examples" / "splitting" / "harness.py")],
+        *ARMS[arm],
+        *[f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.save_freq=-1"],
+        f"trainer.experiment_name=ablation-{arm}-{seed}",
+    ]
+    with (out.parent / f"{arm}-seed{seed}.log").open("wb") as log:
+        code = subprocess.run(demo, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0:
+        raise SystemExit(f"{arm} seed {seed}: the demo exited with {code}; see {out.parent / f'{arm}-seed{seed}.log'}")
+    return [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
+
+
+def curves(history: list[dict[str, float]]) -> dict[str, list[tuple[float, float]]]:
+    """(step, value) series: validation reward, policy entropy, samples per rollout."""
+    steps = [h for h in history if "reward/mean" in h]
+    return {
+        "val": [(h["val/step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h],
+        "entropy": [(float(i), h["actor/entropy"]) for i, h in enumerate(steps, 1) if "actor/entropy" in h],
+        "samples_per_rollout": [
+            (float(i), h["adapter/samples_per_rollout"])
+            for i, h in enumerate(steps, 1)
+            if h.get("adapter/rollouts_trained")
+        ],
+    }
+
+
+def entropy_ratio(series: list[tuple[float, float]]) -> float:
+    """Mean policy entropy of the last two updates over that of the first two."""
+    values = [v for _, v in series]
+    return statistics.mean(values[-2:]) / statistics.mean(values[:2]) if len(values) >= 2 else float("nan")
+
+
+def plot(results: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 1, figsize=(6.5, 6), sharex=True)
+    panels = (("val", "validation reward (greedy)"), ("entropy", "policy entropy"))
+    for (key, label), ax in zip(panels, axes, strict=True):
+        for arm, runs in results.items():
+            by_step: dict[float, list[float]] = {}
+            for r in runs:
+                for step, value in r["curves"][key]:
+                    by_step.setdefault(step, []).append(value)
+            xs = sorted(by_step)
+            ax.plot(xs, [statistics.mean(by_step[x]) for x in xs], marker="o", label=arm)
+            ax.fill_between(xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs], alpha=0.15)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[-1].set_xlabel("step")
+    fig.suptitle("rollout- vs sample-level handling (mean over seeds, min-max band)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--steps", type=int, default=8, help="training steps per run")
+    parser.add_argument("--test-freq", type=int, default=4, help="validation every this many steps")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+    for seed in args.seeds:
+        for arm in args.arms:
+            t0 = time.monotonic()
+            history = run(arm, seed, args.out / f"{arm}-seed{seed}", args.steps, args.test_freq)
+            c = curves(history)
+            results[arm].append({"seed": seed, "curves": c, "wall_s": time.monotonic() - t0})
+            val = ", ".join(f"{v:.3f}" for _, v in c["val"])
+            print(f"{arm} seed {seed}: validation {val}; {time.monotonic() - t0:.0f} s", flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out / "ablation.png")
+
+    summary = {}
+    print("| arm | final validation (mean, min-max) | entropy end/start | samples per rollout |")
+    print("| --- | --- | --- | --- |")
+    for arm, runs in results.items():
+        final = [r["curves"]["val"][-1][1] for r in runs]
+        ratio = statistics.mean(entropy_ratio(r["curves"]["entropy"]) for r in runs)
+        spr = statistics.mean(v for r in runs for _, v in r["curves"]["samples_per_rollout"])
+        summary[arm] = {"val": statistics.mean(final), "sd": statistics.pstdev(final), "ratio": ratio, "spr": spr}
+        print(f"| {arm} | {statistics.mean(final):.3f} ({min(final):.3f}-{max(final):.3f}) | {ratio:.3f} | {spr:.2f} |")
+    if "rollout" in summary and "sample" in summary:
+        diff = summary["rollout"]["val"] - summary["sample"]["val"]
+        spread = statistics.mean([summary["rollout"]["sd"], summary["sample"]["sd"]])
+        print(f"rollout - sample final validation: {diff:+.3f}; seed-to-seed sd within an arm: {spread:.3f}")
+    print(f"plot: {args.out / 'ablation.png'}; {time.monotonic() - started:.0f} s in all")
+    get = lambda arm, key: summary.get(arm, {}).get(key, float("nan"))  # noqa: E731
+    spr_all = statistics.mean(s["spr"] for s in summary.values())
+    print(
+        f"ablation_val_rollout={get('rollout', 'val'):.3f} ablation_val_sample={get('sample', 'val'):.3f} "
+        f"ablation_val_mixed={get('mixed', 'val'):.3f} ablation_entropy_ratio_rollout={get('rollout', 'ratio'):.3f} "
+        f"ablation_entropy_ratio_sample={get('sample', 'ratio'):.3f} seeds={len(args.seeds)} "
+        f"samples_per_rollout={spr_all:.2f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
