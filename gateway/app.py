@@ -1,13 +1,9 @@
 """`agl gateway`: the HTTP face of the gateway (FastAPI), for harnesses and for the admin API.
 
-Owns: the assembly of the app from the routers of `gateway/routes.py` (each mounted with its
-authentication, `gateway/auth.py`), the `/r/{token}` path prefix, the request size limit, and
-the mapping of every error to a status code in the caller's wire format (Anthropic's on
-`/v1/messages`, OpenAI's elsewhere), never a 500 for bad input. A model call with bad input
-leaves only an error event on its rollout.
-
-It does not sample or record (`gateway/proxy.py`), parse wire formats (`gateway/wire.py`) or
-render templates (`gateway/render.py`).
+Owns the app's assembly from `gateway/routes.py`'s routers (each mounted with its auth), the
+`/r/{token}` path prefix, the body size limit, and answering every error with a status in the
+caller's wire format (Anthropic's on `/v1/messages`, else OpenAI's), never a 500 for bad input;
+a model call with bad input leaves only an error event. It does not sample, record, parse or render.
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ class BodyTooLarge(Exception):
 
 
 class Admission:
-    """ASGI middleware before the routes: moves a `/r/{token}/...` path's token into the scope
-    (where `gateway/auth.py` looks for it), and enforces the body limit, up front on the declared
-    length and on the bytes as they arrive."""
+    """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for `gateway/auth.py`)
+    and enforces the body limit, on the declared length and on the bytes as they arrive."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
         self.app, self.max_body_bytes = app, max_body_bytes
@@ -149,9 +144,8 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
         if rollout is not None:
             proxy.metrics.errors.labels(kind).inc()
             try:
-                await wrap_future(
-                    store.append_event(rollout.id, "error", {"status": status, "message": message[:2000]})
-                )
+                event = {"status": status, "message": message[:2000]}
+                await wrap_future(store.append_event(rollout.id, "error", event))
             except StoreError:
                 log.warning("rollout_id=%s: could not record an error event", rollout.id)
         return _reply(path, status, message, kind, code)
@@ -163,7 +157,6 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
 
 
 async def engine_info(engines: EngineClient, wait_s: float = 600) -> JSON:
-    """The engine's /model_info, waiting for it to come up."""
     deadline = asyncio.get_running_loop().time() + wait_s
     while True:
         try:

@@ -1,11 +1,9 @@
-"""Who may call what: the FastAPI dependencies that authenticate each route, and the cache of
-token lookups behind them.
+"""Who may call what: the FastAPI dependencies that authenticate each route, and their token cache.
 
-A credential is the admin key, or a rollout's agent or grader token, sent as `Authorization:
-Bearer`, as `x-api-key` or in the `/r/{token}` path prefix. A token reaches only its own live
-rollout and never the admin routes; only the agent token calls the model, and only the grader
-token posts the reward of a rollout that has a grader. Errors are `AuthError`s with the status
-to answer; `gateway/app.py` maps them to replies.
+A credential (the admin key, or a rollout's agent or grader token) comes as `Authorization:
+Bearer`, `x-api-key` or the `/r/{token}` path prefix. A token reaches only its own live rollout,
+never the admin routes; only the agent token calls the model, and only the grader token posts
+the reward of a rollout with a grader. It raises `AuthError`s; `gateway/app.py` answers them.
 """
 
 from __future__ import annotations
@@ -28,11 +26,10 @@ class AuthError(Exception):
 
 
 class Tokens:
-    """Token hash -> (rollout, role), read from the store once: a read on every call would cost
-    about a fifth of the gateway's CPU per call (measured). This gateway is the store's only writer,
-    so it keeps the entries current: `issued` hears of the tokens it hands out (under load, reads of
-    new tokens would race other rollouts' changes and go uncached), `changed` of every change it
-    makes to a rollout. A read under way during a change is not cached (`changes` counts them)."""
+    """Token hash -> (rollout, role), read once (a store read per call costs a fifth of the gateway's
+    CPU, measured). The gateway, the store's only writer, keeps it current: `issued` adds the tokens
+    it hands out (reads of new tokens race other changes under load), `changed` follows each change
+    to a rollout, and a read that overlapped a change is not cached (`changes` counts them)."""
 
     def __init__(self, store: Store, size: int = 100_000) -> None:
         self.store, self.size = store, size
@@ -58,8 +55,7 @@ class Tokens:
             self._add(hash_token(created.grader_token), created.rollout, "grader")
 
     def changed(self, rollout_id: str, now: Rollout | None = None) -> None:
-        """A rollout changed: its entries get its new state `now`, or are dropped when it is not
-        known (its tokens may have been rotated)."""
+        """A rollout changed: its entries get its new state `now`, or go (its tokens may be rotated)."""
         self.changes += 1
         for digest in self.of_rollout.pop(rollout_id, ()):
             _, role = self.found.pop(digest)
@@ -98,7 +94,6 @@ class Auth:
         return bool(self.admin_key) and hmac.compare_digest(self.presented(request), self.admin_key)
 
     async def admin(self, request: Request) -> None:
-        """The admin key."""
         if not self.is_admin(request):
             raise AuthError(401 if not self.presented(request) else 403, "the admin key is required")
 

@@ -1,15 +1,10 @@
-"""The gateway's client for its engines: sglang's native HTTP API (DESIGN.md section 5), several
-replicas; the embedded engine speaks the same protocol.
+"""The gateway's client for its engine replicas, over sglang's native HTTP API (DESIGN.md section 5).
 
-Owns replica choice, retries and the engine's wire format. A rollout sticks to one replica (a
-stable hash of its id, so sglang's prefix cache keeps its conversation) unless that replica is
-marked down, and then goes to the least-loaded replica that is up. Transport errors, timeouts and
-5xx replies mark the replica down for `down_s` and are retried, with jittered exponential backoff;
-4xx replies are the request's fault and raise `EngineRejected` at once. Memory and weight
-commands go to every replica. Requests share aiohttp's keep-alive pool.
-
-It does not tokenize, render templates, store calls or map errors to HTTP status codes (the
-gateway does), and it imports no torch.
+Owns replica choice, retries and the engine's wire format (the embedded engine speaks it too). A
+rollout sticks to one replica (a hash of its id, for sglang's prefix cache) unless it is down,
+then goes to the least-loaded one up. Transport errors, timeouts and 5xx replies mark a replica
+down for `down_s` and are retried with jittered backoff; a 4xx raises `EngineRejected` at once.
+It does not tokenize, render, store calls or map errors to HTTP statuses, and imports no torch.
 """
 
 from __future__ import annotations
@@ -63,12 +58,7 @@ class TransportError(Exception):
 
 
 class _Unanswered(TransportError):
-    """The engine closed a kept connection without a byte of reply (its keep-alive ran out as the
-    request came): sent once more, on a new connection, without costing an attempt."""
-
-
-# Failures to reach a replica or to get its whole reply in time: the replica's fault, retried.
-TRANSPORT_ERRORS = (TransportError, TimeoutError)
+    """The engine closed a kept connection without replying (its keep-alive ran out): resent at once, free."""
 
 
 @dataclass(frozen=True)
@@ -108,9 +98,8 @@ class EngineClient:
         max_backoff_s: float = 8.0,
         down_s: float = 10.0,
     ) -> None:
-        """`timeout_s` bounds each HTTP request (a long generation must fit in it); `attempts` counts
-        tries in all; the n-th retry waits `min(max_backoff_s, backoff_s * 2**n)` times a jitter in
-        [0.5, 1]; a failing replica is skipped for `down_s` seconds."""
+        """Seconds: `timeout_s` bounds a request (a whole generation); a failing replica sits out `down_s`;
+        retry k waits `min(max_backoff_s, backoff_s * 2**(k-1))`, jittered by x0.5-1. `attempts`: tries in all."""
         if not urls or attempts < 1:
             raise ValueError("an engine client needs at least one replica URL and one attempt")
         self.replicas = [_Replica(u.rstrip("/")) for u in urls]
@@ -146,7 +135,7 @@ class EngineClient:
         """Sample a continuation of `input_ids`, on the rollout's replica when it is up."""
         ids = input_ids if isinstance(input_ids, array) and input_ids.typecode == "i" else array("i", input_ids)
         body = {"input_ids": np.frombuffer(ids, np.int32), "sampling_params": sampling_params, "return_logprob": True}
-        replica, reply = await self._call("POST", "/generate", body, rollout_id=rollout_id)
+        replica, reply = await self.call("POST", "/generate", body, rollout_id=rollout_id)
         try:
             meta = reply["meta_info"]
             output_ids = [int(t) for t in reply["output_ids"]]
@@ -166,31 +155,19 @@ class EngineClient:
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise EngineError(f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}") from e
 
-    # ------------------------------------------------------------------ memory, weights, model
-
-    async def release_memory(self) -> None:
-        await self._broadcast("POST", "/release_memory_occupation", {})
-
-    async def resume_memory(self) -> None:
-        await self._broadcast("POST", "/resume_memory_occupation", {})
-
-    async def update_weights_from_disk(self, path: str, version: str | int) -> None:
-        await self._broadcast("POST", "/update_weights_from_disk", {"model_path": path, "weight_version": str(version)})
-
     async def model_info(self) -> dict[str, Any]:
         """`model_path`, `tokenizer_path`, `weight_version`, ... of the first replica that answers, and
         `max_context_length`: the embedded engine's own, else sglang's `context_length` (`/server_info`)."""
-        info = dict((await self._call("GET", "/model_info", None))[1])
+        info = dict((await self.call("GET", "/model_info"))[1])
         if "max_context_length" not in info:
-            context = (await self._call("GET", "/server_info", None))[1].get("context_length")
+            context = (await self.call("GET", "/server_info"))[1].get("context_length")
             info |= {"max_context_length": context} if context else {}
         return info
 
     # ------------------------------------------------------------------ plumbing
 
     def pick(self, rollout_id: str | None = None) -> _Replica:
-        """The rollout's own replica if it is up, else the least-loaded one that is up (or, if
-        none is, the one that failed longest ago)."""
+        """The rollout's own replica if up, else the least-loaded one up (if none is, the one back soonest)."""
         now = time.monotonic()
         up = [r for r in self.replicas if r.down_until <= now]
         if rollout_id is not None:
@@ -201,19 +178,20 @@ class EngineClient:
             return min(self.replicas, key=lambda r: r.down_until)
         return min(up, key=lambda r: r.inflight)
 
-    async def _call(
-        self, method: str, path: str, body: Any, *, rollout_id: str | None = None, replica: _Replica | None = None
+    async def call(
+        self, method: str, path: str, body: Any = None, *, rollout_id: str | None = None
     ) -> tuple[_Replica, Any]:
+        """One request, on `pick(rollout_id)`'s replica, with retries: (the replica that answered, its reply)."""
         last: Exception | None = None
         for attempt in range(self._attempts):
             if attempt:
                 delay = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            r = replica or self.pick(rollout_id)
+            r = self.pick(rollout_id)
             r.inflight += 1
             try:
                 reply = await self._once(r, method, path, body)
-            except (_ServerError, *TRANSPORT_ERRORS) as e:
+            except (_ServerError, TransportError, TimeoutError) as e:  # the replica's fault: retried
                 last = e
                 r.down_until = time.monotonic() + self._down_s
                 n = f"{attempt + 1}/{self._attempts}"
@@ -223,9 +201,8 @@ class EngineClient:
                 r.inflight -= 1
             r.down_until = 0.0
             return r, reply
-        where = replica.url if replica else "any replica"
         reason = f"{type(last).__name__}: {last}"
-        raise EngineUnavailable(f"{path} failed on {where} after {self._attempts} attempts: {reason}") from last
+        raise EngineUnavailable(f"{path} failed on any replica after {self._attempts} attempts: {reason}") from last
 
     async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
         data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
@@ -259,25 +236,13 @@ class EngineClient:
         except (aiohttp.ClientError, OSError) as e:
             raise TransportError(f"{r.url}{path}: {e!r}") from e
 
-    async def _broadcast(self, method: str, path: str, body: Any) -> None:
-        """Send to every replica, wait for all, and raise the first failure."""
-        results = await asyncio.gather(
-            *(self._call(method, path, body, replica=r) for r in self.replicas), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
 
 def _message(text: str, reason: str) -> str:
     """The error message of an sglang reply (`{"error": {"message"}}`, `{"message"}`) or its body, cut."""
     try:
         data = json.loads(text)
-        if isinstance(data, dict):
-            inner = data.get("error")
-            found = inner.get("message") if isinstance(inner, dict) else inner or data.get("message")
-            if found:
-                return str(found)[:BODY_CUT]
-    except ValueError:
-        pass
-    return text[:BODY_CUT] or reason
+        inner = data.get("error")
+        found = inner.get("message") if isinstance(inner, dict) else inner or data.get("message")
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        found = None
+    return str(found or text or reason)[:BODY_CUT]

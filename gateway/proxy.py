@@ -1,14 +1,10 @@
 """The recording path every harness call takes, whatever its wire format.
 
-Owns: the pause gate (new calls wait, in-flight calls finish, `pause()` returns when none is in
-flight, so each call is served under one model version), the context-length check, sampling
-through the engine client, stop strings (applied here, since engines see token IDs only), and
-writing each call to the store before its reply is returned, so that every answered call is
-durable; after a restart, a harness retrying a call whose reply the crash cut off gets the
-recorded reply instead of a second sample. Also the counters `/metrics` exposes.
-
-It does not parse or format any wire format (`gateway/wire.py`), authenticate (`gateway/auth.py`)
-or render templates (`gateway/render.py`).
+Owns the pause gate (`pause()` returns once no call is in flight: each call is served under one
+model version), the context-length check, sampling, stop strings (engines see only token IDs),
+the `/metrics` counters, and recording each call before its reply goes out, so every answered
+call is durable and a retry of a reply cut off by a crash gets the recorded one, not a new sample.
+It does not parse wire formats, authenticate or render templates (`wire.py`, `auth.py`, `render.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, Message, Params, RenderError
 
 log = logging.getLogger(__name__)
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # of call latency (seconds)
 
 
 class ContextOverflow(RenderError):
@@ -82,16 +79,12 @@ class Gate:
 
 class Metrics:
     def __init__(self, gate: Gate) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
+        self.registry = r = CollectorRegistry()
         self.calls = Counter("agl_calls", "Recorded model calls", ["agent", "api"], registry=r)
         self.errors = Counter("agl_call_errors", "Harness calls answered with an error", ["kind"], registry=r)
         self.tokens = Counter("agl_tokens", "Tokens of recorded calls", ["kind"], registry=r)
         self.latency = Histogram(
-            "agl_call_latency_seconds",
-            "Time from receiving a call to recording it",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-            registry=r,
+            "agl_call_latency_seconds", "Time from receiving a call to recording it", buckets=BUCKETS, registry=r
         )
         Gauge("agl_inflight_calls", "Calls being served", registry=r).set_function(lambda: gate.inflight)
         Gauge("agl_paused", "1 while the gateway is paused", registry=r).set_function(lambda: gate.paused)
@@ -113,24 +106,20 @@ class Proxy:
         context_length: int,
         version: int = 0,
     ) -> None:
-        """`context_length`: the engine's context window (tokens); `version`: the model version served."""
         self.store, self.engines, self.renderer, self.settings = store, engines, renderer, settings
-        self.context_length, self.version = context_length, version
+        self.context_length, self.version = context_length, version  # the engine's window (tokens); version served
         self.gate = Gate()
         self.metrics = Metrics(self.gate)
         self.started = time.time()
         self.seen: set[str] = set()  # rollouts called since this gateway started
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
-        """Sample `params.n` replies to a conversation; each is one recorded call."""
         rollout_id = ask.rollout.id
         prompt = self.renderer.prompt(rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
         self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
             self.store.append_event(rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent})
-        out = await self._replay(ask, params.n, parse=True)
-        for i in range(len(out), params.n):
-            out.append(await self._sample(ask, prompt.ids, params, i, parse=True))
+        out = await self._serve(ask, prompt.ids, params, parse=True)
         first, ids, sampled_text = out[0]
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.
@@ -138,32 +127,25 @@ class Proxy:
         return [c for c, _, _ in out]
 
     async def complete(self, ask: Ask, prompt_ids: list[int], params: Params) -> list[Completion]:
-        """Plain completions of a token prompt."""
         if not prompt_ids:
             raise RenderError("the prompt must not be empty")
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
-        out = [c for c, _, _ in await self._replay(ask, params.n, parse=False)]
-        for i in range(len(out), params.n):
-            done, _, _ = await self._sample(ask, prompt_ids, params, i, parse=False)
-            out.append(done)
-        return out
+        return [c for c, _, _ in await self._serve(ask, prompt_ids, params, parse=False)]
 
-    async def _replay(self, ask: Ask, n: int, *, parse: bool) -> list[tuple[Completion, list[int], str]]:
-        """A harness retrying the call whose reply a crash cut off gets that reply, instead of a
-        second sample: on a rollout's first call since this gateway started, when the rollout's
-        last `n` calls, recorded before it started, had this very request. Nothing is recorded."""
-        rollout = ask.rollout
-        if rollout.id in self.seen or rollout.created_at >= self.started:
-            return []
-        self.seen.add(rollout.id)
-        found = await asyncio.to_thread(self.store.last_calls, rollout.id, n)
-        if len(found) < n or any(c.request != ask.body or c.created_at >= self.started for c in found):
-            return []
-        log.info("rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n)
-        return [
-            (self._completion(c, parse), list(c.response_ids), self.renderer.reply_text(c.response_ids)) for c in found
-        ]
+    async def _serve(
+        self, ask: Ask, prompt: Sequence[int], params: Params, *, parse: bool
+    ) -> list[tuple[Completion, list[int], str | None]]:
+        """`params.n` replies, each one recorded call. A retry after a restart gets the recorded ones: on a
+        rollout's first call since this gateway started, if its last `n` calls (recorded before) had this request."""
+        rollout, n = ask.rollout, params.n
+        if rollout.id not in self.seen and rollout.created_at < self.started:
+            self.seen.add(rollout.id)
+            found = await asyncio.to_thread(self.store.last_calls, rollout.id, n)
+            if len(found) >= n and all(c.request == ask.body and c.created_at < self.started for c in found):
+                log.info("rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n)
+                return [(self._completion(c, parse), list(c.response_ids), None) for c in found]
+        return [await self._sample(ask, prompt, params, i, parse=parse) for i in range(n)]
 
     async def _sample(
         self, ask: Ask, prompt: Sequence[int], params: Params, index: int, *, parse: bool
@@ -247,11 +229,6 @@ class Proxy:
             range(len(ids)), pos + len(stop), lo=1, key=lambda k: len(self.renderer.decode(ids[:k]))
         )
         return kept, stop
-
-    async def pause(self) -> float:
-        started = time.monotonic()
-        await self.gate.pause()
-        return time.monotonic() - started
 
     def forget(self, rollout_id: str) -> None:
         """The rollout ended or went back to the queue: its next call starts afresh."""

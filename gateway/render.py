@@ -1,19 +1,15 @@
 """Messages to token IDs and sampled IDs back to messages, with the model's own chat template.
 
-Owns: rendering normalized messages with the tokenizer's chat template, decoding a sampled
-reply into content, reasoning and tool calls (a small registry of tool-call formats), and the
-per-rollout transcripts of prefix-preserving mode (DESIGN.md section 4): when a prompt
-re-sends an earlier call's conversation plus the reply the gateway returned, the prompt is
-built from the sampled IDs of that reply plus the tokens of what was added since, and every
-prompt that does not extend an earlier one is classified.
-
-It does not talk to engines, store anything, or know any wire format (`gateway/wire.py` maps
-each onto `gateway.types.Message`).
+Owns rendering, parsing a sampled reply into content, reasoning and tool calls (a registry of
+tool-call formats), and each rollout's transcripts for prefix-preserving mode (DESIGN.md section
+4): a prompt that re-sends an earlier call's conversation and reply is built on that reply's
+sampled IDs; any other prompt is classified. It does not talk to engines, store, or know wire formats.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 from array import array
@@ -76,15 +72,6 @@ def _digest(previous: int, message: Message) -> int:
     return hash((previous, message.key()))
 
 
-def prefix_digests(messages: Sequence[Message]) -> list[int]:
-    """digests[i] identifies messages[:i + 1]."""
-    out, previous = [], 0
-    for m in messages:
-        previous = _digest(previous, m)
-        out.append(previous)
-    return out
-
-
 @dataclass
 class Transcript:
     """The token sequence of one conversation of a rollout, through the last reply returned."""
@@ -101,7 +88,7 @@ class Prompt:
     ids: array[int]
     extended: bool  # built on an earlier call's sampled tokens
     mismatch: str  # "" when extended or first; else the class of the break
-    digests: list[int] = field(default_factory=list)  # prefix_digests of the messages
+    digests: list[int] = field(default_factory=list)  # [i] identifies messages[:i + 1]
     tools_key: str = ""  # the tools, canonical
     text: str = ""  # as rendered
 
@@ -160,7 +147,7 @@ class Renderer:
         if not messages:
             raise RenderError("messages must not be empty")
         full = self.render_text(messages, tools, generation_prompt=True)
-        digests = prefix_digests(messages)
+        digests = list(itertools.accumulate(messages, _digest, initial=0))[1:]  # [i]: of messages[:i + 1]
         tools_key = json.dumps(tools, sort_keys=True)
         transcripts = self.transcripts.get(rollout_id, [])
         for t in reversed(transcripts):
@@ -197,9 +184,8 @@ class Renderer:
     def remember(
         self, rollout_id: str, prompt: Prompt, response_ids: Sequence[int], reply: Message, text: str | None = None
     ) -> None:
-        """Record the transcript a call produced: its prompt, the sampled reply, and the end-of-turn
-        token when sampling stopped without one (the template closes the turn with it). `text`:
-        the reply's `reply_text`, when the caller has it."""
+        """Keep the transcript a call produced: prompt, sampled reply, and the turn end the template
+        adds when sampling stopped without one. `text`: the reply's `reply_text`, if known."""
         ids = array("i", prompt.ids)
         ids.extend(response_ids)
         if not response_ids or response_ids[-1] not in self.end_ids:

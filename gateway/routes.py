@@ -1,8 +1,7 @@
-"""The gateway's routes (DESIGN.md section 3), as FastAPI routers: model calls (`/v1`), a
-rollout's own records, the admin API, `/healthz` and `/metrics`; authentication is a dependency
-(`gateway/auth.py`). Routes parse their bodies themselves (`body`) to answer bad input in the
-caller's wire format, so the OpenAPI schema shows no request bodies. They do not sample or
-record (`gateway/proxy.py`) or turn errors into replies (`gateway/app.py`).
+"""The gateway's routes (DESIGN.md section 3) as FastAPI routers: model calls (`/v1`), a rollout's
+own records, the admin API, `/healthz` and `/metrics`, with auth as a dependency. Routes parse
+their bodies themselves (`body`) to answer bad input in the caller's wire format, so the OpenAPI
+schema shows no request bodies. They do not sample, record (`proxy.py`) or answer errors (`app.py`).
 """
 
 import asyncio
@@ -121,7 +120,6 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         return Ask(rollout, request.headers.get("x-agl-agent") or req.model or "default", api, request.state.body)
 
     def answer(req: wire.Request, completions: list[Completion]) -> Response:
-        """The reply as one JSON body, or as server-sent events when the client asked to stream."""
         reply = req.reply(completions)
         if req.stream:
             headers = {"Cache-Control": "no-cache"}
@@ -242,9 +240,8 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
     @router.post("/api/rollouts/{rollout_id}/status")
     async def post_status(request: Request, rollout_id: str) -> Any:
         req = await body(request, StatusIn)
-        args = {"failure_kind": req.failure_kind, "reason": req.reason, "attempt": req.attempt}
         try:
-            rollout = await wrap_future(store.transition(rollout_id, req.status, **args))
+            rollout = await wrap_future(store.transition(rollout_id, req.status, **req.model_dump(exclude={"status"})))
         finally:
             auth.tokens.changed(rollout_id)
         if rollout.status.terminal or rollout.status is Status.QUEUED:
@@ -259,8 +256,9 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
 
     @router.post("/api/pause")
     async def pause() -> Any:
-        drained_s = await proxy.pause()
-        return {"drained_s": round(drained_s, 4)} | proxy.state()
+        started = time.monotonic()
+        await proxy.gate.pause()
+        return {"drained_s": round(time.monotonic() - started, 4)} | proxy.state()
 
     @router.post("/api/resume")
     async def resume(request: Request) -> Any:
@@ -279,11 +277,10 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
 def open_routes(store: Store, proxy: Proxy) -> APIRouter:
     """`/healthz` and `/metrics`, without credentials."""
     router = APIRouter()
-    started_at = time.time()  # in /healthz: a controller learns that the gateway restarted during a run
 
     @router.get("/healthz")
     async def healthz() -> Any:
-        return {"ok": True, "started_at": started_at} | proxy.state()
+        return {"ok": True, "started_at": proxy.started} | proxy.state()  # a controller learns of restarts
 
     @router.get("/metrics")
     async def metrics() -> Response:

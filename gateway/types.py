@@ -1,8 +1,6 @@
-"""The shapes the gateway's modules hand each other: a chat message in normalized form, a
-harness's call as received, its sampling parameters, and one sampled reply.
-
-Standard library only. Wire schemas (pydantic) are in `gateway/wire.py`, stored records in
-`agl/types.py`.
+"""The shapes the gateway's modules hand each other: a normalized chat message, a harness's
+call as received, its sampling parameters, and one sampled reply. Standard library only; wire
+schemas (pydantic) are in `gateway/wire.py`, stored records in `agl/types.py`.
 """
 
 from __future__ import annotations

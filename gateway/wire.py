@@ -1,12 +1,9 @@
 """Wire formats: OpenAI Chat Completions, Completions and Responses, and Anthropic Messages.
 
-Owns one pydantic request schema per format (unknown fields are ignored, as the real APIs do)
-that maps the request onto normalized messages, tools and sampling parameters (`parse`,
-`gateway/types.py`) and the recorded completions onto the format's reply (`reply`) and stream
-(`events`); and the error objects. Streams are produced after the call has been sampled and
-recorded, so a harness never sees text that is not in the store.
-
-It does not sample, record or authenticate; `gateway/proxy.py` and `gateway/auth.py` do.
+Owns a pydantic request schema per format (unknown fields ignored, as the real APIs do) that maps
+a request to normalized messages, tools and sampling (`parse`) and the recorded completions to the
+format's reply and stream (`reply`, `events`); and the error objects. Streams are made after the
+call is recorded: a harness never sees unstored text. It does not sample, record or authenticate.
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ def _event(kind: str, **data: Any) -> str:
 
 
 def error(message: str, kind: str, code: str | None = None, *, anthropic: bool) -> JSON:
-    """An error object in Anthropic's format or in OpenAI's."""
     if anthropic:
         return {"type": "error", "error": {"type": kind, "message": message}}
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
@@ -86,7 +82,6 @@ def text_of(content: Any) -> str:
 
 
 def message_from_openai(raw: Any) -> Message:
-    """An OpenAI chat message (as the SDK sends it) in normalized form."""
     if not isinstance(raw, dict):
         raise RenderError("each message must be an object")
     role = raw.get("role")
@@ -113,8 +108,7 @@ def message_from_openai(raw: Any) -> Message:
 
 
 def validate_tools(tools: list[JSON] | None) -> list[JSON]:
-    """OpenAI function tools (the shape every format's tools are mapped to), checked enough that
-    the template cannot choke on them."""
+    """OpenAI function tools (every format's tools are mapped to them), checked for the template."""
     for tool in tools or []:
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
@@ -187,7 +181,6 @@ class ChatRequest(_Request):
         return _openai_reply("chatcmpl-", "chat.completion", self.model, choices, completions)
 
     def events(self, response: JSON) -> Iterator[str]:
-        """The recorded reply as OpenAI chat chunks: role, content, tool calls, finish, usage."""
         base = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
         for choice in response["choices"]:
             i, message = choice["index"], choice["message"]

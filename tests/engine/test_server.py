@@ -144,6 +144,10 @@ async def test_stop_token_ids_end_the_generation(url: str) -> None:
     assert stopped.output_ids == free.output_ids[: free.output_ids.index(stop) + 1]
 
 
+def load(path: Path, version: int) -> dict[str, str]:
+    return {"model_path": str(path), "weight_version": str(version)}
+
+
 async def test_update_weights_from_disk_changes_outputs_and_version(url: str, tiny_path: Path, tmp_path: Path) -> None:
     changed = models.load_model(tiny_path)
     torch.manual_seed(1)
@@ -153,13 +157,13 @@ async def test_update_weights_from_disk_changes_outputs_and_version(url: str, ti
     changed.save_pretrained(tmp_path / "changed")
     async with EngineClient([url]) as client:
         before = await client.generate(PROMPTS[1], greedy(16))
-        await client.update_weights_from_disk(str(tmp_path / "changed"), 5)
+        await client.call("POST", "/update_weights_from_disk", load(tmp_path / "changed", 5))
         after = await client.generate(PROMPTS[1], greedy(16))
         info = await client.model_info()
-        await client.update_weights_from_disk(str(tiny_path), 6)
+        await client.call("POST", "/update_weights_from_disk", load(tiny_path, 6))
         back = await client.generate(PROMPTS[1], greedy(16))
         with pytest.raises(EngineRejected, match="failed to load"):
-            await client.update_weights_from_disk(str(tmp_path / "missing"), 7)
+            await client.call("POST", "/update_weights_from_disk", load(tmp_path / "missing", 7))
     assert after.output_ids != before.output_ids and after.weight_version == "5"
     assert info["model_path"] == str(tmp_path / "changed") and info["tokenizer_path"] == str(tiny_path)
     assert back.output_ids == before.output_ids and back.weight_version == "6"
@@ -168,11 +172,11 @@ async def test_update_weights_from_disk_changes_outputs_and_version(url: str, ti
 async def test_release_makes_generate_a_clear_error_until_resume(url: str) -> None:
     async with EngineClient([url], attempts=1) as client:
         before = await client.generate(PROMPTS[2], greedy(8))
-        await client.release_memory()
+        await client.call("POST", "/release_memory_occupation", {})
         assert (await client.model_info())["released"] is True
         with pytest.raises(EngineUnavailable, match="memory is released"):
             await client.generate(PROMPTS[2], greedy(8))
-        await client.resume_memory()
+        await client.call("POST", "/resume_memory_occupation", {})
         after = await client.generate(PROMPTS[2], greedy(8))
     assert after.output_ids == before.output_ids
 

@@ -316,30 +316,6 @@ async def test_a_single_dead_replica_is_unavailable_after_all_attempts() -> None
     assert isinstance(e.value.__cause__, TransportError)
 
 
-async def test_memory_and_weight_commands_go_to_every_replica(stand_ins: list[tuple[str, StandIn]]) -> None:
-    urls = [u for u, _ in stand_ins]
-    async with client(urls) as engines:
-        await engines.release_memory()
-        await engines.resume_memory()
-        await engines.update_weights_from_disk("/ckpt/step_3", 3)
-    for _, s in stand_ins:
-        assert s.paths() == [
-            "/release_memory_occupation",
-            "/resume_memory_occupation",
-            "/update_weights_from_disk",
-        ]
-        assert s.requests[2][2] == {"model_path": "/ckpt/step_3", "weight_version": "3"}
-
-
-async def test_a_failed_command_on_one_replica_raises(stand_ins: list[tuple[str, StandIn]]) -> None:
-    urls = [u for u, _ in stand_ins]
-    stand_ins[1][1].script = [(400, {"success": False, "message": "no such folder"}, 0.0)]
-    async with client(urls) as engines:
-        with pytest.raises(EngineRejected, match="no such folder"):
-            await engines.update_weights_from_disk("/nowhere", 1)
-    assert all(s.paths() == ["/update_weights_from_disk"] for _, s in stand_ins)
-
-
 async def test_model_info_fails_over(stand_ins: list[tuple[str, StandIn]]) -> None:
     (url, s) = stand_ins[0]
     s.script = [(200, {"model_path": "/m", "tokenizer_path": "/t", "weight_version": "2"}, 0.0)]
