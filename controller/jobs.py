@@ -1,9 +1,7 @@
 """`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests.
 
-The output is for `kubectl apply -f -`. Each rollout carries `metadata.spec` (a controller
-launches its retries) and `metadata.launch = "manifest"` (no controller launches attempt 1:
-the applied Job is it, adopted by label). The spec is validated before any rollout is
-created. It imports no `kubernetes` and never talks to a cluster.
+For `kubectl apply -f -`: each rollout has `metadata.spec` (a controller launches its retries) and
+`metadata.launch = "manifest"` (the applied Job is attempt 1). Validates the spec first; no cluster.
 """
 
 from __future__ import annotations

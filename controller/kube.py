@@ -1,14 +1,10 @@
 """The Kubernetes launcher: one Job (and its Secret) per attempt, watched by label.
 
-The only module that imports `kubernetes`. It creates the Secret, then the Job, then makes the
-Job the Secret's owner. It watches every Job labelled `agl.dev/rollout` in its namespace (with
-resourceVersion; a 410 Gone re-lists), so Jobs applied from `agl jobs render` are watched like
-its own; a Job deleted before it finished is an infra failure. Pods of running Jobs are listed
-every `pod_check_s` to catch failures that never end a Job (an image that cannot be pulled):
-such a Job is deleted, an infra failure. API errors on create: 400/422 are permanent (the spec
-is wrong: a task failure), others (5xx, 429, timeouts, no connection) infra failures, retried.
-It does not decide statuses or retries (`controller/loop.py`) or build manifests
-(`controller/manifests.py`). The blocking client runs in worker threads.
+The only module that imports `kubernetes` (its blocking client runs in threads). It creates the
+Secret, then the Job, which then owns the Secret, and watches every Job labelled `agl.dev/rollout`
+in its namespace (`agl jobs render`'s too). Infra failures: a Job deleted before it finished, one
+whose pods fail without ending it (an image pull; pods checked every `pod_check_s`; it is deleted),
+create errors other than 400/422 (the spec's fault: a task failure). No statuses, no manifests here.
 """
 
 from __future__ import annotations
@@ -50,8 +46,7 @@ class KubeLauncher:
         self.ended: dict[Key, Outcome] = {}
         self.released: set[Key] = set()  # recorded by the loop; ignored until their Job is gone
         self.pods_checked = 0.0
-        self.stopping = threading.Event()
-        self.synced = threading.Event()
+        self.stopping, self.synced = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._watch, name="agl-kube-watch", daemon=True)
 
     def _dict(self, obj: Any) -> JSON:

@@ -1,17 +1,10 @@
 """The launcher protocol, the credentials a run gets, and the local-process launcher.
 
-A launcher starts attempts, reports how they ended, and finds those it started before a
-restart. It never talks to the gateway: the reconcile loop (`controller/loop.py`) turns its
-outcomes into statuses and retries.
-
-Local runs: each attempt is a process group of its own (`WRAPPER`, posix_spawned in a new
-session) logging to `<state>/logs/<rollout>/<attempt>/`; its exit code goes to a file, so a
-restarted controller learns the code of a process it did not spawn, and what it forked dies
-with it, at its end or its timeout. A 0600 state file per attempt (pid, start time from /proc,
-deadline, phase, the grader's command and token) is written before the spawn; a restarted
-controller adopts the run if pid and start time match, else it is lost (infra). The grader, if
-any, runs after the harness exited 0, in the same workspace, with `AGL_GRADER_TOKEN` and no
-agent token. Processes are polled (`waitpid`, /proc when adopted): no thread per process.
+A launcher starts attempts, reports how they ended and finds them again after a restart; it never
+talks to the gateway. A local attempt is a process group (`WRAPPER`) that writes its exit code to a
+file and dies whole at its end or timeout; its 0600 state file (pid, start time, deadline, phase,
+grader command and token), written before the spawn, lets a restarted controller adopt it (pid and
+start time match) or call it lost. A grader runs after the harness exits 0, with only its own token.
 """
 
 from __future__ import annotations
@@ -36,39 +29,30 @@ INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPA
 
 @dataclass(frozen=True)
 class Credentials:
-    """What one attempt is given: endpoints and tokens."""
-
     rollout_id: str
     attempt: int
     task: JSON
-    gateway_url: str
+    gateway_url: str  # its public URL, which is also the Anthropic base URL
     base_url: str
-    anthropic_base_url: str
     agent_token: str
     grader_token: str | None = None
 
     @classmethod
     def from_reply(cls, reply: JSON, attempt: int, task: JSON) -> Credentials:
-        """From the gateway's create or rotate reply; runs reach it at its public URL (`anthropic_base_url`)."""
-        public, tokens = reply["anthropic_base_url"], (reply["agent_token"], reply.get("grader_token"))
-        return cls(reply["id"], attempt, task, public, reply["base_url"], public, *tokens)
+        tokens = reply["agent_token"], reply.get("grader_token")
+        return cls(reply["id"], attempt, task, reply["anthropic_base_url"], reply["base_url"], *tokens)
 
     def harness_env(self) -> dict[str, str]:
         """DESIGN.md section 3; no grader token."""
-        urls = {"OPENAI_BASE_URL": self.base_url, "ANTHROPIC_BASE_URL": self.anthropic_base_url}
+        urls = {"OPENAI_BASE_URL": self.base_url, "ANTHROPIC_BASE_URL": self.gateway_url}
         return urls | {"OPENAI_API_KEY": self.agent_token, "ANTHROPIC_API_KEY": self.agent_token} | self.common_env()
 
     def grader_env(self) -> dict[str, str]:
-        """The grader's: its own token and where to post the reward; no agent token."""
         return {"AGL_GRADER_TOKEN": self.grader_token or ""} | self.common_env()
 
     def common_env(self) -> dict[str, str]:
-        return {
-            "AGL_GATEWAY_URL": self.gateway_url,
-            "AGL_ROLLOUT_ID": self.rollout_id,
-            "AGL_ATTEMPT": str(self.attempt),
-            "AGL_TASK": json.dumps(self.task),
-        }
+        env = {"AGL_GATEWAY_URL": self.gateway_url, "AGL_ROLLOUT_ID": self.rollout_id, "AGL_ATTEMPT": str(self.attempt)}
+        return env | {"AGL_TASK": json.dumps(self.task)}
 
 
 @dataclass(frozen=True)
@@ -216,7 +200,7 @@ class LocalLauncher:
         return list(self.runs)
 
     def _running(self, run: _Run) -> bool:
-        """Whether the current phase's process runs; one this controller spawned is reaped once it ended."""
+        """Whether the current phase's process runs (polled: no thread per process); a child is reaped once ended."""
         if not run.child:
             return bool(run.pid) and process_start(run.pid) == run.start
         with contextlib.suppress(ChildProcessError):

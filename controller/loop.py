@@ -1,22 +1,12 @@
 """`agl controller`: the reconcile loop between the gateway's queued rollouts and a launcher.
 
-Owns which rollout runs when (caps on runs at once and on the launch rate, retry backoff), each
-attempt's credentials, and the policy from outcome to status: ran to the end with a final
-reward -> `succeeded`; without one, or harness exit != 0 -> `failed` (task: DESIGN.md section
-2); timeout -> `timed_out`; infra (launch error, lost process, deleted Job, evicted pod, grader
-failure, or a task failure while the gateway restarted) -> `queued` again as attempt + 1 after
-a backoff, until `max_attempts`, then `failed` (infra).
-
-Each attempt gets fresh tokens (`POST /api/rollouts/{id}/tokens`): plaintext tokens exist only
-in a reply, anyone may create rollouts, and a stale attempt's tokens die with it. The exception
-is attempt 1 of a `"launch": "manifest"` rollout (`agl jobs render`): its tokens are in the
-Secret the user applies, and the loop only adopts its Job (by label).
-
-A rollout runs its `metadata.spec`, else `--spec`; with neither it is someone else's, left
-alone. On start the launcher adopts its earlier runs; a running rollout this launcher marked
-running ("launched by local: pid N") in its current attempt but with no run is an infra
-failure. Stopping the controller leaves runs alive for the next one; it does not cancel runs
-of rollouts cancelled in the gateway (their calls get 403, which ends them).
+Owns which rollout runs when (caps on runs at once and on the launch rate, retry backoff), fresh
+tokens per attempt (plaintext tokens exist only in the reply that issues them) and the status of
+each end: a final reward -> `succeeded`; none, or harness exit != 0 -> `failed` (task); timeout ->
+`timed_out`; infra (launch error, lost run, deleted Job, evicted pod, grader failure, a task failure
+across a gateway restart) -> `queued` as attempt + 1 after a backoff, up to `max_attempts`. Runs
+`metadata.spec`, else `--spec`, else leaves the rollout alone; adopts `agl jobs render`'s Jobs by
+label. Stopping it leaves runs alive; a cancelled rollout's run ends on its calls' 403s.
 """
 
 from __future__ import annotations
@@ -41,8 +31,6 @@ LAUNCHED = "launched by"  # the reason of the `running` transition: how a restar
 
 
 class ControllerSettings(BaseSettings):
-    """The controller (`AGL_CONTROLLER_*`); command-line flags override them."""
-
     model_config = SettingsConfigDict(env_prefix="AGL_CONTROLLER_", extra="forbid")
 
     gateway: str = Field("http://127.0.0.1:8000", description="Gateway URL (admin API and what runs call).")
@@ -57,8 +45,6 @@ class ControllerSettings(BaseSettings):
 
 
 class Controller:
-    """Reconciles the gateway's queued rollouts with `launcher`'s runs."""
-
     def __init__(self, gw: GatewayClient, launcher: Launcher, spec: Spec | None, settings: ControllerSettings) -> None:
         self.gw, self.launcher, self.spec, self.settings = gw, launcher, spec, settings
         self.not_before: dict[str, float] = {}  # rollout id -> monotonic time its retry may start
@@ -111,8 +97,7 @@ class Controller:
         await asyncio.gather(*(self.start(r) for r in chosen))
 
     def launchable(self, r: Rollout) -> bool:
-        """Not started yet, past its backoff, ours (someone else's must not take the place of
-        one of ours), and not applied with kubectl (that Job is adopted by label)."""
+        """Not started, past its backoff, ours (another's would take our place), not an applied Job's attempt 1."""
         if (r.id, r.attempt) in self.started or self.not_before.get(r.id, 0) > time.monotonic():
             return False
         manifest = r.attempt == 1 and r.metadata.get("launch") == "manifest"
@@ -122,13 +107,12 @@ class Controller:
         self.not_before.pop(rollout.id, None)
         try:
             spec = self.spec_of(rollout)
+            if spec and spec.grader and not rollout.has_grader:
+                raise SpecError("the spec has a grader but the rollout has no grader token")
         except SpecError as e:
             await self.report(rollout, Outcome.task(str(e)), None)
             return
         if spec is None:
-            return
-        if spec.grader and not rollout.has_grader:
-            await self.report(rollout, Outcome.task("the spec has a grader but the rollout has no grader token"), None)
             return
         try:
             reply = await self.gw.rotate_tokens(rollout.id, attempt=rollout.attempt)
@@ -177,8 +161,7 @@ class Controller:
         log.info("rollout_id=%s attempt=%d: %s %s %s", rollout.id, rollout.attempt, status, kind or "", reason)
 
     async def gateway_restarted_since(self, started_at: float) -> bool:
-        """A run that failed while its gateway restarted may have failed because of it (its calls
-        were refused): not the policy's fault. Both times are on the gateway's clock."""
+        """Whether the gateway restarted since `started_at` (its clock): a task failure may then be its doing."""
         return float((await self.gw.health())["started_at"]) > started_at
 
     async def set_status(self, r: Rollout, status: Status, kind: FailureKind | None, reason: str) -> bool:

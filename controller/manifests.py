@@ -1,15 +1,10 @@
 """Kubernetes manifests for one attempt (a Secret and a Job), and how a finished Job is read.
 
-Owns what is applied, as API-shaped dicts (what `kubectl apply` and the `kubernetes` client
-both take), and the mapping from Job and Pod status to an `Outcome`: Complete -> ran to the
-end; DeadlineExceeded -> timed out; harness exit != 0 -> task failure; image pull errors,
-eviction, node loss, container start errors, a grader's failure -> infra. It imports no
-`kubernetes` (`controller/kube.py` does), so it is tested without a cluster.
-
-One Job per attempt, `agl-<rollout>-<attempt>`, labelled with both. The tokens live only in the
-Secret of that name (owned by the Job, so collected with it): the harness gets the agent token,
-the grader only its own. With a grader, the harness is an init container and the grader the
-main one, sharing an emptyDir at `spec.workspace`.
+API-shaped dicts, built without `kubernetes` (tested without a cluster). A Job per attempt,
+`agl-<rollout>-<attempt>`, labelled with both; tokens live only in its Secret (same name, owned by
+the Job). A grader is the main container after the harness as init container, sharing an emptyDir
+at `spec.workspace`; each gets only its own token. Ends: Complete -> ran; DeadlineExceeded -> timed
+out; harness exit != 0 -> task; image pull, eviction, node loss, start errors, grader -> infra.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The rollout spec: what to run for one rollout, validated before anything is launched.
 
-Owns the pydantic shape of a spec (YAML or JSON; unknown fields are errors) and messages that
-name the offending field. Both launchers take the same spec (`image`, `resources` and the Job
-fields matter only on Kubernetes). It launches nothing and does not know the injected
-environment (`controller/launcher.py`).
+YAML or JSON; unknown fields are errors, and messages name the bad field. Both launchers take it
+(`image`, `resources` and the Job fields: Kubernetes only). It neither launches nor knows the env.
 """
 
 from __future__ import annotations
@@ -25,16 +23,16 @@ class SpecError(ValueError):
     """An invalid spec; the message names each bad field (`harness.resources.cpu: ...`)."""
 
 
-class Resources(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
+
+
+class Resources(_Strict):
     cpu: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '500m' or '2'.")
     memory: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '512Mi'.")
 
 
-class Process(BaseModel):
-    """One program: the harness, or its grader."""
-
-    model_config = ConfigDict(extra="forbid")
+class Process(_Strict):
     command: list[str] = Field(min_length=1, description="argv; no shell unless you name one.")
     env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment (the injected keys win).")
     cwd: str | None = Field(None, description="Working directory; default: a fresh workspace per attempt.")
@@ -50,10 +48,7 @@ class Process(BaseModel):
         return value
 
 
-class Spec(BaseModel):
-    """How to run every attempt of a rollout."""
-
-    model_config = ConfigDict(extra="forbid")
+class Spec(_Strict):
     harness: Process
     grader: Process | None = Field(None, description="Runs after the harness exits 0, with the grader token.")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts in all, counting infra failures only.")
@@ -67,7 +62,6 @@ class Spec(BaseModel):
 
 
 def parse_spec(data: Any, where: str = "spec") -> Spec:
-    """Validate a spec given as a mapping; raise `SpecError` naming the bad fields."""
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
@@ -75,7 +69,6 @@ def parse_spec(data: Any, where: str = "spec") -> Spec:
 
 
 def load_spec(path: str | Path) -> Spec:
-    """Read a YAML or JSON spec file."""
     try:
         text = Path(path).read_text()
         data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)

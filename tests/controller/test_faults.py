@@ -52,7 +52,7 @@ def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controlle
         raise KeyboardInterrupt
 
     spec = parse_spec({"harness": {"command": ["sleep", "300"]}})
-    creds = Credentials("r1", 1, {}, "http://gw", "http://gw/v1", "http://gw", "token")
+    creds = Credentials("r1", 1, {}, "http://gw", "http://gw/v1", "token")
     monkeypatch.setattr(os, "posix_spawn", spawn_then_die)
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(LocalLauncher(tmp_path).launch(spec, creds))

@@ -185,7 +185,7 @@ def test_watch_relists_after_410_gone(namespace: str, monkeypatch) -> None:
 
     monkeypatch.setattr(launcher, "_relist", counted)
     spec = parse_spec({"harness": {"command": ["true"]}, "namespace": namespace})
-    creds = Credentials("f" * 32, 1, {}, "http://127.0.0.1:9", "http://127.0.0.1:9/v1", "http://127.0.0.1:9", "t")
+    creds = Credentials("f" * 32, 1, {}, "http://127.0.0.1:9", "http://127.0.0.1:9/v1", "t")
 
     async def run() -> list:
         await launcher.adopt()

@@ -15,7 +15,7 @@ from controller.launcher import Credentials
 from controller.manifests import job_outcome, key_of, manifests
 from controller.spec import parse_spec
 
-CREDS = Credentials("r" * 32, 2, {"q": 1}, "http://gw", "http://gw/v1", "http://gw", "AGENT-SECRET", "GRADER-SECRET")
+CREDS = Credentials("r" * 32, 2, {"q": 1}, "http://gw", "http://gw/v1", "AGENT-SECRET", "GRADER-SECRET")
 
 
 def _env(container: dict) -> dict:

@@ -32,9 +32,7 @@ def test_the_spec_runs_the_task_image_with_harness_then_grader(tmp_path: Path) -
     assert spec.grader.command[0] == "/opt/miniconda3/envs/testbed/bin/python"  # type: ignore[union-attr]
     assert spec.grader.command[-4:] == ["--turn-penalty", "0.01", "--free-turns", "20"]  # type: ignore[union-attr]
     assert spec.labels == RECIPE_LABEL
-    creds = Credentials(
-        "r" * 32, 1, task.rollout_task(), "http://gw:8000", "http://gw:8000/v1", "http://gw:8000", "t", "g"
-    )
+    creds = Credentials("r" * 32, 1, task.rollout_task(), "http://gw:8000", "http://gw:8000/v1", "t", "g")
     secret, job = manifests(spec, creds)
     assert job["spec"]["template"]["metadata"]["labels"]["agl.dev/recipe"] == "swe"
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
