@@ -1,9 +1,8 @@
 """The `agl` command line: one subcommand per component, found through entry points.
 
-`agl` imports none of the components (DESIGN.md section 1), so each component registers its
-own subcommand in pyproject.toml under `[project.entry-points."agl.commands"]` as a
-`main(argv) -> int` function; this module only lists and dispatches them. Logging is
-configured here, once, for every entry point.
+`agl` imports none of the components (DESIGN.md section 1): each registers a `main(argv) -> int`
+under `[project.entry-points."agl.commands"]` in pyproject.toml; this module only lists and
+dispatches them, and configures logging, once, for every entry point.
 """
 
 from __future__ import annotations

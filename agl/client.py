@@ -1,10 +1,8 @@
 """A small typed client for the gateway's admin API (`/api`), for the controller and the trainer.
 
-Owns the HTTP calls, turning replies into `agl.types` records and failures into `GatewayError`
-(with the HTTP status, 0 when the gateway could not be reached, and the body cut short). It
-does not retry, cache, or decide what a failure means: callers do. aiohttp, not httpx: with a
-controller's hundreds of concurrent requests httpx's connection pool dominated its CPU; the
-switch took bench/controller.py from 25 to 74 launches/s.
+Replies become `agl.types` records, failures `GatewayError` (the HTTP status, 0 when the gateway was not
+reached; the body cut short). It does not retry, cache, or judge a failure: callers do. aiohttp, not httpx:
+at a controller's hundreds of concurrent requests httpx's pool ate its CPU (bench/controller.py: 25 -> 74/s).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from agl.types import JSON, Call, FailureKind, Mode, Rollout, Status
+from agl.types import ARRAYS, JSON, Call, FailureKind, Mode, Rollout, Status
 
 
 class GatewayError(Exception):
@@ -32,7 +30,7 @@ class GatewayError(Exception):
 def call_from_json(data: JSON) -> Call:
     """A call as `GET /api/rollouts/{id}/calls` lists it (token arrays as JSON lists)."""
     fields = {k: v for k, v in data.items() if k in Call.__dataclass_fields__}
-    fields |= {k: array(t, data[k]) for k, t in (("prompt_ids", "i"), ("response_ids", "i"), ("logprobs", "f"))}
+    fields |= {name: array(typecode, data[name]) for name, typecode in ARRAYS.items()}
     return Call(**fields)
 
 
@@ -73,9 +71,8 @@ class GatewayClient:
         metadata: JSON | None = None,
         sampling: JSON | None = None,
     ) -> JSON:
-        """Create a rollout; the reply holds its id, tokens (only ever shown here) and base URLs.
-
-        `sampling` ({"temperature", "top_p", "top_k"}) overrides what the harness asks on every call."""
+        """A new rollout: its id, tokens (only ever shown here) and base URLs. `sampling` ({"temperature",
+        "top_p", "top_k"}) overrides what the harness asks on every call."""
         body = {"task": task, "group": group, "mode": str(mode), "grader": grader, "metadata": metadata or {}}
         body |= {"sampling": sampling} if sampling else {}
         return await self._request("POST", "/api/rollouts", json=body)

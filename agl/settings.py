@@ -1,9 +1,8 @@
 """Settings, one small group per component, read from the environment (prefix `AGL_`).
 
-Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...), each field
-documented with its unit and the reason for its default. Entry points build theirs with
-`from_flags`, which makes the command-line flags from the fields: a setting is declared once.
-There is deliberately no global config file that collects every flag of every component.
+Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...), each field described with
+its unit and the reason for its default. `from_flags` makes the command-line flags from the fields, so a setting
+is declared once. There is deliberately no global config file that collects every flag of every component.
 """
 
 from __future__ import annotations
@@ -39,10 +38,8 @@ def from_flags(
     aliases: dict[str, str] | None = None,
     extra: Callable[[argparse.ArgumentParser], object] | None = None,
 ) -> tuple[S, argparse.Namespace]:
-    """Settings of `cls` from the environment, overridden by one `--flag` per field (`admin_key`:
-    `--admin-key`, or the flag `aliases` gives it), helped by the field's description; a list field
-    takes comma-separated values. `extra` adds flags that are not settings. Bad values exit with
-    the field named, as argparse does."""
+    """Settings of `cls` from the environment, overridden by a `--flag` per field (`admin_key`: `--admin-key`, or
+    as `aliases` says), its description the help; lists take commas; `extra` adds flags. Bad values exit naming it."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     prefix = cls.model_config.get("env_prefix", "")
     for name, field in cls.model_fields.items():
@@ -68,32 +65,20 @@ class StoreSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AGL_STORE_", extra="forbid")
 
     url: str = Field(
-        "sqlite:///agl.db",
-        description="SQLAlchemy URL. SQLite (WAL) is the embedded default; use "
-        "postgresql+psycopg://... for real deployments.",
+        "sqlite:///agl.db", description="SQLAlchemy URL: embedded SQLite (WAL), or postgresql+psycopg://... to deploy."
     )
     max_batch: int = Field(
-        256,
-        ge=1,
-        description="Writes committed together by the writer thread (count). Group commit "
-        "amortizes one fsync over many writes; 256 keeps a batch well under a second.",
+        256, ge=1, description="Most writes in one group commit (count), sharing an fsync; 256 stays under a second."
     )
     group_wait_ms: float = Field(
-        1.0,
-        ge=0,
-        description="Longest the writer waits for the rest of a group (milliseconds), and only while "
-        "fewer writes are queued than the last group held; a lone writer never waits.",
+        1.0, ge=0, description="Longest wait to fill a group (ms), only while fewer are queued than the last group had."
     )
     max_tokens_per_array: int = Field(
-        4_194_304,
-        ge=1,
-        description="Largest token or logprob array accepted (tokens). 4M is far beyond any "
-        "context window and stops a runaway harness from filling the disk in one call.",
+        4_194_304, ge=1, description="Largest token array accepted (tokens): past any context; stops a runaway harness."
     )
     sqlite_synchronous: str = Field(
         "NORMAL",
         pattern="^(OFF|NORMAL|FULL|EXTRA)$",
-        description="SQLite PRAGMA synchronous. With WAL, NORMAL keeps every acknowledged write "
-        "through a crash of any process (no fsync per commit: a few ms less per call); FULL also "
-        "through a power loss or OS crash.",
+        description="SQLite PRAGMA synchronous. With WAL, NORMAL keeps every acknowledged write through a crash of "
+        "any process (no fsync per commit: a few ms less per call); FULL also through a power loss or OS crash.",
     )

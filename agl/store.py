@@ -1,19 +1,11 @@
 """The durable store: rollouts, calls, events and model versions (DESIGN.md section 2).
 
-Owns the schema (SQLAlchemy Core tables, changed only through the Alembic migrations in
-`agl/migrations/`), the rollout state machine, and the binary layout of token arrays
-(little-endian int32 IDs, float32 logprobs).
-
-Writes are checked on the caller's thread, then committed in groups by one writer thread on
-one connection it keeps. Each returns a `concurrent.futures.Future` that resolves once its
-transaction committed (`.result()`, or `await asyncio.wrap_future(...)` from asyncio), so an
-acknowledged write is durable. A failing write (unknown rollout, illegal transition, bad array)
-changes nothing and leaves the rest of its group alone: each has its own savepoint (a run of
-call appends shares one, retried one by one if the database rejects it). Reads run on the
-caller's thread, on their own connections.
-
-It does not authenticate anyone (it only keeps token hashes), speak HTTP, or decide
-policy such as when to retry; those belong to the gateway and the controller.
+Owns the schema (SQLAlchemy Core; changed only by the Alembic migrations in `agl/migrations/`), the rollout
+state machine and the token arrays' layout (little-endian int32 IDs, float32 logprobs). One writer thread
+commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves once committed
+(an acknowledged write is durable), and a failing write changes nothing: its savepoint spares the rest of its
+group. Reads run on the caller's thread. It does not authenticate anyone (it keeps only token hashes), speak
+HTTP, or decide policy such as when to retry: the gateway and the controller do.
 """
 
 from __future__ import annotations
@@ -41,7 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from agl.settings import StoreSettings
-from agl.types import JSON, TRANSITIONS, Call, Event, FailureKind, Mode, ModelVersion, Rollout, Status
+from agl.types import ARRAYS, JSON, TRANSITIONS, Call, Event, FailureKind, Mode, ModelVersion, Rollout, Status
 
 log = logging.getLogger(__name__)
 
@@ -139,19 +131,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 _CURRENT_ATTEMPT = sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
 
 
-# --------------------------------------------------------------------------- token arrays
-
-
-# Each token array's `array.array` typecode; stored little-endian ("<i": int32, "<f": float32).
-_ARRAYS = {"prompt_ids": "i", "response_ids": "i", "logprobs": "f"}
-
-
-def decode(blob: bytes, typecode: str) -> array[Any]:
-    """A stored token array as an `array.array` in the host's byte order."""
-    try:
-        return array(typecode, np.frombuffer(blob, "<" + typecode).astype(typecode).tobytes())
-    except ValueError as e:
-        raise StoreError(f"corrupt token array: {e}") from e
+# --------------------------------------------------------------------------- tokens
 
 
 def hash_token(token: str) -> str:
@@ -159,8 +139,7 @@ def hash_token(token: str) -> str:
 
 
 def new_token(ttl_s: float | None) -> str:
-    """A random token; with `ttl_s`, prefixed by its expiry (Unix seconds), which the stored hash
-    covers, so the expiry cannot be changed without making the token unknown."""
+    """A random token; with `ttl_s`, prefixed by its expiry (Unix seconds), which its stored hash covers."""
     token = secrets.token_urlsafe(32)
     return f"{int(time.time() + ttl_s)}.{token}" if ttl_s else token
 
@@ -181,10 +160,12 @@ def _rollout(row: Any) -> Rollout:
 
 
 def _call(row: Any) -> Call:
-    """A call from its row: the columns are the record's fields, the token arrays decoded."""
     values = dict(row._mapping)
-    for name, typecode in _ARRAYS.items():
-        values[name] = decode(values[name], typecode)
+    try:
+        for name, typecode in ARRAYS.items():
+            values[name] = array(typecode, np.frombuffer(values[name], "<" + typecode).astype(typecode).tobytes())
+    except ValueError as e:
+        raise StoreError(f"corrupt token array: {e}") from e
     return Call(**values)
 
 
@@ -202,7 +183,6 @@ def _rollout_row(conn: Connection, rollout_id: str) -> Any:
 
 
 def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollout:
-    """Change some of a rollout's columns; returns the rollout as it now is."""
     conn.execute(rollouts.update().where(rollouts.c.id == row.id).values(**values))
     return _rollout({**row._mapping, **values})
 
@@ -264,7 +244,7 @@ def _op_transition(
 def _encode_call(call: Call, limit: int) -> dict[str, bytes]:
     """A call's token arrays, validated and encoded; `InvalidData` names what is wrong."""
     where, found = f"rollout {call.rollout_id}", {}
-    for name, typecode in _ARRAYS.items():
+    for name, typecode in ARRAYS.items():
         dtype = np.dtype("<" + typecode)
         try:  # array() is strict: no floats or strings as IDs, nothing out of int32's range
             found[name] = np.asarray(array(typecode, getattr(call, name)), dtype)
@@ -286,8 +266,7 @@ _CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
 
 
 def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
-    """Record a run of calls with one query per table (calls are most of what is written); returns
-    each call as recorded, or the error of one that cannot be (it writes nothing)."""
+    """Record a run of calls, one query per table (calls are most writes); each as recorded, or what kept it out."""
     columns = rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls
     wanted = rollouts.c.id.in_(list({call.rollout_id for call, _ in run}))
     rows = {row.id: row for row in conn.execute(sa.select(*columns).where(wanted))}
@@ -424,8 +403,8 @@ def _run(conn: Connection, group: list[_Write]) -> list[Any]:
 
 
 class Store:
-    """Thread-safe handle on one database. `Store(url)` migrates it and starts the writer; reads
-    return their result (from asyncio: `await asyncio.to_thread(store.get_rollout, id)`)."""
+    """Thread-safe handle on one database: `Store(url)` migrates it and starts the writer. Reads block (from
+    asyncio: `await asyncio.to_thread(store.get_rollout, id)`); writes return a Future."""
 
     def __init__(self, url: str | None = None, settings: StoreSettings | None = None) -> None:
         self.settings = settings or StoreSettings()
@@ -472,9 +451,8 @@ class Store:
         return future
 
     def _write_loop(self) -> None:
-        """Take what is queued and commit it together. While fewer writes are queued than recent
-        groups held, wait up to `group_wait_ms` for the rest: the last group's writers are about
-        to write again, and one commit for all of them beats several. A lone writer never waits."""
+        """Commit what is queued as one group. While fewer writes are queued than recent groups held, wait
+        up to `group_wait_ms` for the rest: their writers are about to write again, and one commit beats several."""
         expected, stop = 1, False
         while not stop:
             group: list[_Write] = []
@@ -504,8 +482,7 @@ class Store:
             self._conn.close()
 
     def _commit(self, group: list[_Write], *, retry: bool = True) -> None:
-        """Commit a group of writes in one transaction. If it cannot commit (a dropped
-        connection, say), its writes are committed one by one on a new connection."""
+        """One transaction for the group; if it cannot commit (a dropped connection, say), one per write."""
         try:
             if self._conn is None:  # the writer's own connection, kept between groups
                 self._conn = self._write_engine.connect()
@@ -566,9 +543,8 @@ class Store:
         reason: str = "",
         attempt: int | None = None,
     ) -> Future[Rollout]:
-        """Move a rollout along the state machine (`types.TRANSITIONS`); illegal moves raise. `to=queued`
-        is a retry after an infra failure: it starts attempt + 1. `attempt`, when given, must be the
-        current attempt, so that a stale controller cannot end a new attempt."""
+        """Move a rollout along `types.TRANSITIONS` (illegal moves raise); `to=queued` retries an infra failure
+        as attempt + 1. `attempt`, when given, must be the current one: a stale controller cannot end a new one."""
         try:
             target, kind = Status(to), FailureKind(failure_kind) if failure_kind is not None else None
         except ValueError as e:
@@ -576,8 +552,7 @@ class Store:
         return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
 
     def append_call(self, call: Call) -> Future[Call]:
-        """Record a model call under its rollout's current attempt; resolves to it with its attempt
-        and seq (its row id is read back by `calls_for`)."""
+        """Record a call under its rollout's current attempt; resolves to it with attempt and seq (not its id)."""
         return self._submit(_op_append_calls, (call, self.settings.max_tokens_per_array))
 
     def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Future[Event]:
@@ -605,8 +580,7 @@ class Store:
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
     ) -> Future[Created]:
-        """New agent (and grader) tokens for a rollout that has not ended; the old ones die. How a
-        launcher that did not create the rollout gets credentials for an attempt."""
+        """New tokens for a rollout that has not ended (the old ones die), for a launcher that did not create it."""
         return self._submit(_op_rotate_tokens, rollout_id, new_token(token_ttl_s), new_token(token_ttl_s), attempt)
 
     def register_model(self, model: ModelVersion) -> Future[ModelVersion]:

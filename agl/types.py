@@ -1,9 +1,8 @@
 """Domain records shared by every agl component: rollouts, calls, events, model versions.
 
-Standard library only, so that any module (and any harness-side helper) can import it cheaply.
-Neither wire schemas (pydantic, in the gateway) nor table rows (SQLAlchemy, in `agl.store`):
-those convert to and from these records explicitly. Token arrays are `array.array`, 'i' (int32)
-IDs and 'f' (float32) logprobs, as the store keeps them; numpy views them without a copy.
+Standard library only, so that anything (harness-side helpers too) imports it cheaply. Wire schemas (pydantic,
+in the gateway) and table rows (SQLAlchemy, `agl.store`) convert to and from these explicitly. Token arrays
+are `array.array`s typed as `ARRAYS` says (int32 IDs, float32 logprobs): numpy views them without a copy.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 JSON = dict[str, Any]
+ARRAYS = {"prompt_ids": "i", "response_ids": "i", "logprobs": "f"}  # a Call's token arrays: array typecodes
 
 
 class Status(enum.StrEnum):
@@ -84,11 +84,8 @@ class Rollout:
 
 @dataclass(frozen=True)
 class Call:
-    """One model call as the engine saw it: the contract between gateway and adapter.
-
-    `prompt_ids` is exactly what was fed, `response_ids` exactly what was sampled, and
-    `logprobs[i]` is the sampling distribution's log-probability of `response_ids[i]`, at the
-    `temperature` it was sampled at (0: greedy; None: not recorded, a call from before it was)."""
+    """One model call as the engine saw it (the gateway-adapter contract): `prompt_ids` is exactly what was fed,
+    `response_ids` exactly what was sampled, `logprobs` their log-probabilities as sampled, at `temperature`."""
 
     rollout_id: str
     prompt_ids: array[int]
@@ -100,7 +97,7 @@ class Call:
     model_version: int = 0
     finish_reason: str = "stop"
     latency_ms: float = 0.0
-    temperature: float | None = 1.0
+    temperature: float | None = 1.0  # 0: greedy; None: not recorded (a call from before it was)
     request: JSON = field(default_factory=dict)
     response: JSON = field(default_factory=dict)
     id: int | None = None
@@ -121,8 +118,6 @@ class Event:
 
 @dataclass(frozen=True)
 class ModelVersion:
-    """A version of the policy that the engines serve."""
-
     version: int
     path: str = ""
     endpoints: list[str] = field(default_factory=list)
