@@ -1,15 +1,10 @@
 """The backend: verl's Ray workers (FSDP actor and reference) train the model; engines serve it.
 
-Wired from verl 0.9.1's own parts (DESIGN.md section 9), not its trainer: a worker group of
-`ActorRolloutRefWorker` (our `AglWorker`), in verl's no-padding layout. One step: reference
-log-probs (`compute_ref_log_prob`, with the KL loss), old log-probs (`compute_log_prob`), one
-`update_actor` per mini-batch of whole rollouts with our loss (`trainer.loss.agl_ppo_loss`:
-verl's, with KL and entropy weighted per rollout), then one more `compute_log_prob` for the
-step's k3 KL. The device changes only where the rollouts are served (`trainer/engines.py`):
-`trainer.device: cuda` collocates verl's sglang replicas on the same GPUs; `cpu` runs the same
-workers on verl's `cpu` platform (`trainer/cpu_platform.py`, gloo), which gather the weights
-into a Hugging Face folder that the embedded engine loads: the demo and CI run the very code
-that runs on GPUs. GPUs need `pip install .[gpu]` (README); the CPU needs the `train` extra.
+Wired from verl 0.9.1's parts (DESIGN.md section 9), not its trainer: `AglWorker`s in verl's no-padding layout.
+A step: reference and old log-probs, one `update_actor` per mini-batch of whole rollouts with our loss
+(`trainer/loss.py`), then log-probs again for the step's k3 KL. The device changes only where rollouts are served
+(`trainer/engines.py`): `cuda` collocates verl's sglang replicas; `cpu` runs the same workers on verl's `cpu`
+platform (`trainer/cpu_platform.py`), saving weights for the embedded engine: the demo and CI run the GPU code.
 """
 
 from __future__ import annotations
@@ -43,10 +38,9 @@ log = logging.getLogger(__name__)
 
 
 class AglWorker(ActorRolloutRefWorker):
-    """verl's worker, and: defined here so that unpickling it in a Ray worker registers our loss;
-    our loss function; role `actor_ref` (actor and reference without a rollout engine, which
-    verl's roles do not offer); a gloo process group on the CPU (verl would ask for
-    `cpu:gloo,cpu:gloo`); `save_weights` for engines that load from disk."""
+    """verl's worker, and: defined here so that unpickling it in a Ray worker registers our loss; our loss
+    function; role `actor_ref` (actor and reference without a rollout engine, which verl's roles lack); a gloo
+    process group on the CPU (verl would ask for `cpu:gloo,cpu:gloo`); `save_weights` for disk-loading engines."""
 
     def __init__(self, config: DictConfig, role: str, **kwargs: Any) -> None:
         super().__init__(config, "actor" if role == "actor_ref" else role, **kwargs)

@@ -1,10 +1,9 @@
 """`agl train`'s configuration: verl's PPO trainer config (Hydra) plus an `agl` section.
 
-A run's YAML lists verl's `ppo_trainer` in its `defaults` (as verl's own recipes do) and adds an
-`agl:` block; command-line `key=value` overrides apply to both. verl's sections keep their
-meaning: `actor_rollout_ref` (model, optimizer, clip ratios), `trainer.total_training_steps`,
-`save_freq`, `test_freq`, `default_local_dir`, `logger`, `resume_mode`. This module composes
-and validates; it starts nothing and imports no backend.
+A run's YAML lists verl's `ppo_trainer` in its `defaults` (as verl's recipes do) and adds an `agl:` block;
+`key=value` overrides apply to both. verl's sections keep their meaning: `actor_rollout_ref` (model,
+optimizer, clip ratios), `trainer.total_training_steps`, `save_freq`, `test_freq`, `default_local_dir`,
+`logger`, `resume_mode`. This module composes and validates; it starts nothing and imports no backend.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """verl's `cpu` platform, so that the GPU backend's update path (verl's FSDP2 workers) runs on the CPU.
 
-verl 0.9.1 registers only accelerator platforms. This one maps verl's device calls onto the
-CPU: gloo for collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. It is
-loaded in every verl process through `VERL_USE_EXTERNAL_MODULES=trainer.cpu_platform` with
-`VERL_PLATFORM=cpu` (`trainer.backend.Backend` sets both when `trainer.device` is `cpu`); verl's engines
-are registered under device keys `cuda`/`npu` only, hence `VERL_ENGINE_DEVICE=cuda`. It makes
-the CPU a test bed for the GPU code path (DESIGN.md section 9), not a fast trainer.
+verl 0.9.1 registers only accelerator platforms. This one maps verl's device calls onto the CPU: gloo for
+collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. `ENV` loads it in every verl process
+(`trainer.backend.Backend` sets it for `trainer.device: cpu`; verl keys its engines by `cuda`/`npu` only, hence
+`VERL_ENGINE_DEVICE=cuda`). The CPU becomes a test bed for the GPU code path (DESIGN.md section 9), not a fast trainer.
 """
 
 from __future__ import annotations

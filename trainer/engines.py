@@ -1,9 +1,8 @@
 """The rollout engines a backend drives around each update: sleep, push the new weights, wake.
 
-`DiskEngine` is an engine that loads weights from disk over sglang's HTTP API (the embedded
-engine of `agl engine`, or an sglang server of its own): the CPU backends use it. `Collocated`
-is verl's hybrid-engine sglang replicas on the trainer's GPUs, whose weights move in GPU
-memory. Neither trains anything or knows the trainer's loop.
+`DiskEngine` loads weights from disk over sglang's HTTP API (`agl engine`'s embedded engine, or an sglang
+server of its own): the CPU backends use it. `Collocated` is verl's hybrid-engine sglang replicas on the
+trainer's GPUs, whose weights move in GPU memory. Neither trains anything or knows the trainer's loop.
 """
 
 from __future__ import annotations
@@ -36,10 +35,8 @@ def set_weight_version(client: httpx.Client, url: str, version: int) -> None:
 
 
 class DiskEngine:
-    """One engine at `url` that loads pushed weights from a Hugging Face folder.
-
-    A push without a checkpoint has `save` write the weights to `weights_dir/v{version}/model`;
-    the folder of the previous version is kept (the engine may still be loading it)."""
+    """One engine at `url` that loads pushed weights from a Hugging Face folder. A push without a checkpoint
+    has `save` write them to `weights_dir/v{version}/model`, keeping the previous version's (maybe loading)."""
 
     def __init__(self, url: str, weights_dir: Path, save: Callable[[Path], None]) -> None:
         self.url, self.weights, self.save = url.rstrip("/"), weights_dir, save
@@ -70,12 +67,10 @@ class DiskEngine:
 
 
 class Collocated:
-    """verl's sglang replicas in hybrid mode, on the GPUs of the worker group `wg` (DESIGN.md section 9).
-
-    They start with dummy weights, so the first wake loads the actor's. Sleep frees their weights
-    and KV cache; `CheckpointEngineManager.update_weights` resumes, pushes in GPU memory, flushes
-    the cache and resumes the KV cache, which is the wake-up. sglang keeps reporting its start-up
-    weight version after in-memory updates, so each wake sets it, to the version the gateway serves."""
+    """verl's sglang replicas in hybrid mode on the GPUs of worker group `wg` (DESIGN.md section 9). They start
+    with dummy weights, so the first wake loads the actor's. Sleep frees weights and KV cache; wake is verl's
+    `CheckpointEngineManager.update_weights` (resume, push in GPU memory, flush the cache, resume the KV cache),
+    then setting the served weight version, which sglang leaves at its start-up one on in-memory pushes."""
 
     def __init__(self, cfg: DictConfig, wg: Any, pool: Any) -> None:
         from verl.checkpoint_engine.base import CheckpointEngineManager

@@ -1,13 +1,10 @@
 """`agl train CONFIG [key=value ...]`: rollouts through unchanged harnesses become policy updates.
 
-Owns the training loop of DESIGN.md section 7, its checkpoints and its progress output. The
-trainer only talks to the gateway's admin API: it creates rollouts (each carrying the spec the
-controller runs), reads their status and calls, pauses and resumes the gateway and registers
-model versions. The backend (`trainer/backend.py`: verl's workers) owns the model and its
-engines: sleep, update, push, wake. It launches no harness itself (the controller does) and never opens the store.
-
-Groups are named `{experiment_name}/{index}`, so a restarted run finds the groups it launched
-after its last checkpoint instead of launching them again.
+Owns the training loop of DESIGN.md section 7, its checkpoints and its progress output. It speaks only the
+gateway's admin API (create rollouts carrying the spec the controller runs, read their status and calls, pause,
+resume, register model versions); the backend (`trainer/backend.py`) owns the model and its engines. It launches
+no harness (the controller does) and never opens the store. Groups are named `{experiment_name}/{index}`, so a
+restarted run finds the groups it launched after its last checkpoint instead of launching them again.
 """
 
 from __future__ import annotations
@@ -169,11 +166,9 @@ class Trainer:
         return listed if done else None
 
     async def train_step(self, groups: list[Group]) -> None:
-        """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume.
-
-        A batch without samples (in every group the rewards were equal, or the rollouts stale or
-        failed) makes a step without an update: nothing is paused or pushed and the version stays,
-        unless a checkpoint is due."""
+        """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume. A batch
+        without samples (every group's rewards equal, or its rollouts stale or failed) makes a step without an
+        update: nothing is paused or pushed and the version stays, unless a checkpoint is due."""
         rollouts, calls, flags = await self.fetch(groups)  # they have ended: built while the harnesses still run
         base = self.version  # the policy the batch is trained against
         batch = build_batch(rollouts, calls, self.agl.adapter(self.backend.dp_size), version=base)
@@ -204,9 +199,8 @@ class Trainer:
             await self.launch_validation()
 
     def check_temperature(self, batch: Batch, calls: dict[str, list[Call]]) -> None:
-        """Log-probs are only comparable at the temperature they were sampled at: calls sampled at
-        another one than `agl.temperature` were left out of training; when that is every call, the
-        config is wrong."""
+        """Calls sampled at another temperature than `agl.temperature` were not trained (their log-probs are
+        of another distribution); when that is every call, the config is wrong."""
         m = batch.metrics
         if not m["calls_temperature_mismatch"]:
             return

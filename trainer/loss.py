@@ -1,12 +1,10 @@
 """Our policy loss in verl's registry, and the adapter's batch laid out the way verl's actor reads it.
 
-The `agl` loss is clipped PPO with the dual clip, each token's loss multiplied by its weight
-(the adapter's rollout-level loss weight times the truncated importance weight, carried in
-verl's `rollout_is_weights` field) and summed: the objective of DESIGN.md section 6.3, exact
-however samples are split over micro-batches and data-parallel ranks. The weights carry the
-normalization, so verl's `loss_agg_mode` is not consulted. Importing this module registers the
-loss; verl's worker processes must import it too. `agl_ppo_loss` adds verl's KL-to-reference and
-entropy terms with the same weights. Nothing here runs a model.
+The `agl` loss is dual-clip PPO, each token's loss times its weight (the adapter's rollout-level loss weight
+times the truncated importance weight, in verl's `rollout_is_weights`), summed: DESIGN.md section 6.3's
+objective, exact however samples split over micro-batches and data-parallel ranks (the weights normalize; verl's
+`loss_agg_mode` is unused). `agl_ppo_loss` adds verl's KL and entropy terms with the same weights. Importing this
+module registers the loss (verl's workers must import it too); nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -57,11 +55,9 @@ def agl_policy_loss(
 def agl_ppo_loss(
     config: Any, model_output: Any, data: Any, dp_group: Any = None
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's `ppo_loss` (its actor's loss function) with our policy loss, and verl's KL loss to the
-    reference (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`)
-    each summed with the adapter's per-token `loss_weights` (0 off the trained tokens), so that they
-    are normalized per rollout exactly as the policy loss is, where verl sums them unweighted.
-    Set on verl's workers by `trainer/backend.py`."""
+    """verl's `ppo_loss` (its actor's loss function) with our policy loss, and its KL-to-reference loss
+    (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`) summed with the per-token
+    `loss_weights` (0 off the trained tokens), per rollout as the policy loss is, where verl sums them unweighted."""
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.padding import no_padding_2_padding
 
@@ -95,13 +91,10 @@ def agl_ppo_loss(
 
 
 def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 0) -> DataProto:
-    """Samples as verl rows: prompt = the tokens before the first trained one (left-padded),
-    response = the rest (right-padded), `response_mask` = which response tokens are trained.
-
-    Per-token fields over the response: `rollout_log_probs` (behaviour), `advantages`,
-    `loss_weights`; per sample: `minibatch`, `rank`. `old_log_probs` and `rollout_is_weights`
-    are added by the backend once the current policy's log-probs are known (`set_old_log_probs`).
-    """
+    """Samples as verl rows: prompt = the tokens before the first trained one (left-padded), response = the
+    rest (right-padded), `response_mask` = its trained tokens. Per response token: `rollout_log_probs`
+    (behaviour), `advantages`, `loss_weights`; per sample: `minibatch`, `rank`. `set_old_log_probs` adds
+    `old_log_probs` and `rollout_is_weights` once the current policy's log-probs are known."""
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
     first = np.array(
@@ -114,7 +107,6 @@ def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 
     at = at.clip(0, len(batch.input_ids) - 1)
 
     def cells(values: np.ndarray, fill: int = 0, cols: slice = slice(P, None)) -> torch.Tensor:
-        """Per-token `values` in the rows' layout; the response block unless `cols` says otherwise."""
         return torch.from_numpy(np.where(real[:, cols], values[at[:, cols]], fill))
 
     input_ids = cells(batch.input_ids, pad_token_id, slice(None)).long()
