@@ -1,7 +1,6 @@
 """The sample adapter: recorded calls -> training samples with rollout-level advantage and loss weights.
 
-`build_batch` is the entry point the trainer calls; see DESIGN.md section 6. Imports only agl,
-numpy and pydantic (torch tensors are accepted by `truncated_is_weights` without importing torch).
+`build_batch` is the trainer's entry point (DESIGN.md section 6). Imports only agl, numpy and pydantic.
 """
 
 from adapters.advantage import ESTIMATORS, Estimator

@@ -1,10 +1,8 @@
 """One advantage per rollout, from rollout rewards grouped by task (DESIGN.md section 6.2).
 
-Owns the estimators (GRPO, RLOO, REINFORCE++-baseline) behind a small protocol and a registry,
-and the handling of degenerate groups. Every estimator sees each rollout once, however many
-samples it later splits into; with one sample per rollout they equal verl's
-`compute_*_outcome_advantage` functions. It does not decide which rollouts are valid (infra
-failures, staleness and missing rewards are settled by `adapters.batch` before), and never sees tokens.
+Owns the estimators (GRPO, RLOO, REINFORCE++-baseline; a small protocol and a registry) and degenerate groups.
+Each rollout counts once, however many samples it splits into: with one sample each, they equal verl's
+`compute_*_outcome_advantage`. `adapters.batch` settles which rollouts are valid before; tokens are never seen.
 """
 
 from __future__ import annotations
@@ -47,9 +45,8 @@ def rloo(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> n
 
 
 def reinforce_pp(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
-    """REINFORCE++-baseline: subtract the group mean, then whiten over the batch's rollouts. verl
-    whitens over tokens, so long responses weigh more in its statistics; here each rollout counts
-    once (the same numbers when every rollout has one trained token)."""
+    """REINFORCE++-baseline: subtract the group mean, then whiten over the batch's rollouts, each counted once
+    (verl whitens over tokens, so long responses weigh more; the same when each rollout has one trained token)."""
     _, mean, _ = _group_stats(rewards, group)
     adv = rewards - mean
     if len(adv) < 2:

@@ -1,11 +1,9 @@
 """Rollouts and their calls -> one training batch (DESIGN.md sections 6.3-6.5).
 
-Owns the pipeline around the merge and the estimators: input checks, infra exclusion,
-staleness, missing rewards, rollout-level loss weights (verl's sample-level modes kept for
-comparison), whole-rollout mini-batches, token-balanced packing over data-parallel ranks with
-zero-weight padding, truncated importance weights, and the metrics. The batch is plain numpy,
-flat per token (samples back to back, `offsets` marks them): padding to the longest sample and
-verl's `DataProto` are the trainer's job. Nothing here imports verl or talks to the store.
+Owns the pipeline around the merge and the estimators: input checks, infra exclusion, staleness, missing rewards,
+rollout-level loss weights (verl's sample-level modes kept for comparison), whole-rollout mini-batches, packing
+over data-parallel ranks with zero-weight padding, truncated importance weights, metrics. The batch is flat numpy
+per token (`offsets` marks samples); padding rows and verl's `DataProto` are the trainer's. No verl, no store here.
 """
 
 from __future__ import annotations
@@ -35,10 +33,8 @@ COUNTS = [
 
 @dataclass(frozen=True)
 class Batch:
-    """Samples ordered by (mini-batch, rank); sample i is tokens `offsets[i]:offsets[i + 1]`.
-
-    One optimizer step per mini-batch; its loss is `sum(loss_weights * token_loss)` over all its
-    micro-batches and ranks (verl's `token-sum`), the same however the samples are split."""
+    """Samples ordered by (mini-batch, rank); sample i is tokens `offsets[i]:offsets[i + 1]`. One optimizer step per
+    mini-batch, whose loss `sum(loss_weights * token_loss)` (verl's `token-sum`) is the same however samples split."""
 
     input_ids: np.ndarray  # int32, per token
     loss_mask: np.ndarray  # bool, per token: sampled by the policy and trained
@@ -70,9 +66,8 @@ def truncated_is_weights(behaviour: Any, recomputed: Any, mask: Any, cap: float)
 
 
 def balanced_partitions(lengths: Sequence[int], k: int) -> list[list[int]]:
-    """Indices split into `k` parts of equal count with balanced length sums (sorted within a part):
-    Karmarkar-Karp largest differencing, as verl's `get_seqlen_balanced_partitions(lengths, k,
-    equal_size=True)`. `len(lengths)` must be a multiple of `k`."""
+    """Indices in `k` parts of equal count with balanced length sums (each sorted): Karmarkar-Karp largest
+    differencing, as verl's `get_seqlen_balanced_partitions(lengths, k, equal_size=True)`; `k` divides the count."""
     if len(lengths) % k:
         raise ValueError(f"{len(lengths)} items do not split into {k} equal parts")
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
@@ -98,9 +93,7 @@ def build_batch(
     *,
     version: int | None = None,
 ) -> Batch:
-    """The training batch of finished rollouts; `calls` as `Store.calls_for` returns them.
-
-    `version` is the model version being trained (needed for `max_staleness`)."""
+    """The training batch of finished rollouts (`calls` as `Store.calls_for` returns them), trained at `version`."""
     s = settings or AdapterSettings()
     ids = {r.id for r in rollouts}
     if len(ids) != len(rollouts):
@@ -144,10 +137,8 @@ def build_batch(
 def _advantages(
     merged: list[tuple[Rollout, float, list[Draft]]], s: AdapterSettings, stats: Counter[str]
 ) -> list[list[float] | None]:
-    """Per rollout, the advantage of each of its samples, or None when it is not trained. The group
-    members are the rollouts (`advantage_level: rollout`: one advantage each, however many samples
-    it split into) or their samples with trained tokens (`sample`: a rollout split into k samples is
-    k members of its group, as a transition-level GRPO sees it)."""
+    """Per rollout, its samples' advantages, or None when it is not trained. Group members are the rollouts
+    (`advantage_level: rollout`) or their trained samples (`sample`: k samples, k members, as transition-level GRPO)."""
     if s.advantage_level == "rollout":
         owners = list(range(len(merged)))
     else:

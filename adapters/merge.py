@@ -1,13 +1,10 @@
 """Recorded calls -> token-faithful samples of one rollout (DESIGN.md section 6.1).
 
-Owns the merge rule: in trajectory mode a call joins an open sample of the same agent when that
-sample's full token sequence is a prefix of the call's prompt IDs (the tokens in between are
-fed, mask 0; the response is sampled, mask 1, with its recorded logprobs); otherwise it opens a
-new sample, and the reason is classified. Transition mode makes one sample per call. Calls of
-agents that are not trained, or sampled at another temperature than the trained one, are left
-out (their tokens reach later calls' samples as fed context). A sample is a list of segments
-(numpy views of the calls' arrays, no copies), concatenated once by `adapters.batch`. This
-module computes no advantages or weights and never re-tokenizes or edits a token.
+Owns the merge rule: in trajectory mode a call extends its agent's open sample whose full token sequence prefixes
+its prompt IDs (the tokens between are fed, mask 0; the response is sampled, mask 1, with its logprobs), else it
+opens a new one, the reason classified; transition mode makes one sample per call. Calls of untrained agents or at
+another temperature are left out (their tokens reach later samples as fed context). Samples are segment lists
+(numpy views, no copies) for `adapters.batch` to concatenate; no advantages or weights here, no token re-tokenized.
 """
 
 from __future__ import annotations
@@ -41,8 +38,7 @@ class Segment:
 
 @dataclass(eq=False, slots=True)
 class Draft:
-    """A sample being built, as segments; `adapters.batch` concatenates it. Its full token
-    sequence is always `last_prompt + last_response`."""
+    """A sample being built, as segments; its full token sequence is always `last_prompt + last_response`."""
 
     agent: str
     segments: list[Segment] = field(default_factory=list)

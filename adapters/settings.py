@@ -1,8 +1,7 @@
 """The sample adapter's settings and its one error type.
 
-Owns the knobs of the calls -> batch conversion (DESIGN.md section 6), each with its unit and
-the reason for its default. It does not read the environment or the command line: the trainer
-builds these from its own settings group and passes them in.
+Owns the knobs of the calls -> batch conversion (DESIGN.md section 6), each with its unit and the reason for
+its default. It reads no environment or command line: the trainer builds these from its own settings.
 """
 
 from __future__ import annotations
