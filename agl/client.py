@@ -22,10 +22,6 @@ class GatewayError(Exception):
         super().__init__(f"gateway {status}: {message}" if status else f"gateway unreachable: {message}")
         self.status, self.message = status, message
 
-    @property
-    def retryable(self) -> bool:
-        return self.status == 0 or self.status >= 500 or self.status == 429
-
 
 def call_from_json(data: JSON) -> Call:
     """A call as `GET /api/rollouts/{id}/calls` lists it (token arrays as JSON lists)."""

@@ -64,18 +64,10 @@ class StoreSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGL_STORE_", extra="forbid")
 
-    url: str = Field(
-        "sqlite:///agl.db", description="SQLAlchemy URL: embedded SQLite (WAL), or postgresql+psycopg://... to deploy."
-    )
-    max_batch: int = Field(
-        256, ge=1, description="Most writes in one group commit (count), sharing an fsync; 256 stays under a second."
-    )
-    group_wait_ms: float = Field(
-        1.0, ge=0, description="Longest wait to fill a group (ms), only while fewer are queued than the last group had."
-    )
-    max_tokens_per_array: int = Field(
-        4_194_304, ge=1, description="Largest token array accepted (tokens): past any context; stops a runaway harness."
-    )
+    url: str = Field("sqlite:///agl.db", description="SQLAlchemy URL: SQLite (WAL), or postgresql+psycopg://...")
+    max_batch: int = Field(256, ge=1, description="Most writes in one group commit, sharing an fsync (count).")
+    group_wait_ms: float = Field(1.0, ge=0, description="Longest wait to fill a group, as large as the last (ms).")
+    max_tokens_per_array: int = Field(4_194_304, ge=1, description="Largest token array accepted (tokens).")
     sqlite_synchronous: str = Field(
         "NORMAL",
         pattern="^(OFF|NORMAL|FULL|EXTRA)$",

@@ -8,10 +8,15 @@ calculator call plus one) with three arms, each from scratch through `examples/d
 - `sample`: every sample its own group member (naive transition-level GRPO) and verl's token-mean;
 - `mixed`: rollout-level advantage and token-mean.
 Runs are interleaved (seed 0 of every arm, then seed 1, ...), so a slow phase of the machine
-falls on all arms alike. Writes `ablation.png` (greedy validation reward and policy entropy per
-step, mean over seeds with the min-max band, per arm) and `results.json`, and prints a table:
-final validation reward (mean and spread over seeds), entropy at the end relative to the start,
-samples per rollout, and the rollout-vs-sample difference against the seed-to-seed spread.
+falls on all arms alike. To fit 9 runs in an hour on two cores, each run is small by default
+(3 updates of 2 groups x 4 rollouts, greedy validation on the first 20 held-out tasks after the
+last one); `--steps`, `--batch-groups` and `--val-tasks` make it bigger. Validation before
+training is greedy from the same weights, the same in every run, so only the first run measures
+it and every curve starts from it. Writes `ablation.png` (validation reward and policy entropy
+per step, mean over seeds with the min-max band, per arm) and `results.json`, and prints a
+table: final validation reward (mean and spread over seeds), entropy at the last update relative
+to the first, samples per rollout, and the rollout-vs-sample difference against the seed-to-seed
+spread.
 Last line: `ablation_val_rollout=A ablation_val_sample=B ablation_val_mixed=C
 ablation_entropy_ratio_rollout=D ablation_entropy_ratio_sample=E seeds=S samples_per_rollout=F`.
 """
@@ -34,13 +39,15 @@ ARMS = {
 }
 
 
-def run(arm: str, seed: int, out: Path, steps: int, test_freq: int) -> list[dict[str, float]]:
+def run(arm: str, seed: int, out: Path, args: argparse.Namespace, val_first: bool) -> list[dict[str, float]]:
     """One training run from scratch; its metrics history."""
     demo = [
         *[sys.executable, str(ROOT / "examples" / "demo.py"), "--seed", str(seed), "--out", str(out)],
         *["--harness", str(ROOT / "examples" / "splitting" / "harness.py")],
         *ARMS[arm],
-        *[f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.save_freq=-1"],
+        *[f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}", "trainer.save_freq=-1"],
+        *[f"agl.batch_groups={args.batch_groups}", f"agl.active_groups={args.batch_groups + 1}"],
+        *[f"agl.val_tasks={args.out / 'val.jsonl'}", f"trainer.val_before_train={str(val_first).lower()}"],
         f"trainer.experiment_name=ablation-{arm}-{seed}",
     ]
     with (out.parent / f"{arm}-seed{seed}.log").open("wb") as log:
@@ -65,9 +72,8 @@ def curves(history: list[dict[str, float]]) -> dict[str, list[tuple[float, float
 
 
 def entropy_ratio(series: list[tuple[float, float]]) -> float:
-    """Mean policy entropy of the last two updates over that of the first two."""
-    values = [v for _, v in series]
-    return statistics.mean(values[-2:]) / statistics.mean(values[:2]) if len(values) >= 2 else float("nan")
+    """Policy entropy at the last update over that at the first."""
+    return series[-1][1] / series[0][1] if len(series) >= 2 else float("nan")
 
 
 def plot(results: dict[str, list[dict]], path: Path) -> None:
@@ -101,18 +107,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--steps", type=int, default=8, help="training steps per run")
-    parser.add_argument("--test-freq", type=int, default=4, help="validation every this many steps")
+    parser.add_argument("--steps", type=int, default=3, help="training steps (updates) per run")
+    parser.add_argument("--batch-groups", type=int, default=2, help="groups of 4 rollouts per step")
+    parser.add_argument("--val-tasks", type=int, default=20, help="held-out tasks validated on (of 40)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
     args = parser.parse_args()
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    val = (ROOT / "examples" / "calculator" / "val.jsonl").read_text().splitlines()[: args.val_tasks]
+    (args.out / "val.jsonl").write_text("\n".join(val) + "\n")
     started = time.monotonic()
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
+    before: tuple[float, float] | None = None  # (0, validation before training), from the first run
     for seed in args.seeds:
         for arm in args.arms:
             t0 = time.monotonic()
-            history = run(arm, seed, args.out / f"{arm}-seed{seed}", args.steps, args.test_freq)
-            c = curves(history)
+            c = curves(run(arm, seed, args.out / f"{arm}-seed{seed}", args, val_first=before is None))
+            before = before or c["val"][0]
+            c["val"] = [before, *[v for v in c["val"] if v[0] > 0]]
             results[arm].append({"seed": seed, "curves": c, "wall_s": time.monotonic() - t0})
             val = ", ".join(f"{v:.3f}" for _, v in c["val"])
             print(f"{arm} seed {seed}: validation {val}; {time.monotonic() - t0:.0f} s", flush=True)

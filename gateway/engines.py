@@ -68,8 +68,6 @@ class Generation:
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
-    weight_version: str
-    prompt_tokens: int
     replica: str
 
 
@@ -141,17 +139,11 @@ class EngineClient:
             output_ids = [int(t) for t in reply["output_ids"]]
             pairs = meta["output_token_logprobs"]
             logprobs = [float(p[0]) for p in pairs]
-            finish = meta.get("finish_reason") or {"type": "abort"}
+            finish = meta.get("finish_reason") or "abort"
+            finish = str(finish["type"] if isinstance(finish, dict) else finish)
             if [int(p[1]) for p in pairs] != output_ids:
                 raise ValueError("output_token_logprobs do not match output_ids")
-            return Generation(
-                output_ids,
-                logprobs,
-                str(finish["type"] if isinstance(finish, dict) else finish),
-                str(meta.get("weight_version", "")),
-                int(meta.get("prompt_tokens", len(input_ids))),
-                replica.url,
-            )
+            return Generation(output_ids, logprobs, finish, replica.url)
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise EngineError(f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}") from e
 

@@ -158,13 +158,8 @@ class Proxy:
                 f"This model's maximum context length is {self.context_length} tokens. However, you requested "
                 f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the completion)."
             )
-        sampling: JSON = {
-            "max_new_tokens": max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "stop_token_ids": sorted(self.renderer.end_ids),
-        }
+        sampling: JSON = {"max_new_tokens": max_tokens, "temperature": params.temperature, "top_p": params.top_p}
+        sampling |= {"top_k": params.top_k, "stop_token_ids": sorted(self.renderer.end_ids)}
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed + index
         sampling |= ask.rollout.metadata.get("sampling") or {}  # set by whoever made the rollout (greedy validation)

@@ -206,10 +206,8 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
         metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
         if req.sampling and (sampling := req.sampling.model_dump(exclude_none=True)):
             metadata["sampling"] = sampling
-        ttl_s = settings.token_ttl_s
-        made = store.create_rollout(
-            req.task, req.group, req.mode, grader=bool(req.grader), metadata=metadata, token_ttl_s=ttl_s
-        )
+        grader, ttl_s = bool(req.grader), settings.token_ttl_s
+        made = store.create_rollout(req.task, req.group, req.mode, grader=grader, metadata=metadata, token_ttl_s=ttl_s)
         return credentials(await wrap_future(made))
 
     @router.post("/api/rollouts/{rollout_id}/tokens")

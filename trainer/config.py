@@ -35,9 +35,7 @@ class AglConfig(BaseModel):
     admin_key: str = Field(min_length=1, description="The gateway's admin key.")
     engine: str = Field("", description="trainer.device cpu: the embedded engine's URL (sleep, wake, weight push).")
     mode: Literal["async", "sync"] = Field("async", description="async: collocated; sync: the baseline.")
-    spec: dict[str, Any] | None = Field(
-        None, description="The controller spec rollouts run (metadata.spec), unless a task entry carries its own."
-    )
+    spec: dict[str, Any] | None = Field(None, description="Controller spec for rollouts; a task may carry its own.")
     tasks: str = Field(description="JSONL file of training tasks (one JSON object per line).")
     val_tasks: str = Field("", description="JSONL of validation tasks, run every trainer.test_freq steps.")
     n: int = Field(4, ge=1, description="Rollouts per task: one group.")
@@ -45,22 +43,14 @@ class AglConfig(BaseModel):
     active_groups: int = Field(8, ge=1, description="Async: groups kept running (>= batch_groups).")
     max_staleness: int | None = Field(1, ge=0, description="Drop rollouts more versions behind than this.")
     estimator: str = Field("grpo", description="grpo | rloo | reinforce_pp (adapters/advantage.py).")
-    advantage_level: Literal["rollout", "sample"] = Field(
-        "rollout", description="Group members: rollouts (one advantage each), or samples (each split counts)."
-    )
+    advantage_level: Literal["rollout", "sample"] = Field("rollout", description="Group members: rollouts or samples.")
     loss_mode: Literal["rollout", "token-mean", "seq-mean-token-mean"] = "rollout"
     is_cap: float = Field(2.0, gt=0, description="Truncated importance weight cap.")
     max_length: int = Field(32_768, ge=1, description="Longest merged sample (tokens).")
     threads: int = Field(0, ge=0, description="trainer.device cpu: torch threads of each worker (0: every core).")
-    temperature: float = Field(
-        1.0, gt=0, description="The harnesses' sampling temperature (log-probs use it); calls at others: not trained."
-    )
-    guard_drop: float | None = Field(
-        None, gt=0, description="Act when validation reward falls this far below its best (None: never)."
-    )
-    guard_action: Literal["stop", "restore"] = Field(
-        "stop", description="stop training, or restore the best-validated weights and go on."
-    )
+    temperature: float = Field(1.0, gt=0, description="The harnesses' sampling temperature; other calls: untrained.")
+    guard_drop: float | None = Field(None, gt=0, description="Act when validation falls this far below its best.")
+    guard_action: Literal["stop", "restore"] = Field("stop", description="stop, or restore the best-validated weights.")
     poll_s: float = Field(0.5, gt=0, description="How often rollout progress is read (seconds).")
     seed: int = 0
 

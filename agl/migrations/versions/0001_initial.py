@@ -1,8 +1,4 @@
-"""The first schema: rollouts, calls, events, models (DESIGN.md section 2).
-
-Revision ID: 0001
-Revises:
-"""
+"""The first schema: rollouts, calls, events, models (DESIGN.md section 2)."""
 
 import sqlalchemy as sa
 from alembic import op
@@ -69,8 +65,3 @@ def upgrade() -> None:
         sa.Column("metadata", sa.JSON, nullable=False),
         sa.Column("created_at", sa.Float, nullable=False),
     )
-
-
-def downgrade() -> None:
-    for table in ("models", "events", "calls", "rollouts"):
-        op.drop_table(table)
