@@ -3,13 +3,15 @@
 Written with the plain `openai` SDK and sharing the calculator agent's protocol, tasks and reward
 (`examples/calculator/harness.py`: `calc(<expression>)`, then "Answer: <number>"). What differs
 is its history: after every calculator result it rewrites its context into a fresh prompt, the
-question plus a summary of the results so far ("Results so far: calc(12 * 34) = 408"), and drops
-its own earlier replies, as an agent that summarizes or prunes old tool output does. Each rewrite
-starts a new token chain, so a rollout becomes one training sample per calculator call plus one:
-an attempt that works the answer out in several calculator steps splits into more samples than
-one that calls it once on the whole expression. How many samples a rollout makes is the
-harness's doing, not a measure of its quality; `bench/ablation.py` trains on it with rollout-
-and sample-level handling side by side.
+question plus a summary of the results so far ("Results so far: 12 * 34 = 408"), and drops its
+own earlier replies, as an agent that summarizes or prunes old tool output does. The summary
+does not repeat the `calc(...)` syntax: a model that echoes it calls the calculator again (with
+"Results so far: calc(12 * 34) = 408", two updates made the greedy agent echo it on every turn
+and never answer: validation 0.80 -> 0.00). Each rewrite starts a new token chain, so a rollout
+becomes one training sample per calculator call plus one: an attempt that works the answer out in
+several calculator steps splits into more samples than one that calls it once on the whole
+expression. How many samples a rollout makes is the harness's doing, not a measure of its
+quality; `bench/ablation.py` trains on it with rollout- and sample-level handling side by side.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from harness import CALL, SYSTEM, calculate, final_number, report  # the calcula
 EXAMPLE = [
     {"role": "user", "content": "What is 12 * 34?"},
     {"role": "assistant", "content": "calc(12 * 34)"},
-    {"role": "user", "content": "What is 12 * 34?\nResults so far: calc(12 * 34) = 408"},
+    {"role": "user", "content": "What is 12 * 34?\nResults so far: 12 * 34 = 408"},
     {"role": "assistant", "content": "Answer: 408"},
 ]
 
@@ -48,7 +50,7 @@ def main() -> int:
             )
             text = reply.choices[0].message.content or ""
             if call := CALL.search(text):
-                results.append(f"calc({call.group(1)}) = {calculate(call.group(1))}")
+                results.append(f"{call.group(1).strip()} = {calculate(call.group(1))}")
                 turns = []  # the context is rewritten: the next call starts a new chain
             elif "Answer:" in text or reminded:
                 answer = final_number(text)
