@@ -54,7 +54,7 @@ class Controller:
 
     async def run(self, stop: asyncio.Event) -> None:
         """The loop: adopt once, then record ended runs and launch queued rollouts until `stop`."""
-        adopted = False
+        adopted, self.started = False, set(await self.launcher.adopt())  # once: a retry would start a 2nd kube watch
         while not stop.is_set():
             try:
                 if not adopted:  # the gateway may be down when the controller starts: retried
@@ -68,8 +68,7 @@ class Controller:
                 await asyncio.wait_for(stop.wait(), self.settings.poll_s)
 
     async def adopt(self) -> None:
-        """Watch again what was launched before a restart; runs that vanished are infra failures."""
-        self.started.update(await self.launcher.adopt())
+        """Runs this launcher started before a restart and did not find again are infra failures."""
         adopted, mine = {rid for rid, _ in self.started}, f"{LAUNCHED} {self.settings.launcher}:"
         for rollout in await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000):
             if rollout.id in adopted:

@@ -200,3 +200,30 @@ def test_watch_relists_after_410_gone(namespace: str, monkeypatch) -> None:
     launcher.close()
     assert calls["lists"] >= 2 and calls["streams"] >= 2
     assert [(key, outcome.status.value) for key, outcome in ended] == [(("f" * 32, 1), "succeeded")]
+
+
+def test_controller_waits_for_a_gateway_that_is_down_at_start(namespace: str) -> None:
+    """The loop retries its adoption while the gateway is unreachable. That retry used to call the
+    Kubernetes launcher's adopt() again, which started its watch thread a second time: the controller
+    exited with `RuntimeError: threads can only be started once` instead of waiting (#24)."""
+    import asyncio
+
+    from agl.client import GatewayClient
+    from controller.loop import Controller, ControllerSettings
+
+    cfg = ControllerSettings(gateway="http://127.0.0.1:9", admin_key="k", launcher="kubernetes", poll_s=0.05)
+    launcher = kube_launcher(namespace)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        async with GatewayClient(cfg.gateway, cfg.admin_key) as gw:
+            loop = asyncio.create_task(Controller(gw, launcher, None, cfg).run(stop))
+            await asyncio.sleep(1.5)  # several ticks, each failing to reach the gateway
+            assert not loop.done()
+            stop.set()
+            await loop
+
+    try:
+        asyncio.run(run())
+    finally:
+        launcher.close()
