@@ -8,9 +8,10 @@ calculator call plus one) with three arms, each from scratch through `examples/d
 - `sample`: every sample its own group member (naive transition-level GRPO) and verl's token-mean;
 - `mixed`: rollout-level advantage and token-mean.
 Runs are interleaved (seed 0 of every arm, then seed 1, ...), so a slow phase of the machine
-falls on all arms alike. To fit 9 runs in an hour on two cores, each run is small by default
-(3 updates of 2 groups x 4 rollouts, greedy validation on the first 20 held-out tasks after the
-last one); `--steps`, `--batch-groups` and `--val-tasks` make it bigger. Validation before
+falls on all arms alike. Each run is small by default (3 updates of 2 groups x 4 rollouts,
+greedy validation on the first 20 held-out tasks after the last one), yet took about 13 minutes
+on two cores (2026-12-01), so the 9 runs take about two hours; `--steps`, `--batch-groups` and
+`--val-tasks` make them bigger. Validation before
 training is greedy from the same weights, the same in every run, so only the first run measures
 it and every curve starts from it. Writes `ablation.png` (validation reward and policy entropy
 per step, mean over seeds with the min-max band, per arm) and `results.json`, and prints a
