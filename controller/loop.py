@@ -190,9 +190,14 @@ async def serve(settings: ControllerSettings, spec: Spec | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     if settings.launcher == "kubernetes":
+        from kubernetes.config import ConfigException
+
         from controller.kube import KubeLauncher
 
-        launcher: Launcher = KubeLauncher(settings.namespace)
+        try:
+            launcher: Launcher = KubeLauncher(settings.namespace)
+        except ConfigException as e:
+            usage_error("agl controller", f"no Kubernetes cluster to use ({e}): set KUBECONFIG, or run in a pod")
     else:
         launcher = LocalLauncher(settings.state_dir)
     async with GatewayClient(settings.gateway, settings.admin_key) as gw:

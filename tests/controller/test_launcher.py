@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -171,3 +173,22 @@ def test_restart_adopts_running_processes_and_fails_lost_ones(gateway, tmp_path:
     assert (done_alive["status"], done_alive["attempt"]) == ("succeeded", 1), reasons(gateway, alive)
     assert (done_lost["status"], done_lost["attempt"]) == ("succeeded", 2), reasons(gateway, lost)
     assert any("lost" in r for r in reasons(gateway, lost))
+
+
+def test_the_kubernetes_launcher_with_no_cluster_says_in_one_line_what_to_set(tmp_path: Path) -> None:
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "AGL_CONTROLLER_ADMIN_KEY": ADMIN}
+    env.pop("KUBERNETES_SERVICE_HOST", None)  # not in a pod
+    argv = [
+        sys.executable,
+        "-m",
+        "agl.cli",
+        "controller",
+        "--launcher",
+        "kubernetes",
+        "--gateway",
+        "http://127.0.0.1:9",
+    ]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("agl controller: error: no Kubernetes cluster") and "KUBECONFIG" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr  # one line, no traceback

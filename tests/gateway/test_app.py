@@ -411,6 +411,11 @@ def test_tokens_are_scoped_to_their_rollout(free: Stack):
         == 200
     )
     assert free.admin.get(f"/api/rollouts/{b['id']}").json()["reward"] == 0.5
+    c = free.rollout()
+    assert free.admin.post(f"/api/rollouts/{c['id']}/reward", json={"reward": 0}).status_code == 200
+    for rollout, source in ((a, "agent token"), (b, "grader token"), (c, "admin")):  # who posted the reward
+        events = free.admin.get(f"/api/rollouts/{rollout['id']}/events").json()
+        assert [e["data"]["source"] for e in events if e["kind"] == "reward"] == [source]
     for headers in ({}, {"Authorization": "Bearer nope"}, {"x-api-key": ADMIN + "x"}):
         assert httpx.get(f"{free.url}/api/rollouts", headers=headers).status_code in (401, 403)
         assert httpx.post(f"{free.url}/api/rollouts", headers=headers, json={"group": "g"}).status_code in (401, 403)
