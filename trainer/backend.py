@@ -1,7 +1,8 @@
 """The backend: verl's Ray workers (FSDP actor and reference) train the model; engines serve it.
 
 Wired from verl 0.9.1's parts (DESIGN.md section 9), not its trainer: `AglWorker`s in verl's no-padding layout.
-A step: reference and old log-probs, one `update_actor` per mini-batch of whole rollouts with our loss
+A step: reference log-probs, old log-probs unless the step is one epoch over one mini-batch (then the loss takes
+them from its own forward pass), one `update_actor` per mini-batch of whole rollouts with our loss
 (`trainer/loss.py`), then log-probs again for the step's k3 KL. The device changes only where rollouts are served
 (`trainer/engines.py`): `cuda` collocates verl's sglang replicas; `cpu` runs the same workers on verl's `cpu`
 platform (`trainer/cpu_platform.py`), saving weights for the embedded engine: the demo and CI run the GPU code.
@@ -32,7 +33,7 @@ from adapters import Batch
 from trainer import cpu_platform
 from trainer.config import AglConfig, ConfigError
 from trainer.engines import Collocated, DiskEngine
-from trainer.loss import agl_ppo_loss, set_old_log_probs, to_dataproto  # importing trainer.loss registers `agl`
+from trainer.loss import agl_ppo_loss, to_dataproto  # importing trainer.loss registers `agl`
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class Backend:
         os.environ.update(env)  # this process asks verl's platform too (resource pools)
         if on_cpu:  # Ray gives each worker one thread; the engine sleeps while they train
             env["OMP_NUM_THREADS"] = str(agl.threads or os.cpu_count() or 1)
+        os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default, 15, starves the trainer on a busy host
         if not ray.is_initialized():
             ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", **env}})
         kl = bool(self.actor.use_kl_loss)
@@ -122,9 +124,11 @@ class Backend:
         data = to_dataproto(batch, temperature=self.agl.temperature)
         if self.actor.use_kl_loss:
             data.batch["ref_log_prob"] = _log_probs(self.wg.compute_ref_log_prob, data)
-        set_old_log_probs(data, _log_probs(self.wg.compute_log_prob, data), self.agl.is_cap)
+        minibatches = int(data.batch["minibatch"].max()) + 1
+        if minibatches > 1 or self.actor.ppo_epochs > 1:  # else the policy before the step is the one updating
+            data.batch["old_log_probs"] = _log_probs(self.wg.compute_log_prob, data)
         metrics: dict[str, list[float]] = defaultdict(list)
-        for m in range(int(data.batch["minibatch"].max()) + 1):
+        for m in range(minibatches):
             rows = torch.nonzero(data.batch["minibatch"] == m).flatten()
             td = left_right_2_no_padding(data.select_idxs(rows).to_tensordict())
             tu.assign_non_tensor(
@@ -138,13 +142,12 @@ class Backend:
                 seed=self.actor.data_loader_seed,
                 dataloader_kwargs={"shuffle": False},  # samples are ordered by rank already
                 compute_loss=True,
+                is_cap=self.agl.is_cap,
             )
             for k, v in tu.get(self.wg.update_actor(td), "metrics").items():
                 metrics[k if "/" in k else f"actor/{k}"].extend(v if isinstance(v, list) else [v])
         out = {k: float(sum(v) / len(v)) for k, v in metrics.items() if v}
         b, trained = data.batch, data.batch["response_mask"].bool()
-        tis = (b["rollout_is_weights"] / b["loss_weights"].clamp(min=1e-30))[trained]
-        out["actor/tis_mean"], out["actor/tis_max"] = float(tis.mean()), float(tis.max())
         # k3 estimate of KL(behaviour || updated policy) on the batch's sampled tokens
         log_ratio = (_log_probs(self.wg.compute_log_prob, data) - b["rollout_log_probs"])[trained].clamp(-20, 20)
         out["actor/kl_k3"] = float((log_ratio.exp() - 1 - log_ratio).mean())

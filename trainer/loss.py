@@ -1,10 +1,10 @@
 """Our policy loss in verl's registry, and the adapter's batch laid out the way verl's actor reads it.
 
 The `agl` loss is dual-clip PPO, each token's loss times its weight (the adapter's rollout-level loss weight
-times the truncated importance weight, in verl's `rollout_is_weights`), summed: DESIGN.md section 6.3's
-objective, exact however samples split over micro-batches and data-parallel ranks (the weights normalize; verl's
-`loss_agg_mode` is unused). `agl_ppo_loss` adds verl's KL and entropy terms with the same weights. Importing this
-module registers the loss (verl's workers must import it too); nothing here runs a model.
+times the truncated importance weight: the policy before the step over the behaviour policy), summed: DESIGN.md
+section 6.3's objective, exact however samples split over micro-batches and data-parallel ranks (the weights
+normalize; verl's `loss_agg_mode` is unused). `agl_ppo_loss` adds verl's KL and entropy terms with the same
+weights. Importing this module registers the loss (verl's workers must import it too); nothing here runs a model.
 """
 
 from __future__ import annotations
@@ -66,15 +66,18 @@ def agl_ppo_loss(
     entropy = no_padding_2_padding(entropy, data) if entropy is not None else None
     dp = data["dp_size"]
     config.global_batch_info["dp_size"] = dp
-    fields = ["response_mask", "old_log_probs", "advantages", "rollout_is_weights", "loss_weights"]
-    fields += ["ref_log_prob"] if "ref_log_prob" in data else []
+    fields = ["response_mask", "rollout_log_probs", "advantages", "loss_weights"]
+    fields += [k for k in ("old_log_probs", "ref_log_prob") if k in data]
     d = data.select(*fields).to_padded_tensor()
     mask = d["response_mask"].to(bool)
-    pg, pg_metrics = agl_policy_loss(
-        d["old_log_probs"], log_prob, d["advantages"], mask, "token-sum", config, d["rollout_is_weights"]
-    )
+    # without old log-probs the step is one epoch over one mini-batch: this forward pass is the old policy's
+    old = d["old_log_probs"] if "old_log_probs" in d else log_prob.detach()
+    tis = truncated_is_weights(d["rollout_log_probs"], old, mask, data["is_cap"])
+    pg, pg_metrics = agl_policy_loss(old, log_prob, d["advantages"], mask, "token-sum", config, d["loss_weights"] * tis)
     metrics: dict[str, Any] = Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
     metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)
+    metrics["actor/tis_mean"] = Metric(value=(tis.sum() / mask.sum().clamp(min=1)).item(), aggregation="mean")
+    metrics["actor/tis_max"] = Metric(value=tis.max().item(), aggregation="max")
     weights, extra = d["loss_weights"] * mask, 0.0
     if config.get("use_kl_loss"):  # partial sums: verl adds them over micro-batches
         kl = (kl_penalty(log_prob, d["ref_log_prob"], config.kl_loss_type) * weights).sum()  # type: ignore[arg-type]
@@ -93,8 +96,7 @@ def agl_ppo_loss(
 def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 0) -> DataProto:
     """Samples as verl rows: prompt = the tokens before the first trained one (left-padded), response = the
     rest (right-padded), `response_mask` = its trained tokens. Per response token: `rollout_log_probs`
-    (behaviour), `advantages`, `loss_weights`; per sample: `minibatch`, `rank`. `set_old_log_probs` adds
-    `old_log_probs` and `rollout_is_weights` once the current policy's log-probs are known."""
+    (behaviour), `advantages`, `loss_weights`; per sample: `minibatch`, `rank`."""
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
     first = np.array(
@@ -125,11 +127,3 @@ def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 
         "rank": torch.from_numpy(batch.sample_rank.astype(np.int64)),
     }
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
-
-
-def set_old_log_probs(data: DataProto, old_log_probs: torch.Tensor, cap: float) -> None:
-    """Record the current policy's log-probs, and the weights our loss reads: loss weight x truncated IS weight."""
-    b = data.batch
-    b["old_log_probs"] = old_log_probs
-    tis = truncated_is_weights(b["rollout_log_probs"], old_log_probs, b["response_mask"], cap)
-    b["rollout_is_weights"] = b["loss_weights"] * tis
