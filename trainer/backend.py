@@ -89,7 +89,8 @@ class Backend:
             env["OMP_NUM_THREADS"] = str(agl.threads or os.cpu_count() or 1)
         os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default, 15, starves the trainer on a busy host
         if not ray.is_initialized():
-            ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", **env}})
+            env_vars = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", **env}
+            ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars})  # the dashboard costs CPU
         kl = bool(self.actor.use_kl_loss)
         role = ("actor_ref" if kl else "actor") if on_cpu else ("actor_rollout_ref" if kl else "actor_rollout")
         nodes = [int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes)
