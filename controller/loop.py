@@ -190,13 +190,11 @@ async def serve(settings: ControllerSettings, spec: Spec | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     if settings.launcher == "kubernetes":
-        from kubernetes.config import ConfigException
-
-        from controller.kube import KubeLauncher
+        from controller import kube
 
         try:
-            launcher: Launcher = KubeLauncher(settings.namespace)
-        except ConfigException as e:
+            launcher: Launcher = kube.KubeLauncher(settings.namespace)
+        except kube.config.ConfigException as e:  # no kubeconfig, and not in a pod
             usage_error("agl controller", f"no Kubernetes cluster to use ({e}): set KUBECONFIG, or run in a pod")
     else:
         launcher = LocalLauncher(settings.state_dir)

@@ -130,7 +130,6 @@ class Auth:
         return await self._scoped(request, rollout_id, reward=True)
 
     async def _scoped(self, request: Request, rollout_id: str, *, reward: bool) -> Rollout:
-        request.state.credential = "admin"  # or "agent token", "grader token" (below): the reward's source
         if self.is_admin(request):
             return await asyncio.to_thread(self.store.get_rollout, rollout_id)
         token = self.presented(request)
@@ -138,7 +137,7 @@ class Auth:
         if found is None:
             raise AuthError(401, "the admin key or this rollout's token is required")
         rollout, role = found
-        request.state.credential = f"{role} token"
+        request.state.credential = f"{role} token"  # the reward's source (with the admin key: none)
         if rollout.id != rollout_id:
             raise AuthError(403, "this token belongs to another rollout")
         if reward and role == "agent" and rollout.has_grader:
