@@ -64,8 +64,7 @@ def agl_ppo_loss(
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
     entropy = model_output.get("entropy", None)
     entropy = no_padding_2_padding(entropy, data) if entropy is not None else None
-    dp = data["dp_size"]
-    config.global_batch_info["dp_size"] = dp
+    config.global_batch_info["dp_size"] = dp = data["dp_size"]
     fields = ["response_mask", "rollout_log_probs", "advantages", "loss_weights"]
     fields += [k for k in ("old_log_probs", "ref_log_prob") if k in data]
     d = data.select(*fields).to_padded_tensor()
