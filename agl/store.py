@@ -129,6 +129,13 @@ models = sa.Table(
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
+# The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without rebuilding their key.
+_ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
+_UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))  # SET: the other parameters
+_ROLLOUTS_IN = sa.select(rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls).where(
+    rollouts.c.id.in_(sa.bindparam("ids", expanding=True))
+)
+_INSERT_CALLS, _INSERT_EVENT, _INSERT_ROLLOUT = calls.insert(), events.insert(), rollouts.insert()
 
 
 # --------------------------------------------------------------------------- tokens
@@ -176,21 +183,21 @@ _Write = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]  # operation,
 
 
 def _rollout_row(conn: Connection, rollout_id: str) -> Any:
-    row = conn.execute(sa.select(rollouts).where(rollouts.c.id == rollout_id)).first()
+    row = conn.execute(_ROLLOUT, {"rollout_id": rollout_id}).first()
     if row is None:
         raise NotFound(f"unknown rollout {rollout_id!r}")
     return row
 
 
 def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollout:
-    conn.execute(rollouts.update().where(rollouts.c.id == row.id).values(**values))
+    conn.execute(_UPDATE_ROLLOUT, {"rollout_id": row.id, **values})
     return _rollout({**row._mapping, **values})
 
 
 def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
     now = time.time()
     values = {"rollout_id": rollout_id, "attempt": attempt, "kind": kind, "data": data, "created_at": now}
-    (event_id,) = conn.execute(events.insert(), values).inserted_primary_key or (None,)
+    (event_id,) = conn.execute(_INSERT_EVENT, values).inserted_primary_key or (None,)
     return Event(rollout_id, kind, data, attempt, event_id, now)
 
 
@@ -204,7 +211,7 @@ class Created:
 
 
 def _op_create_rollout(conn: Connection, values: dict[str, Any], agent: str, grader: str | None) -> Created:
-    conn.execute(rollouts.insert(), values)
+    conn.execute(_INSERT_ROLLOUT, values)
     _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
     return Created(_rollout(values), agent, grader)
 
@@ -267,9 +274,7 @@ _CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
 
 def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
     """Record a run of calls, one query per table (calls are most writes); each as recorded, or what kept it out."""
-    columns = rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls
-    wanted = rollouts.c.id.in_(list({call.rollout_id for call, _ in run}))
-    rows = {row.id: row for row in conn.execute(sa.select(*columns).where(wanted))}
+    rows = {row.id: row for row in conn.execute(_ROLLOUTS_IN, {"ids": list({call.rollout_id for call, _ in run})})}
     outcomes: list[Any] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
@@ -291,9 +296,8 @@ def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]
         inserts.append({name: getattr(recorded, name) for name in _CALL_COLUMNS} | arrays)
         outcomes.append(recorded)
     if inserts:
-        conn.execute(calls.insert(), inserts)
-        for rid, n in next_seq.items():
-            conn.execute(rollouts.update().where(rollouts.c.id == rid).values(n_calls=n))
+        conn.execute(_INSERT_CALLS, inserts)
+        conn.execute(_UPDATE_ROLLOUT, [{"rollout_id": rid, "n_calls": n} for rid, n in next_seq.items()])
     return outcomes
 
 
