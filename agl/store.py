@@ -3,8 +3,8 @@
 Owns the schema (SQLAlchemy Core; changed only by the Alembic migrations in `agl/migrations/`), the rollout
 state machine and the token arrays' layout (little-endian int32 IDs, float32 logprobs). One writer thread
 commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves once committed
-(an acknowledged write is durable), and a failing write changes nothing: its savepoint spares the rest of its
-group. Reads run on the caller's thread. It does not authenticate anyone (it keeps only token hashes), speak
+(an acknowledged write is durable), and a failing write changes nothing: the rest of its group commits without
+it. Reads run on the caller's thread. It does not authenticate anyone (it keeps only token hashes), speak
 HTTP, or decide policy such as when to retry: the gateway and the controller do.
 """
 
@@ -130,11 +130,10 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
 # The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without rebuilding their key.
+# _RUN_ROWS: what appending a run of calls needs of their rollouts.
 _ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
 _UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))  # SET: the other parameters
-_ROLLOUTS_IN = sa.select(rollouts.c.id, rollouts.c.status, rollouts.c.attempt, rollouts.c.n_calls).where(
-    rollouts.c.id.in_(sa.bindparam("ids", expanding=True))
-)
+_RUN_ROWS = sa.select(*rollouts.c["id", "status", "attempt", "n_calls"]).where(rollouts.c.id.in_(sa.bindparam("ids")))
 _INSERT_CALLS, _INSERT_EVENT, _INSERT_ROLLOUT = calls.insert(), events.insert(), rollouts.insert()
 
 
@@ -177,14 +176,13 @@ def _call(row: Any) -> Call:
 
 
 # --------------------------------------------------------------------------- write operations
-# Each runs on the writer thread inside its own savepoint and raises to undo itself.
+# Each runs on the writer thread and raises to undo itself (`Store._commit` rolls it back).
 
 _Write = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]  # operation, its arguments, its future
 
 
 def _rollout_row(conn: Connection, rollout_id: str) -> Any:
-    row = conn.execute(_ROLLOUT, {"rollout_id": rollout_id}).first()
-    if row is None:
+    if (row := conn.execute(_ROLLOUT, {"rollout_id": rollout_id}).first()) is None:
         raise NotFound(f"unknown rollout {rollout_id!r}")
     return row
 
@@ -274,7 +272,7 @@ _CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
 
 def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
     """Record a run of calls, one query per table (calls are most writes); each as recorded, or what kept it out."""
-    rows = {row.id: row for row in conn.execute(_ROLLOUTS_IN, {"ids": list({call.rollout_id for call, _ in run})})}
+    rows = {row.id: row for row in conn.execute(_RUN_ROWS, {"ids": list({call.rollout_id for call, _ in run})})}
     outcomes: list[Any] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
@@ -381,10 +379,8 @@ def _in_savepoint(conn: Connection, op: Callable[..., Any], *args: Any) -> Any:
     try:
         with conn.begin_nested():
             return op(conn, *args)
-    except sa.exc.IntegrityError as e:
-        return InvalidData(f"rejected by the database: {e.orig}")
     except Exception as e:  # noqa: BLE001 - handed to the writer, who raises it
-        return e
+        return InvalidData(f"rejected by the database: {e.orig}") if isinstance(e, sa.exc.IntegrityError) else e
 
 
 def _append(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
@@ -395,14 +391,14 @@ def _append(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
     return [outcome] if len(run) == 1 else [o for one in run for o in _append(conn, [one])]
 
 
-def _run(conn: Connection, group: list[_Write]) -> list[Any]:
-    """Each write's result, or the error it raises; each write in its own savepoint, consecutive call appends in one."""
+def _run(conn: Connection, group: list[_Write], *, savepoints: bool) -> list[Any]:
+    """Each write's result; with `savepoints` (one a write, one a run of call appends), or the error that undid it."""
     outcomes: list[Any] = []
     for op, writes in itertools.groupby(group, key=lambda write: write[0]):
         if op is _op_append_calls:
-            outcomes += _append(conn, [args[0] for _, args, _ in writes])
+            outcomes += (_append if savepoints else op)(conn, [args[0] for _, args, _ in writes])
         else:
-            outcomes += [_in_savepoint(conn, op, *args) for _, args, _ in writes]
+            outcomes += [_in_savepoint(conn, op, *args) if savepoints else op(conn, *args) for _, args, _ in writes]
     return outcomes
 
 
@@ -486,12 +482,20 @@ class Store:
             self._conn.close()
 
     def _commit(self, group: list[_Write], *, retry: bool = True) -> None:
-        """One transaction for the group; if it cannot commit (a dropped connection, say), one per write."""
+        """One transaction per group; if a write raises, again with savepoints; if it cannot commit, one per write."""
+        outcomes: list[Any] | None = None
         try:
             if self._conn is None:  # the writer's own connection, kept between groups
                 self._conn = self._write_engine.connect()
-            with self._conn.begin():
-                outcomes = _run(self._conn, group)
+            # Bare first: most groups have no failing write, and a savepoint costs more than most writes.
+            with self._conn.begin() as transaction:
+                try:
+                    outcomes = _run(self._conn, group, savepoints=False)
+                except Exception:  # noqa: BLE001 - undone; found again below, in its savepoint
+                    transaction.rollback()
+            if outcomes is None:
+                with self._conn.begin():
+                    outcomes = _run(self._conn, group, savepoints=True)
         except Exception as e:  # noqa: BLE001 - retried one by one, then handed to the caller
             with contextlib.suppress(Exception):
                 self._conn.close()  # type: ignore[union-attr]
@@ -504,12 +508,8 @@ class Store:
             outcomes = [StoreError(f"commit failed: {e}")]
             outcomes[0].__cause__ = e
         for (_, _, future), outcome in zip(group, outcomes, strict=True):
-            if future.cancelled():  # cancelled while queued (asyncio cancels a wrapped future); the write stands
-                continue
-            if isinstance(outcome, Exception):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
+            if not future.cancelled():  # cancelled while queued (asyncio cancels a wrapped future); the write stands
+                (future.set_exception if isinstance(outcome, Exception) else future.set_result)(outcome)
 
     # ---- writes: each returns a Future that resolves once committed
 
@@ -608,9 +608,7 @@ class Store:
         digest = hash_token(token)
         holder = sa.or_(rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest)
         rows = self._read(sa.select(rollouts).where(holder))
-        if not rows:
-            return None
-        return _rollout(rows[0]), "agent" if rows[0].agent_token_hash == digest else "grader"
+        return (_rollout(rows[0]), "agent" if rows[0].agent_token_hash == digest else "grader") if rows else None
 
     def list_rollouts(
         self, *, status: Status | str | None = None, group: str | None = None, limit: int = 100, offset: int = 0

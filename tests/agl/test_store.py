@@ -371,6 +371,37 @@ def test_a_write_cancelled_while_queued_does_not_disturb_its_group(store):
     assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1, 2]
 
 
+def test_a_write_that_raises_after_writing_is_undone_alone_or_in_a_group(store):
+    """A group runs without savepoints first: a write that raises must still leave nothing behind, whether it
+    ran alone or among others, and the writes around it (and the next group) land once each."""
+    rid = _drive_to(store, Status.RUNNING)
+    started, release = threading.Event(), threading.Event()
+
+    def write_then_fail(conn: sa.Connection) -> None:
+        conn.execute(events.insert(), {"rollout_id": rid, "attempt": 1, "kind": "partial", "data": {}, "created_at": 0})
+        raise InvalidData("refused after writing")
+
+    def hold_the_writer(conn: sa.Connection) -> None:
+        started.set()
+        release.wait(10)
+
+    with pytest.raises(InvalidData, match="refused after writing"):
+        store._submit(write_then_fail).result(timeout=10)  # a group of one
+    assert store.append_call(make_call(rid)).result(timeout=10).seq == 0
+    store._submit(hold_the_writer)
+    assert started.wait(10)
+    futures = [store.append_call(make_call(rid)), store._submit(write_then_fail), store.append_call(make_call(rid))]
+    futures.append(store.append_event(rid, "harness", {"k": 1}))
+    release.set()
+    assert [futures[0].result(timeout=10).seq, futures[2].result(timeout=10).seq] == [1, 2]
+    with pytest.raises(InvalidData, match="refused after writing"):
+        futures[1].result(timeout=10)
+    assert futures[3].result(timeout=10).kind == "harness"
+    assert [c.seq for c in store.calls_for([rid])[rid]] == [0, 1, 2]
+    assert store.events(rid, kind="partial") == []
+    assert len(store.events(rid, kind="harness")) == 1
+
+
 def test_async_reads_and_rollout_creation(store):
     async def main() -> None:
         created = await asyncio.wrap_future(store.create_rollout({"t": 1}, "g", grader=False))
