@@ -87,8 +87,8 @@ class Backend:
         os.environ.update(env)  # this process asks verl's platform too (resource pools)
         if on_cpu:  # Ray gives each worker one thread; the engine sleeps while they train
             env["OMP_NUM_THREADS"] = str(agl.threads or os.cpu_count() or 1)
+        os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default, 15, starves the trainer on a busy host
         if not ray.is_initialized():
-            os.environ.setdefault("RAY_worker_niceness", "0")  # Ray's default, 15, starves the trainer on a busy host
             env_vars = {"TOKENIZERS_PARALLELISM": "true", "NCCL_DEBUG": "WARN", **env}
             ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars})  # the dashboard costs CPU
         kl = bool(self.actor.use_kl_loss)

@@ -69,14 +69,13 @@ def agl_ppo_loss(
     fields += [k for k in ("old_log_probs", "ref_log_prob") if k in data]
     d = data.select(*fields).to_padded_tensor()
     mask = d["response_mask"].to(bool)
-    n = mask.sum().clamp(min=1)  # trained tokens
     # without old log-probs the step is one epoch over one mini-batch: this forward pass is the old policy's
     old = d["old_log_probs"] if "old_log_probs" in d else log_prob.detach()
     tis = truncated_is_weights(d["rollout_log_probs"], old, mask, data["is_cap"])
     pg, pg_metrics = agl_policy_loss(old, log_prob, d["advantages"], mask, "token-sum", config, d["loss_weights"] * tis)
     metrics: dict[str, Any] = Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
     metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)
-    metrics["actor/tis_mean"] = Metric(value=(tis.sum() / n).item(), aggregation="mean")
+    metrics["actor/tis_mean"] = Metric(value=(tis.sum() / mask.sum().clamp(min=1)).item(), aggregation="mean")
     metrics["actor/tis_max"] = Metric(value=tis.max().item(), aggregation="max")
     weights, extra = d["loss_weights"] * mask, 0.0
     if config.get("use_kl_loss"):  # partial sums: verl adds them over micro-batches
@@ -88,6 +87,7 @@ def agl_ppo_loss(
         extra -= config.entropy_coeff * bonus
         metrics["actor/entropy_loss"] = Metric(value=bonus.detach().item(), aggregation=AggregationType.SUM)
     if entropy is not None:  # the policy's entropy at the trained tokens (mean)
+        n = mask.sum().clamp(min=1)
         metrics["actor/entropy"] = Metric(value=((entropy.detach() * mask).sum() / n).item(), aggregation="mean")
     return pg + extra * dp, metrics
 
