@@ -1,9 +1,8 @@
 """A small typed client for the gateway's admin API (`/api`), for the controller and the trainer.
 
 Replies become `agl.types` records, failures `GatewayError` (the HTTP status, 0 when the gateway was not
-reached; the body cut short). It does not retry, cache, or judge a failure: callers do. aiohttp, not httpx:
-at a controller's hundreds of concurrent requests httpx's pool ate its CPU (bench/controller.py: 25 -> 74/s).
-"""
+reached). It does not retry, cache, or judge a failure: callers do. aiohttp, not httpx: at a controller's
+hundreds of concurrent requests httpx's pool ate its CPU (bench/controller.py: 25 -> 74/s)."""
 
 from __future__ import annotations
 
@@ -13,6 +12,8 @@ from typing import Any
 import aiohttp
 
 from agl.types import ARRAYS, JSON, Call, FailureKind, Mode, Rollout, Status
+
+KEEPALIVE_S = 4.0  # idle connections are dropped before a server (uvicorn, sglang: 5 s) closes them
 
 
 class GatewayError(Exception):
@@ -41,7 +42,9 @@ class GatewayClient:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def __aenter__(self) -> GatewayClient:
-        connector = aiohttp.TCPConnector(limit=32)  # made in the event loop that uses it
+        # Made in the event loop that uses it. aiohttp keeps idle connections 15 s: a server that closed one
+        # as a request went out on it failed the request ("Server disconnected").
+        connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=KEEPALIVE_S)
         self.http = aiohttp.ClientSession(headers=self.headers, timeout=self.timeout, connector=connector)
         return self
 

@@ -25,11 +25,10 @@ import aiohttp
 import numpy as np
 import orjson
 
+from agl.client import KEEPALIVE_S  # sglang and uvicorn keep an idle connection 5 s
+
 log = logging.getLogger(__name__)
 BODY_CUT = 500  # characters of an engine's error body kept in messages and logs
-# Idle connections are dropped before the engine's own keep-alive (uvicorn's, sglang's: 5 s)
-# closes them under a request.
-KEEPALIVE_S = 4.0
 
 
 class EngineError(Exception):

@@ -48,3 +48,36 @@ def test_client_round_trip_and_errors(gateway) -> None:
             assert unreachable.value.status == 0
 
     asyncio.run(run())
+
+
+def test_an_idle_connection_is_not_reused_after_a_server_may_have_closed_it() -> None:
+    """A server closes a connection idle for its keep-alive time (uvicorn: 5 s); when that close crosses a
+    request going out on it, the request fails ("Server disconnected"), as it did to the trainer's model
+    registration in CI. This server answers once per connection and drops the connection when a second
+    request comes on it: a request after 4.5 s idle must go out on a new connection (aiohttp retries a GET
+    on a new one by itself, never a POST)."""
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        for answered in range(2):
+            await reader.readuntil(b"\r\n\r\n")
+            if answered:
+                break  # the keep-alive timer fired as this request came in
+            body = b'{"version": 0}'
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+            writer.write(body)
+            await writer.drain()
+        writer.close()
+
+    async def run() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with server, GatewayClient(url, ADMIN) as gw:
+            assert await gw._request("POST", "/api/models") == {"version": 0}
+            await asyncio.sleep(4.5)
+            assert await gw._request("POST", "/api/models") == {"version": 0}
+        assert connections == 2
+
+    asyncio.run(run())
