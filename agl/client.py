@@ -89,9 +89,9 @@ class GatewayClient:
         return Rollout.from_dict(await self._request("GET", f"/api/rollouts/{rollout_id}"))
 
     async def list_rollouts(
-        self, *, status: Status | None = None, group: str | None = None, limit: int = 1000
-    ) -> list[Rollout]:
-        params: dict[str, Any] = {"limit": str(limit)}
+        self, *, status: Status | None = None, group: str | None = None, after: int | None = None, limit: int = 1000
+    ) -> list[Rollout]:  # `after` (an `end_seq`): those that ended after it, in the order they ended
+        params: dict[str, Any] = {"limit": str(limit)} | ({"after": str(after)} if after is not None else {})
         params |= {"status": status.value} if status else {}
         params |= {"group": group} if group else {}
         return [Rollout.from_dict(r) for r in await self._request("GET", "/api/rollouts", params=params)]
@@ -131,5 +131,5 @@ class GatewayClient:
         return await self._request("POST", "/api/models", json=body)
 
     async def state(self) -> JSON:
-        """Paused or not, the served version, calls in flight and held, the latest registered model."""
+        """Paused or not, the served version, calls in flight and held, the latest model, the last `end_seq`."""
         return await self._request("GET", "/api/state")

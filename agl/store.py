@@ -654,6 +654,9 @@ class Store:
     def models(self) -> list[ModelVersion]:
         return [ModelVersion(**row._mapping) for row in self._read(sa.select(models).order_by(models.c.version))]
 
+    def last_end(self) -> int:  # `terminal_after`'s cursor at the last rollout to have ended (0: none has)
+        return int(self._read(sa.select(sa.func.max(rollouts.c.end_seq)))[0][0] or 0)
+
     def latest_model(self) -> ModelVersion | None:
         rows = self._read(sa.select(models).order_by(models.c.version.desc()).limit(1))
         return ModelVersion(**rows[0]._mapping) if rows else None

@@ -150,7 +150,7 @@ class KubeLauncher:
             if (outcome := job_outcome(job, pods.get(key, []))) is not None:
                 self.ended[key] = outcome
                 if outcome.failure_kind and not finished(job):
-                    await self._delete_job(key)  # e.g. stuck pulling its image: nothing will end it
+                    await self.stop(key)  # e.g. stuck pulling its image: nothing will end it
         return list(self.ended.items())
 
     async def _pods(self, jobs: dict[Key, JSON]) -> dict[Key, list[JSON]]:
@@ -187,7 +187,7 @@ class KubeLauncher:
             if key in self.jobs:
                 self.released.add(key)
 
-    async def _delete_job(self, key: Key) -> None:
+    async def stop(self, key: Key) -> None:
         options = client.V1DeleteOptions(propagation_policy="Background")
         with contextlib.suppress(*API_ERRORS):  # reported as failed either way; it must not stop the loop
             await asyncio.to_thread(self.batch.delete_namespaced_job, name_of(key), self.namespace, body=options)

@@ -102,6 +102,9 @@ class Launcher(Protocol):
     async def release(self, key: Key) -> None:
         """The loop recorded this outcome: forget the attempt."""
 
+    async def stop(self, key: Key) -> None:
+        """End the attempt now (its rollout ended elsewhere: a cancel); `poll` then reports it as usual."""
+
     def active(self) -> int:
         """Attempts being watched (running or ended but not released)."""
 
@@ -214,10 +217,7 @@ class LocalLauncher:
         if self._running(run):
             if time.time() < run.deadline:
                 return None
-            with contextlib.suppress(OSError):  # the whole group: what it forked dies with it
-                os.killpg(run.pid, signal.SIGKILL)
-            if run.child:
-                os.waitpid(run.pid, 0)
+            self._kill(run)
             if run.phase == "grader":
                 return Outcome.infra("the grader ran past its timeout")
             return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the harness ran past its timeout")
@@ -235,6 +235,17 @@ class LocalLauncher:
         except LaunchError as e:
             return Outcome.infra(str(e))
         return None
+
+    def _kill(self, run: _Run) -> None:
+        with contextlib.suppress(OSError):  # the whole group: what it forked dies with it
+            os.killpg(run.pid, signal.SIGKILL)
+        if run.child:
+            os.waitpid(run.pid, 0)
+
+    async def stop(self, key: Key) -> None:
+        if (run := self.runs.get(key)) and key not in self.ended and self._running(run):  # never a reused pid
+            self._kill(run)
+            self.ended[key] = Outcome.infra(f"{run.phase} stopped: the rollout ended")
 
     async def poll(self) -> list[tuple[Key, Outcome]]:
         for key, run in list(self.runs.items()):

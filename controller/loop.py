@@ -6,7 +6,7 @@ each end: a final reward -> `succeeded`; none, or harness exit != 0 -> `failed` 
 `timed_out`; infra (launch error, lost run, deleted Job, evicted pod, grader failure, a task failure
 across a gateway restart) -> `queued` as attempt + 1 after a backoff, up to `max_attempts`. Runs
 `metadata.spec`, else `--spec`, else leaves the rollout alone; adopts `agl jobs render`'s Jobs by
-label. Stopping it leaves runs alive; a cancelled rollout's run ends on its calls' 403s.
+label. A run whose rollout ended elsewhere (a cancel) is stopped. Stopping the controller leaves runs alive.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Controller:
         self.started: set[Key] = set()  # attempts launched or adopted and not yet recorded
         self.launch_budget = settings.launch_per_s  # launches allowed now; refills at launch_per_s, up to it
         self.refilled = time.monotonic()
+        self.ends_seen = 0  # the gateway's `end_seq` of the last ended rollout this loop has looked at
 
     async def run(self, stop: asyncio.Event) -> None:
         """The loop: adopt once, then record ended runs and launch queued rollouts until `stop`."""
@@ -61,6 +62,7 @@ class Controller:
                     await self.adopt()
                     adopted = True
                 await asyncio.gather(*(self.record(key, outcome) for key, outcome in await self.launcher.poll()))
+                await self.stop_ended()
                 await self.launch_queued()
             except GatewayError as e:  # the gateway is down or restarting: retry next tick
                 log.warning("reconcile: %s", e)
@@ -68,15 +70,29 @@ class Controller:
                 await asyncio.wait_for(stop.wait(), self.settings.poll_s)
 
     async def adopt(self) -> None:
-        """Runs this launcher started before a restart and did not find again are infra failures."""
+        """Runs lost in a restart are infra failures; runs found whose rollout ended (or moved on) are stopped."""
+        self.ends_seen = int((await self.gw.state())["last_end"])  # later ends: `stop_ended`
         adopted, mine = {rid for rid, _ in self.started}, f"{LAUNCHED} {self.settings.launcher}:"
-        for rollout in await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000):
+        running = await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000)
+        for key in self.started - {(r.id, r.attempt) for r in running}:  # queued (a Job yet to start), or ended
+            rollout = await self.find(key[0])
+            if rollout and (rollout.status.terminal or rollout.attempt != key[1]):
+                await self.launcher.stop(key)
+        for rollout in running:
             if rollout.id in adopted:
                 continue
             events = [e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt]
             if any(str(e["data"].get("reason", "")).startswith(mine) for e in events):
                 lost = Outcome.infra("the run was not found after a controller restart")
                 await self.report(rollout, lost, self.spec_of(rollout))
+
+    async def stop_ended(self) -> None:
+        """Stop the runs of rollouts that ended without this controller: cancelled, or ended by an admin."""
+        for rollout in await self.gw.list_rollouts(after=self.ends_seen, limit=1000):
+            self.ends_seen = rollout.end_seq or self.ends_seen
+            if (key := (rollout.id, rollout.attempt)) in self.started:
+                log.info("rollout_id=%s attempt=%d: %s elsewhere; its run is stopped", *key, rollout.status)
+                await self.launcher.stop(key)
 
     def spec_of(self, rollout: Rollout) -> Spec | None:
         if "spec" in rollout.metadata:
@@ -133,16 +149,20 @@ class Controller:
 
     async def record(self, key: Key, outcome: Outcome) -> None:
         """Report an ended attempt; release it once the gateway has it (or it is stale)."""
+        rollout = await self.find(key[0])
+        if rollout and rollout.attempt == key[1] and not rollout.status.terminal:
+            await self.report(rollout, outcome, self.spec_of(rollout))
+        await self.launcher.release(key)
+        self.started.discard(key)
+
+    async def find(self, rollout_id: str) -> Rollout | None:
+        """The rollout, or None if the gateway has none by that id (a Job of another gateway's)."""
         try:
-            rollout = await self.gw.get_rollout(key[0])
+            return await self.gw.get_rollout(rollout_id)
         except GatewayError as e:
             if e.status != 404:
                 raise
-        else:
-            if rollout.attempt == key[1] and not rollout.status.terminal:
-                await self.report(rollout, outcome, self.spec_of(rollout))
-        await self.launcher.release(key)
-        self.started.discard(key)
+            return None
 
     async def report(self, rollout: Rollout, outcome: Outcome, spec: Spec | None) -> None:
         status, kind, reason = outcome.status, outcome.failure_kind, outcome.reason

@@ -266,8 +266,8 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
 
     @router.get("/api/state")
     async def state() -> Any:
-        latest = await asyncio.to_thread(store.latest_model)
-        return proxy.state() | {"latest_model": _jsonable(latest) if latest else None}
+        latest, last_end = await asyncio.to_thread(store.latest_model), await asyncio.to_thread(store.last_end)
+        return proxy.state() | {"latest_model": _jsonable(latest) if latest else None, "last_end": last_end}
 
     return router
 

@@ -93,6 +93,32 @@ def test_deleted_job_is_an_infra_failure_and_retried(gateway, tmp_path: Path, na
     assert [c["attempt"] for c in gateway.admin.get(f"/api/rollouts/{rid}/calls").json()] == [2]
 
 
+def test_cancelling_a_running_rollout_deletes_its_job(gateway, tmp_path: Path, namespace: str) -> None:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    rid = gateway.rollout()["id"]
+    launcher = kube_launcher(namespace)
+    spec = harness_spec(tmp_path, env={"HARNESS_SLEEP_1": "300"}) | {"namespace": namespace}
+    with controller(gateway, tmp_path, spec, launcher, launcher="kubernetes"):
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "harness.1.called").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        gateway.admin.post(f"/api/rollouts/{rid}/status", json={"status": "cancelled"}).raise_for_status()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.BatchV1Api().read_namespaced_job(f"agl-{rid}-1", namespace)
+            except ApiException as e:
+                assert e.status == 404
+                break
+            assert time.monotonic() < deadline, "the cancelled rollout's Job is still there"
+            time.sleep(0.2)
+    launcher.close()
+    assert wait_status(gateway, rid)["status"] == "cancelled"
+
+
 def test_api_422_is_a_task_failure(gateway, tmp_path: Path, namespace: str) -> None:
     rid = gateway.rollout()["id"]
     launcher = kube_launcher(namespace)

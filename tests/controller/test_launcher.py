@@ -86,6 +86,44 @@ time.sleep(300)
         time.sleep(0.05)
 
 
+def test_a_cancelled_rollout_s_run_is_stopped_even_when_no_controller_ran(gateway, tmp_path: Path) -> None:
+    """Cancelled while its controller runs, or while none does (the next one adopts the run and stops it):
+    the run's whole process group is gone within seconds, long before its timeout."""
+    harness = """
+import os, subprocess, sys, time
+child = subprocess.Popen(["sleep", "300"])
+open(sys.argv[1] + "." + os.environ["AGL_ROLLOUT_ID"], "w").write(str(child.pid))
+time.sleep(300)
+"""
+    first, second = gateway.rollout(task={"n": 1})["id"], gateway.rollout(task={"n": 2})["id"]
+    spec = {"harness": {"command": [*script(tmp_path, "slow.py", harness), str(tmp_path / "pid")], "timeout_s": 300}}
+
+    def cancel(rid: str) -> None:
+        gateway.admin.post(f"/api/rollouts/{rid}/status", json={"status": "cancelled"}).raise_for_status()
+
+    def wait_stopped(rid: str) -> None:
+        grandchild, deadline = int((tmp_path / f"pid.{rid}").read_text()), time.monotonic() + 10
+        while _alive(grandchild):
+            assert time.monotonic() < deadline, f"the cancelled rollout's run is still alive: {reasons(gateway, rid)}"
+            time.sleep(0.05)
+
+    with controller(gateway, tmp_path, spec, max_running=2) as running:
+        for rid in (first, second):
+            _wait_file(tmp_path / f"pid.{rid}")
+        cancel(first)
+        wait_stopped(first)
+        deadline = time.monotonic() + 10
+        while running.launcher.active() != 1:  # the stopped run was recorded and released
+            assert time.monotonic() < deadline, running.launcher.active()
+            time.sleep(0.05)
+    cancel(second)  # no controller runs
+    time.sleep(1)
+    assert _alive(int((tmp_path / f"pid.{second}").read_text()))  # nothing stopped it yet
+    with controller(gateway, tmp_path, spec, max_running=2):
+        wait_stopped(second)
+    assert [wait_status(gateway, rid)["status"] for rid in (first, second)] == ["cancelled", "cancelled"]
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
