@@ -1,4 +1,5 @@
-"""`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests.
+"""`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests; `list` and
+`cancel` a group's rollouts (a running controller stops a cancelled rollout's Job).
 
 For `kubectl apply -f -`: each rollout has `metadata.spec` (a controller launches its retries) and
 `metadata.launch = "manifest"` (the applied Job is attempt 1). Validates the spec first; no cluster.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -15,7 +17,7 @@ import sys
 import yaml
 
 from agl.client import GatewayClient, GatewayError
-from agl.types import JSON
+from agl.types import JSON, Rollout, Status
 from controller.launcher import Credentials
 from controller.manifests import manifests
 from controller.spec import Spec, SpecError, load_spec
@@ -32,27 +34,46 @@ async def render(gateway: str, admin_key: str, spec: Spec, count: int, group: st
     return docs
 
 
+async def manage(gateway: str, admin_key: str, group: str, *, cancel: bool) -> list[Rollout]:
+    """The group's rollouts; with `cancel`, those that had not ended are cancelled first."""
+    async with GatewayClient(gateway, admin_key) as gw:
+        found = await gw.list_rollouts(group=group, limit=10_000)
+        for i, r in enumerate(found):
+            with contextlib.suppress(GatewayError):  # 409: it ended meanwhile
+                if cancel and not r.status.terminal:
+                    found[i] = await gw.set_status(r.id, Status.CANCELLED, reason="agl jobs cancel")
+        return found
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agl jobs", description=__doc__.split("\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--group", default="manual")
+    common.add_argument("--gateway", default=os.environ.get("AGL_CONTROLLER_GATEWAY", "http://127.0.0.1:8000"))
+    common.add_argument("--admin-key", default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""))
     sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("render", help="create rollouts and print their manifests")
+    cmd = sub.add_parser("render", parents=[common], help="create rollouts and print their manifests")
     cmd.add_argument("--spec", required=True)
     cmd.add_argument("--count", type=int, default=1)
-    cmd.add_argument("--group", default="manual")
     cmd.add_argument("--task", default="{}", help="the task, as a JSON object")
-    cmd.add_argument("--gateway", default=os.environ.get("AGL_CONTROLLER_GATEWAY", "http://127.0.0.1:8000"))
-    cmd.add_argument("--admin-key", default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""))
+    sub.add_parser("list", parents=[common], help="the group's rollouts: id, status, attempt, reward")
+    sub.add_parser("cancel", parents=[common], help="cancel the group's rollouts that have not ended")
     args = parser.parse_args(argv)
+    if not args.admin_key:
+        parser.error("an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
     try:
+        if args.command != "render":
+            found = asyncio.run(manage(args.gateway, args.admin_key, args.group, cancel=args.command == "cancel"))
+            print("".join(f"{r.id} {r.status.value} {r.attempt} {r.reward}\n" for r in found), end="")
+            return 0
         spec, task = load_spec(args.spec), json.loads(args.task)
+        if not isinstance(task, dict) or args.count < 1:
+            raise ValueError("--task must be a JSON object and --count at least 1")
+        docs = asyncio.run(render(args.gateway, args.admin_key, spec, args.count, args.group, task))
     except (SpecError, ValueError) as e:
         parser.error(str(e))
-    if not isinstance(task, dict) or args.count < 1 or not args.admin_key:
-        parser.error("--task must be a JSON object, --count at least 1, and an admin key is required")
-    try:
-        docs = asyncio.run(render(args.gateway, args.admin_key, spec, args.count, args.group, task))
     except GatewayError as e:
-        print(f"agl jobs render: {e}", file=sys.stderr)
+        print(f"agl jobs {args.command}: {e}", file=sys.stderr)
         return 1
     sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False))
     return 0

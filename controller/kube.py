@@ -32,14 +32,14 @@ API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)  # a refusal,
 class KubeLauncher:
     """Runs attempts as Jobs in `namespace`; call `close()` to stop the watch thread."""
 
-    def __init__(self, namespace: str = "default", *, pod_check_s: float = 10.0) -> None:
+    def __init__(self, namespace: str = "default", *, pod_check_s: float = 10.0, secret_grace_s: float = 300.0) -> None:
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
         self.api = client.ApiClient()
         self.batch, self.core = client.BatchV1Api(self.api), client.CoreV1Api(self.api)
-        self.namespace, self.pod_check_s = namespace, pod_check_s
+        self.namespace, self.pod_check_s, self.secret_grace_s = namespace, pod_check_s, secret_grace_s
         self.lock = threading.Lock()
         self.jobs: dict[Key, JSON] = {}  # the watch's view of every labelled Job
         self.deleted: set[Key] = set()  # Jobs that went away while watched
@@ -168,18 +168,30 @@ class KubeLauncher:
         for pod in map(self._dict, found.items):
             if (key := key_of(pod)) is not None:
                 pods.setdefault(key, []).append(pod)
-        await self._adopt_secrets(jobs)
+        await self._collect_secrets(jobs)
         return pods
 
-    async def _adopt_secrets(self, jobs: dict[Key, JSON]) -> None:
-        """Secrets applied by hand next to their Job get the Job as owner, as ours do."""
-        for key, job in jobs.items():
-            if key in self.released or "uid" not in job["metadata"]:
+    async def _collect_secrets(self, jobs: dict[Key, JSON]) -> None:
+        """Secrets applied by hand next to their Job get the Job as owner, as ours do, so that they go with it.
+        One with no owner and no Job (gone before a controller saw it, or never applied) is deleted once it is
+        `secret_grace_s` old: it holds live tokens."""
+        try:
+            found = await asyncio.to_thread(
+                self.core.list_namespaced_secret, self.namespace, label_selector=ROLLOUT_LABEL
+            )
+        except API_ERRORS as e:
+            log.warning("listing Secrets: %r", e)
+            return
+        for secret in found.items:
+            meta, key = secret.metadata, key_of(self._dict(secret))
+            if meta.owner_references or key is None or key in self.released:
                 continue
             with contextlib.suppress(*API_ERRORS):
-                secret = await asyncio.to_thread(self.core.read_namespaced_secret, name_of(key), self.namespace)
-                if not secret.metadata.owner_references:
-                    await asyncio.to_thread(self._own, job)
+                if key in jobs and "uid" in jobs[key]["metadata"]:
+                    await asyncio.to_thread(self._own, jobs[key])
+                elif key not in jobs and time.time() - meta.creation_timestamp.timestamp() > self.secret_grace_s:
+                    log.info("deleting Secret %s/%s: its Job is gone", self.namespace, meta.name)
+                    await asyncio.to_thread(self.core.delete_namespaced_secret, meta.name, self.namespace)
 
     async def release(self, key: Key) -> None:
         self.ended.pop(key, None)

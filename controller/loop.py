@@ -44,6 +44,11 @@ class ControllerSettings(BaseSettings):
     poll_s: float = Field(0.5, gt=0, description="Reconcile period (seconds): latency of noticing an end.")
 
 
+def applied(rollout: Rollout) -> bool:
+    """Whether the attempt is an applied Job's (`agl jobs render`'s attempt 1), which no controller launches."""
+    return rollout.attempt == 1 and rollout.metadata.get("launch") == "manifest"
+
+
 class Controller:
     def __init__(self, gw: GatewayClient, launcher: Launcher, spec: Spec | None, settings: ControllerSettings) -> None:
         self.gw, self.launcher, self.spec, self.settings = gw, launcher, spec, settings
@@ -70,7 +75,8 @@ class Controller:
                 await asyncio.wait_for(stop.wait(), self.settings.poll_s)
 
     async def adopt(self) -> None:
-        """Runs lost in a restart are infra failures; runs found whose rollout ended (or moved on) are stopped."""
+        """Runs not found (lost in a restart, an applied Job gone) are infra failures; runs found whose rollout
+        ended (or moved on) are stopped."""
         self.ends_seen = int((await self.gw.state())["last_end"])  # later ends: `stop_ended`
         adopted, mine = {rid for rid, _ in self.started}, f"{LAUNCHED} {self.settings.launcher}:"
         running = await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000)
@@ -82,9 +88,14 @@ class Controller:
             if rollout.id in adopted:
                 continue
             events = [e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt]
-            if any(str(e["data"].get("reason", "")).startswith(mine) for e in events):
-                lost = Outcome.infra("the run was not found after a controller restart")
+            if any(str(e["data"].get("reason", "")).startswith(mine) for e in events) or self.applied_here(rollout):
+                lost = Outcome.infra("the run was not found when the controller started")
                 await self.report(rollout, lost, self.spec_of(rollout))
+
+    def applied_here(self, rollout: Rollout) -> bool:
+        """An applied Job's attempt (`agl jobs render`) in the namespace this Kubernetes launcher watches."""
+        spec = self.spec_of(rollout) if applied(rollout) and self.settings.launcher == "kubernetes" else None
+        return spec is not None and spec.namespace == self.settings.namespace
 
     async def stop_ended(self) -> None:
         """Stop the runs of rollouts that ended without this controller: cancelled, or ended by an admin."""
@@ -115,8 +126,7 @@ class Controller:
         """Not started, past its backoff, ours (another's would take our place), not an applied Job's attempt 1."""
         if (r.id, r.attempt) in self.started or self.not_before.get(r.id, 0) > time.monotonic():
             return False
-        manifest = r.attempt == 1 and r.metadata.get("launch") == "manifest"
-        return not manifest and (self.spec is not None or "spec" in r.metadata)
+        return not applied(r) and (self.spec is not None or "spec" in r.metadata)
 
     async def start(self, rollout: Rollout) -> None:
         self.not_before.pop(rollout.id, None)

@@ -160,6 +160,52 @@ def test_rendered_manifests_validate_apply_and_are_adopted(gateway, tmp_path: Pa
     assert json.loads(json.loads((tmp_path / "harness.1.env").read_text())["AGL_TASK"]) == {"n": 7}
 
 
+def test_an_applied_job_that_vanished_while_no_controller_ran_is_an_infra_failure(
+    gateway, tmp_path: Path, namespace: str, capsys
+) -> None:
+    """Its rollout was running (its harness had called the model); the Job went (the TTL controller, a
+    person) while no controller ran. The next controller makes it an infra failure, and retries it, and
+    deletes the Secret the Job left (no controller made the Job its owner), which holds live tokens (#24)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(graded_spec(tmp_path, namespace, HARNESS_SLEEP_1="300")))
+    argv = ["render", "--spec", str(spec_file), "--gateway", gateway.url, "--admin-key", ADMIN]
+    assert jobs.main(argv) == 0
+    applied = subprocess.run(
+        [kubectl, "apply", "-f", "-"], input=capsys.readouterr().out, capture_output=True, text=True
+    )
+    assert applied.returncode == 0, applied.stderr
+    (rollout,) = gateway.admin.get("/api/rollouts", params={"group": "manual"}).json()
+    wait_status(gateway, rollout["id"], {"running"}, timeout=60)
+    batch, name = client.BatchV1Api(), f"agl-{rollout['id']}-1"
+    batch.delete_namespaced_job(name, namespace, body=client.V1DeleteOptions(propagation_policy="Background"))
+    deadline = time.monotonic() + 30
+    with pytest.raises(ApiException):  # 404 once it is gone
+        while time.monotonic() < deadline:
+            batch.read_namespaced_job(name, namespace)
+            time.sleep(0.2)
+    core = client.CoreV1Api()
+    assert not core.read_namespaced_secret(name, namespace).metadata.owner_references  # left behind
+    from controller.kube import KubeLauncher
+
+    launcher = KubeLauncher(namespace, pod_check_s=0.5, secret_grace_s=2.0)
+    with controller(gateway, tmp_path, None, launcher, launcher="kubernetes", namespace=namespace):
+        done = wait_status(gateway, rollout["id"], timeout=90)
+        deadline = time.monotonic() + 30
+        while [s for s in core.list_namespaced_secret(namespace).items if s.metadata.name == name]:
+            assert time.monotonic() < deadline, "the Secret of a Job that is gone is still there"
+            time.sleep(0.2)
+        assert core.read_namespaced_secret(f"agl-{rollout['id']}-2", namespace).metadata.owner_references
+    launcher.close()
+    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 0.5), reasons(gateway, rollout["id"])
+    assert any("not found" in r and "infra" in r for r in reasons(gateway, rollout["id"]))
+
+
 def test_pod_outcomes_map_to_failure_kinds(gateway, tmp_path: Path, namespace: str) -> None:
     base = {"namespace": namespace, "max_attempts": 2, "retry_backoff_s": 0.1, "workspace": str(tmp_path / "ws")}
     exit3 = base | {"harness": {"command": ["sh", "-c", "exit 3"]}}
