@@ -21,11 +21,11 @@ def test_the_demo_config_composes_with_verls_and_takes_overrides() -> None:
     assert actor.clip_ratio == 0.3 and actor.optim.lr == 1e-5 and actor.use_kl_loss  # ours over verl's defaults
     assert actor.clip_ratio_c == 3.0 and "ppo_mini_batch_size" in actor  # verl's defaults are there
     assert actor.policy_loss.loss_mode == LOSS and actor.loss_agg_mode == "token-sum"
-    assert cfg.trainer.total_training_steps == 16
+    assert cfg.trainer.total_training_steps == 12
     settings = agl.adapter(dp_size=2)
     assert settings.dp_size == 2 and settings.loss_mode == "rollout" and settings.max_staleness is None
     assert settings.temperature == agl.temperature == 0.7  # calls at other temperatures are not trained
-    assert actor.optim.total_training_steps == 16  # the warm-up and schedule know the run's length
+    assert actor.optim.total_training_steps == 12  # the warm-up and schedule know the run's length
 
 
 def test_warmup_steps_follow_verls_two_settings() -> None:
@@ -36,7 +36,7 @@ def test_warmup_steps_follow_verls_two_settings() -> None:
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.25",
     ]
     cfg, _ = load_config(DEMO, ["agl.admin_key=k", *overrides])
-    assert warmup_steps(cfg.actor_rollout_ref.actor.optim) == 4
+    assert warmup_steps(cfg.actor_rollout_ref.actor.optim) == 3  # 0.25 of 12 steps
 
 
 def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
