@@ -141,7 +141,7 @@ _INSERT_CALLS, _INSERT_EVENT, _INSERT_ROLLOUT = calls.insert(), events.insert(),
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+    return hashlib.sha256(token.encode(errors="surrogatepass")).hexdigest()  # whatever a path decoded to
 
 
 def new_token(ttl_s: float | None) -> str:
@@ -152,7 +152,7 @@ def new_token(ttl_s: float | None) -> str:
 
 def token_expired(token: str) -> bool:
     head, dot, _ = token.partition(".")
-    return bool(dot) and head.isdigit() and int(head) < time.time()
+    return bool(dot) and head.isascii() and head.isdigit() and len(head) < 20 and int(head) < time.time()
 
 
 # --------------------------------------------------------------------------- row conversion

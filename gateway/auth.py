@@ -91,7 +91,8 @@ class Auth:
         return str(token)
 
     def is_admin(self, request: Request) -> bool:
-        return bool(self.admin_key) and hmac.compare_digest(self.presented(request), self.admin_key)
+        presented, key = (s.encode(errors="surrogatepass") for s in (self.presented(request), self.admin_key))
+        return bool(key) and hmac.compare_digest(presented, key)  # bytes: a str must be ASCII
 
     async def admin(self, request: Request) -> None:
         if not self.is_admin(request):

@@ -71,6 +71,28 @@ def test_tokens_expire(s: Stack):
     assert reply.status_code == 401 and reply.json()["error"]["message"] == "invalid API key"
 
 
+def test_malformed_credentials_are_refused_not_a_server_error(s: Stack):
+    """Non-ASCII keys (hmac.compare_digest takes only ASCII str) and expiry parts `int()` cannot read
+    (`²` is a digit to Python; 5,000 digits exceed its limit) used to be 500s, with a traceback logged."""
+    rid = s.rollout()["id"]
+    keys = ["ü".encode("latin-1"), "².abc".encode(), ("9" * 5000 + ".abc").encode(), "ab\u00ffc".encode("latin-1")]
+    for key in keys:
+        for header in (b"Authorization", b"x-api-key"):
+            value = b"Bearer " + key if header == b"Authorization" else key
+            for method, path in [
+                ("POST", "/v1/chat/completions"),
+                ("GET", "/api/state"),
+                ("POST", f"/api/rollouts/{rid}/reward"),
+            ]:
+                reply = httpx.request(
+                    method, s.url + path, headers={header: value}, json={"reward": 1, "messages": USER}
+                )
+                assert reply.status_code in (401, 403), (key[:20], header, path, reply.status_code, reply.text[:200])
+    path_token = httpx.get(s.url + "/r/%C2%B2.x/api/state")
+    assert path_token.status_code in (401, 403)
+    assert s.admin.get(f"/api/rollouts/{rid}").json()["reward"] is None
+
+
 def test_a_chunked_body_over_the_limit_is_cut_off(s: Stack):
     """No Content-Length to check up front: the body is counted as it arrives."""
     r = s.rollout()
