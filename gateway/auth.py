@@ -107,7 +107,6 @@ class Auth:
         if found is None:
             raise AuthError(401, "invalid API key")
         rollout, role = found
-        request.state.rollout = rollout  # its error replies are recorded as events
         if role != "agent":
             raise AuthError(403, "the grader token cannot call the model")
         if rollout.status is Status.QUEUED:
@@ -120,6 +119,7 @@ class Auth:
                 rollout = await asyncio.to_thread(self.store.get_rollout, rollout.id)
         if rollout.status.terminal:
             raise _ended(rollout)
+        request.state.rollout = rollout  # its error replies are recorded as events; a refused token writes nothing
         return rollout
 
     async def rollout(self, request: Request, rollout_id: str) -> Rollout:

@@ -93,6 +93,21 @@ def test_malformed_credentials_are_refused_not_a_server_error(s: Stack):
     assert s.admin.get(f"/api/rollouts/{rid}").json()["reward"] is None
 
 
+def test_a_refused_token_writes_nothing(s: Stack):
+    """An ended rollout's agent token, and a grader token, calling the model: 403s that used to append an
+    `error` event each (300 requests, 300 events)."""
+    made = s.rollout(grader=True)
+    assert chat(s, made["agent_token"]).status_code == 200
+    s.admin.post(f"/api/rollouts/{made['id']}/status", json={"status": "cancelled"}).raise_for_status()
+    before = s.admin.get(f"/api/rollouts/{made['id']}/events").json()
+    for token in (made["agent_token"], made["grader_token"]) * 5:
+        assert chat(s, token).status_code == 403
+    assert s.admin.get(f"/api/rollouts/{made['id']}/events").json() == before
+    live = s.rollout(grader=True)
+    assert chat(s, live["grader_token"]).status_code == 403
+    assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{live['id']}/events").json()] == ["lifecycle"]
+
+
 def test_a_chunked_body_over_the_limit_is_cut_off(s: Stack):
     """No Content-Length to check up front: the body is counted as it arrives."""
     r = s.rollout()
