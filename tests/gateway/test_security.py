@@ -90,6 +90,7 @@ def test_malformed_credentials_are_refused_not_a_server_error(s: Stack):
                 assert reply.status_code in (401, 403), (key[:20], header, path, reply.status_code, reply.text[:200])
     path_token = httpx.get(s.url + "/r/%C2%B2.x/api/state")
     assert path_token.status_code in (401, 403)
+    assert httpx.get(s.url + "/api/rollouts?limit=abc").status_code == 401  # credentials before validation
     assert s.admin.get(f"/api/rollouts/{rid}").json()["reward"] is None
 
 
