@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agl.store import Created, Store
 from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
 from gateway import wire
-from gateway.auth import Auth
+from gateway.auth import Auth, AuthError
 from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, RenderError
@@ -111,6 +111,10 @@ def _jsonable(record: Any) -> JSON:
     return out
 
 
+SYSTEM_EVENTS = {"lifecycle", "tokens", "error", "prefix_mismatch", "launch", "reward"}  # agl's own records
+GRADER_EVENTS = {"flag", "swe_patch"}  # they steer the reward: on a rollout with a grader, not the agent's to post
+
+
 def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     """The model calls, each with a live rollout's agent token; every reply is recorded first."""
     router = APIRouter()
@@ -176,6 +180,10 @@ def rollout_routes(store: Store, auth: Auth) -> APIRouter:
     @router.post("/api/rollouts/{rollout_id}/events")
     async def post_event(request: Request, rollout: Scoped) -> Any:
         req = await body(request, EventIn)
+        poster = getattr(request.state, "credential", "admin")
+        steering = req.kind in GRADER_EVENTS and rollout.has_grader and poster == "agent token"
+        if poster != "admin" and (req.kind in SYSTEM_EVENTS or steering):
+            raise AuthError(403, f"events of kind {req.kind!r} cannot be posted with the {poster}")
         return _jsonable(await wrap_future(store.append_event(rollout.id, req.kind, req.data)))
 
     @router.post("/api/rollouts/{rollout_id}/reward")

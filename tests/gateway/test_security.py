@@ -109,6 +109,26 @@ def test_a_refused_token_writes_nothing(s: Stack):
     assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{live['id']}/events").json()] == ["lifecycle"]
 
 
+def test_events_that_steer_the_reward_or_forge_agl_s_records_are_reserved(s: Stack):
+    """On a rollout with a grader, the agent may not post `flag` or `swe_patch` (the SWE grader's; the
+    evaluation takes the last `swe_patch`); no token may post agl's own kinds (`lifecycle`, `launch`, ...)."""
+
+    def post(rid: str, token: str, kind: str) -> int:
+        url = f"{s.url}/api/rollouts/{rid}/events"
+        return httpx.post(url, headers={"Authorization": f"Bearer {token}"}, json={"kind": kind}).status_code
+
+    graded, plain = s.rollout(grader=True), s.rollout()
+    assert [post(graded["id"], graded["agent_token"], k) for k in ("flag", "swe_patch", "note")] == [403, 403, 200]
+    assert [post(graded["id"], graded["grader_token"], k) for k in ("flag", "swe_patch")] == [200, 200]
+    assert post(plain["id"], plain["agent_token"], "flag") == 200  # no grader: the harness reports
+    for kind in ("lifecycle", "launch", "tokens", "reward", "error"):
+        assert post(graded["id"], graded["grader_token"], kind) == 403
+        assert post(plain["id"], plain["agent_token"], kind) == 403
+    assert post(plain["id"], ADMIN, "launch") == 200
+    kinds = [e["kind"] for e in s.admin.get(f"/api/rollouts/{graded['id']}/events").json()]
+    assert kinds == ["lifecycle", "note", "flag", "swe_patch"]
+
+
 def test_a_chunked_body_over_the_limit_is_cut_off(s: Stack):
     """No Content-Length to check up front: the body is counted as it arrives."""
     r = s.rollout()
