@@ -116,10 +116,10 @@ class Proxy:
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         rollout_id = ask.rollout.id
         prompt = self.renderer.prompt(rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
-        self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()
+        out = await self._serve(ask, prompt.ids, params, parse=True)
+        self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()  # recorded
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
             self.store.append_event(rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent})
-        out = await self._serve(ask, prompt.ids, params, parse=True)
         first, ids, sampled_text = out[0]
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.

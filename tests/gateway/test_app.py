@@ -296,7 +296,9 @@ def test_context_overflow_is_context_length_exceeded(free: Stack):
     assert free.admin.get(f"/api/rollouts/{r['id']}/calls").json() == []
     events = free.admin.get(f"/api/rollouts/{r['id']}/events").json()
     assert events[-1]["kind"] == "error"
-    assert 'agl_call_errors_total{kind="invalid_request_error"} 1.0' in free.admin.get("/metrics").text
+    metrics = free.admin.get("/metrics").text
+    assert 'agl_call_errors_total{kind="invalid_request_error"} 1.0' in metrics
+    assert "agl_prefix_total{" not in metrics  # prompts are classified only once their call is recorded (#22)
 
 
 def test_stop_strings_cut_the_recorded_tokens_too(tiny_path: Path, tmp_path: Path):
