@@ -259,6 +259,25 @@ def test_anthropic_tool_use_and_streaming(tiny_path: Path, tmp_path: Path):
         assert len(check_fidelity(s, r["id"])) == 2
 
 
+def test_no_tool_calls_are_parsed_when_no_tools_were_offered(tiny_path: Path, tmp_path: Path):
+    """Claude Code's title request offers `tools: []`; it got a `tool_use` block back, which no real API sends
+    (#22). Without tools the sampled text is the reply, tool-call markup and all; the call is recorded the same."""
+    with scripted(tiny_path, tmp_path, [CALL_TEXT, CALL_TEXT]) as s:
+        r = s.rollout()
+        claude = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+        title = claude.messages.create(
+            model="claude", max_tokens=64, tools=[], messages=[{"role": "user", "content": "t"}]
+        )
+        assert title.stop_reason == "end_turn" and [b.type for b in title.content] == ["text"]
+        assert title.content[0].text == CALL_TEXT
+        chat = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "t"}], max_tokens=64
+        )
+        assert chat.choices[0].finish_reason == "stop" and not chat.choices[0].message.tool_calls
+        assert chat.choices[0].message.content == CALL_TEXT
+        assert len(check_fidelity(s, r["id"])) == 2
+
+
 def test_anthropic_errors_are_in_anthropic_format(free: Stack):
     r = free.rollout()
     client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key="wrong", max_retries=0)
