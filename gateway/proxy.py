@@ -41,12 +41,10 @@ class Gate:
     """Pause/resume with drain: `enter`/`leave` around each call; `pause` waits for in-flight calls."""
 
     def __init__(self) -> None:
-        self._open = asyncio.Event()
+        self._open, self._drained = asyncio.Event(), asyncio.Event()  # open; drained: no call in flight
         self._open.set()
-        self._drained = asyncio.Event()
         self._drained.set()
-        self.inflight = 0
-        self.waiting = 0
+        self.inflight = self.waiting = 0  # calls in flight; calls held by a pause
 
     @property
     def paused(self) -> bool:

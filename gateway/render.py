@@ -99,9 +99,7 @@ class Renderer:
     def __init__(self, tokenizer: Any, *, tool_parser: str = "hermes", max_rollouts: int = 10_000) -> None:
         if tool_parser not in TOOL_PARSERS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; known: {sorted(TOOL_PARSERS)}")
-        self.tokenizer = tokenizer
-        self.tool_parser = tool_parser
-        self.max_rollouts = max_rollouts
+        self.tokenizer, self.tool_parser, self.max_rollouts = tokenizer, tool_parser, max_rollouts
         self.transcripts: OrderedDict[str, list[Transcript]] = OrderedDict()
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if not isinstance(im_end, int) or im_end == tokenizer.unk_token_id:
@@ -154,18 +152,16 @@ class Renderer:
             if t.tools_key != tools_key or t.digest not in digests[:-1]:
                 continue
             length, digest = t.verbatim
-            if preserve and hash(full[:length]) == digest:  # the reply came back as sampled: no second render
-                ids = t.ids + array("i", self.encode(full[length:]))
-                return Prompt(ids, True, "", digests, tools_key, full)
-            head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
-            if head is None:
-                return Prompt(array("i", self.encode(full)), False, "template_edit", digests, tools_key, full)
-            if not preserve:
-                ids = array("i", self.encode(full))
-                same = ids[: len(t.ids)] == t.ids
-                return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
-            ids = t.ids + array("i", self.encode(full[len(head) :]))
-            return Prompt(ids, True, "", digests, tools_key, full)
+            if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
+                head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
+                if head is None:
+                    return Prompt(array("i", self.encode(full)), False, "template_edit", digests, tools_key, full)
+                if not preserve:
+                    ids = array("i", self.encode(full))
+                    same = ids[: len(t.ids)] == t.ids
+                    return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
+                length = len(head)
+            return Prompt(t.ids + array("i", self.encode(full[length:])), True, "", digests, tools_key, full)
         rewritten = any(t.first == digests[0] for t in transcripts)  # same start: the harness edited its context
         kind = "" if not transcripts else "context_rewritten" if rewritten else "new_chain"
         return Prompt(array("i", self.encode(full)), False, kind, digests, tools_key, full)

@@ -130,26 +130,24 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             return StreamingResponse(req.events(reply), media_type="text/event-stream", headers=headers)
         return Response(orjson.dumps(reply), media_type="application/json")
 
-    @router.post("/v1/chat/completions")
-    async def chat_completions(request: Request, rollout: Agent) -> Response:
-        req = await body(request, wire.ChatRequest)
-        return answer(req, await proxy.chat(ask(request, rollout, "chat", req), *req.parse()))
+    def chat(api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]) -> Any:
+        """The route of a chat-like format: its messages, tools and sampling go through `proxy.chat`."""
+
+        async def route(request: Request, rollout: Agent) -> Response:
+            req = await body(request, schema)
+            return answer(req, await proxy.chat(ask(request, rollout, api, req), *req.parse()))
+
+        return route
+
+    router.post("/v1/chat/completions")(chat("chat", wire.ChatRequest))
+    router.post("/v1/responses")(chat("responses", wire.ResponsesRequest))
+    router.post("/v1/messages")(chat("messages", wire.AnthropicRequest))
 
     @router.post("/v1/completions")
     async def completions(request: Request, rollout: Agent) -> Response:
         req = await body(request, wire.CompletionRequest)
         ids = proxy.renderer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
         return answer(req, await proxy.complete(ask(request, rollout, "completions", req), ids, req.params()))
-
-    @router.post("/v1/responses")
-    async def responses(request: Request, rollout: Agent) -> Response:
-        req = await body(request, wire.ResponsesRequest)
-        return answer(req, await proxy.chat(ask(request, rollout, "responses", req), *req.parse()))
-
-    @router.post("/v1/messages")
-    async def messages(request: Request, rollout: Agent) -> Response:
-        req = await body(request, wire.AnthropicRequest)
-        return answer(req, await proxy.chat(ask(request, rollout, "messages", req), *req.parse()))
 
     @router.get("/v1/models")
     async def models(_: Agent) -> Any:

@@ -93,9 +93,8 @@ def message_from_openai(raw: Any) -> Message:
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise RenderError("a tool call needs function.name")
         args = fn.get("arguments", "")
-        calls.append(
-            ToolCall(fn["name"], args if isinstance(args, str) else json.dumps(args), call.get("id") or "call_0")
-        )
+        args = args if isinstance(args, str) else json.dumps(args)
+        calls.append(ToolCall(fn["name"], args, call.get("id") or "call_0"))
     reasoning = raw.get("reasoning_content") or raw.get("reasoning") or ""
     return Message(
         role=role,
@@ -136,12 +135,8 @@ def _openai_reply(prefix: str, kind: str, model: str, choices: list[JSON], compl
 
 
 def _logprobs(c: Completion) -> JSON:
-    return {
-        "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": [{"token": t, "logprob": lp}]}
-            for t, lp in zip(c.tokens, c.logprobs, strict=False)
-        ]
-    }
+    pairs = [{"token": t, "logprob": lp} for t, lp in zip(c.tokens, c.logprobs, strict=False)]
+    return {"content": [p | {"bytes": list(p["token"].encode()), "top_logprobs": [p]} for p in pairs]}
 
 
 class ChatRequest(_Request):
@@ -174,10 +169,8 @@ class ChatRequest(_Request):
                 ]
             if c.reply.reasoning:
                 message["reasoning_content"] = c.reply.reasoning
-            choice: JSON = {"index": i, "message": message, "finish_reason": _finish(c), "logprobs": None}
-            if self.logprobs:
-                choice["logprobs"] = _logprobs(c)
-            choices.append(choice)
+            logprobs = _logprobs(c) if self.logprobs else None
+            choices.append({"index": i, "message": message, "finish_reason": _finish(c), "logprobs": logprobs})
         return _openai_reply("chatcmpl-", "chat.completion", self.model, choices, completions)
 
     def events(self, response: JSON) -> Iterator[str]:
@@ -189,9 +182,8 @@ class ChatRequest(_Request):
             deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(message.get("tool_calls", []))]
             for n, delta in enumerate([*deltas, {}]):  # the last, empty delta carries the finish reason
                 finish = choice["finish_reason"] if n == len(deltas) else None
-                yield _sse(
-                    base | {"choices": [{"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}]}
-                )
+                chunk = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
+                yield _sse(base | {"choices": [chunk]})
         if (self.stream_options or {}).get("include_usage"):
             yield _sse(base | {"choices": [], "usage": response["usage"]})
         yield _sse("[DONE]")
