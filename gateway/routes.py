@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agl.store import Created, Store
-from agl.types import JSON, Call, Event, Mode, ModelVersion, Rollout, Status
+from agl.types import JSON, Call, Mode, ModelVersion, Rollout, Status
 from gateway import wire
 from gateway.auth import Auth, AuthError
 from gateway.proxy import Proxy
@@ -172,8 +172,7 @@ def rollout_routes(store: Store, auth: Auth) -> APIRouter:
 
     @router.get("/api/rollouts/{rollout_id}/events")
     async def get_events(rollout: Scoped, after: Cursor = 0) -> Any:
-        found: list[Event] = await asyncio.to_thread(store.events, rollout.id, after=after)
-        return [_jsonable(e) for e in found]
+        return [_jsonable(e) for e in await asyncio.to_thread(store.events, rollout.id, after=after)]
 
     @router.post("/api/rollouts/{rollout_id}/events")
     async def post_event(request: Request, rollout: Scoped) -> Any:
