@@ -1,9 +1,7 @@
 """The backend: verl's Ray workers (FSDP actor and reference) train the model; engines serve it.
 
-Wired from verl 0.9.1's parts (DESIGN.md section 9), not its trainer: `AglWorker`s in verl's no-padding layout.
-A step: reference log-probs, old log-probs unless the step is one epoch over one mini-batch (then the loss takes
-them from its own forward pass), one `update_actor` per mini-batch of whole rollouts with our loss
-(`trainer/loss.py`), then log-probs again for the step's k3 KL. The device changes only where rollouts are served
+Wired from verl 0.9.1's parts (DESIGN.md section 9), not its trainer: `AglWorker`s in verl's no-padding layout,
+stepped by `Backend.update` with our loss (`trainer/loss.py`). The device changes only where rollouts are served
 (`trainer/engines.py`): `cuda` collocates verl's sglang replicas; `cpu` runs the same workers on verl's `cpu`
 platform (`trainer/cpu_platform.py`), saving weights for the embedded engine: the demo and CI run the GPU code.
 """
