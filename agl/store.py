@@ -403,7 +403,7 @@ def _run(conn: Connection, group: list[_Write], *, savepoints: bool) -> list[Any
     return outcomes
 
 
-class Store:
+class Store(contextlib.AbstractContextManager["Store"]):
     """Thread-safe handle on one database: `Store(url)` migrates it and starts the writer. Reads block (from
     asyncio: `await asyncio.to_thread(store.get_rollout, id)`); writes return a Future."""
 
@@ -434,9 +434,6 @@ class Store:
         self._writer.join()
         self._write_engine.dispose()
         self._read_engine.dispose()
-
-    def __enter__(self) -> Store:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()

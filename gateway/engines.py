@@ -10,6 +10,7 @@ It does not tokenize, render, store calls or map errors to HTTP statuses, and im
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -82,7 +83,7 @@ class _Replica:
             raise ValueError(f"engine URL {self.url!r}: expected http(s)://host[:port][/prefix]")
 
 
-class EngineClient:
+class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
     """Async client for one or more engine replicas. Use as `async with EngineClient([...]) as engines:`."""
 
     def __init__(
@@ -113,9 +114,6 @@ class EngineClient:
             headers = {"Content-Type": "application/json"}
             self._http = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
         return self._http
-
-    async def __aenter__(self) -> EngineClient:
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
