@@ -254,8 +254,7 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
     @router.post("/api/models")
     async def register_model(request: Request) -> Any:
         req = await body(request, ModelIn)
-        model = ModelVersion(req.version, req.path, req.endpoints, req.metadata)
-        return _jsonable(await wrap_future(store.register_model(model)))
+        return _jsonable(await wrap_future(store.register_model(ModelVersion(**req.model_dump()))))
 
     @router.post("/api/pause")
     async def pause() -> Any:
