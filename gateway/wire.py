@@ -135,7 +135,7 @@ def _openai_reply(prefix: str, kind: str, model: str, choices: list[JSON], compl
 
 
 def _logprobs(c: Completion) -> JSON:
-    pairs = [{"token": t, "logprob": lp} for t, lp in zip(c.tokens, c.logprobs, strict=False)]
+    pairs: list[JSON] = [{"token": t, "logprob": lp} for t, lp in zip(c.tokens, c.logprobs, strict=False)]
     return {"content": [p | {"bytes": list(p["token"].encode()), "top_logprobs": [p]} for p in pairs]}
 
 
