@@ -69,11 +69,12 @@ class GatewayClient:
         grader: Any = None,
         metadata: JSON | None = None,
         sampling: JSON | None = None,
+        token_ttl_s: float | None = None,
     ) -> JSON:
         """A new rollout: its id, tokens (only ever shown here) and base URLs. `sampling` ({"temperature",
-        "top_p", "top_k"}) overrides what the harness asks on every call."""
+        "top_p", "top_k"}) overrides what the harness asks on every call; `token_ttl_s`: else the gateway's."""
         body = {"task": task, "group": group, "mode": str(mode), "grader": grader, "metadata": metadata or {}}
-        body |= {"sampling": sampling} if sampling else {}
+        body |= ({"sampling": sampling} if sampling else {}) | ({"token_ttl_s": token_ttl_s} if token_ttl_s else {})
         return await self._request("POST", "/api/rollouts", json=body)
 
     async def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> JSON:

@@ -19,17 +19,20 @@ import yaml
 from agl.client import GatewayClient, GatewayError
 from agl.types import JSON, Rollout, Status
 from controller.launcher import Credentials
-from controller.manifests import manifests
+from controller.manifests import deadline_s, manifests
 from controller.spec import Spec, SpecError, load_spec
 
 
-async def render(gateway: str, admin_key: str, spec: Spec, count: int, group: str, task: JSON) -> list[JSON]:
-    """Create `count` rollouts; return their manifests, Secret before Job."""
+async def render(args: argparse.Namespace, spec: Spec, task: JSON) -> list[JSON]:
+    """Create `args.count` rollouts, whose tokens expire `args.apply_within_s` after the Job's deadline would if
+    it started now; return their manifests, Secret before Job."""
     docs: list[JSON] = []
     metadata = {"spec": spec.model_dump(mode="json"), "launch": "manifest"}
-    async with GatewayClient(gateway, admin_key) as gw:
-        for _ in range(count):
-            made = await gw.create_rollout(task, group, grader=bool(spec.grader) or None, metadata=metadata)
+    ttl_s = deadline_s(spec) + args.apply_within_s
+    async with GatewayClient(args.gateway, args.admin_key) as gw:
+        for _ in range(args.count):
+            grader = bool(spec.grader) or None
+            made = await gw.create_rollout(task, args.group, grader=grader, metadata=metadata, token_ttl_s=ttl_s)
             docs.extend(manifests(spec, Credentials.from_reply(made, 1, task)))
     return docs
 
@@ -56,6 +59,7 @@ def main(argv: list[str]) -> int:
     cmd.add_argument("--spec", required=True)
     cmd.add_argument("--count", type=int, default=1)
     cmd.add_argument("--task", default="{}", help="the task, as a JSON object")
+    cmd.add_argument("--apply-within-s", type=float, default=3600, help="tokens expire this long after the deadline")
     sub.add_parser("list", parents=[common], help="the group's rollouts: id, status, attempt, reward")
     sub.add_parser("cancel", parents=[common], help="cancel the group's rollouts that have not ended")
     args = parser.parse_args(argv)
@@ -69,7 +73,7 @@ def main(argv: list[str]) -> int:
         spec, task = load_spec(args.spec), json.loads(args.task)
         if not isinstance(task, dict) or args.count < 1:
             raise ValueError("--task must be a JSON object and --count at least 1")
-        docs = asyncio.run(render(args.gateway, args.admin_key, spec, args.count, args.group, task))
+        docs = asyncio.run(render(args, spec, task))
     except (SpecError, ValueError) as e:
         parser.error(str(e))
     except GatewayError as e:

@@ -45,6 +45,11 @@ def _container(name: str, proc: Process, env: dict[str, str], keys: dict[str, st
     return out | ({"resources": {"requests": wanted, "limits": wanted}} if wanted else {})
 
 
+def deadline_s(spec: Spec) -> int:
+    """The Job's `activeDeadlineSeconds`: the harness's timeout and the grader's."""
+    return math.ceil(spec.harness.timeout_s + (spec.grader.timeout_s if spec.grader else 0))
+
+
 def manifests(spec: Spec, creds: Credentials) -> tuple[JSON, JSON]:
     """The Secret and the Job of one attempt (the Secret's owner is set after the Job exists)."""
     name = name_of((creds.rollout_id, creds.attempt))
@@ -63,7 +68,7 @@ def manifests(spec: Spec, creds: Credentials) -> tuple[JSON, JSON]:
     pod |= {"nodeSelector": spec.node_selector} if spec.node_selector else {}
     job_spec = {
         "backoffLimit": 0,
-        "activeDeadlineSeconds": math.ceil(spec.harness.timeout_s + (spec.grader.timeout_s if spec.grader else 0)),
+        "activeDeadlineSeconds": deadline_s(spec),
         "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
         "template": {"metadata": {"labels": labels}, "spec": pod},
     }

@@ -47,6 +47,7 @@ class RolloutIn(_In):
     grader: Any = None
     sampling: SamplingIn | None = None
     metadata: JSON = Field(default_factory=dict)
+    token_ttl_s: float | None = Field(None, gt=0)  # the tokens' lifetime (s); default: the gateway's
 
     @field_validator("metadata")
     @classmethod
@@ -211,7 +212,7 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
         metadata = req.metadata | ({"grader": req.grader} if req.grader not in (None, False) else {})
         if req.sampling and (sampling := req.sampling.model_dump(exclude_none=True)):
             metadata["sampling"] = sampling
-        grader, ttl_s = bool(req.grader), settings.token_ttl_s
+        grader, ttl_s = bool(req.grader), req.token_ttl_s or settings.token_ttl_s
         made = store.create_rollout(req.task, req.group, req.mode, grader=grader, metadata=metadata, token_ttl_s=ttl_s)
         return credentials(await wrap_future(made))
 
