@@ -12,10 +12,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar, get_origin
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 S = TypeVar("S", bound=BaseSettings)
+
+
+class Strict(BaseModel):  # the base of input schemas: request bodies, specs, config sections
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
 
 
 def problems(e: ValidationError, prefix: str = "") -> str:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from agl.settings import problems
+from agl.settings import Strict, problems
 
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"  # a Kubernetes resource quantity
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
@@ -23,16 +23,12 @@ class SpecError(ValueError):
     """An invalid spec; the message names each bad field (`harness.resources.cpu: ...`)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
-
-
-class Resources(_Strict):
+class Resources(Strict):
     cpu: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '500m' or '2'.")
     memory: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '512Mi'.")
 
 
-class Process(_Strict):
+class Process(Strict):
     command: list[str] = Field(min_length=1, description="argv; no shell unless you name one.")
     env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment (the injected keys win).")
     cwd: str | None = Field(None, description="Working directory; default: a fresh workspace per attempt.")
@@ -48,7 +44,7 @@ class Process(_Strict):
         return value
 
 
-class Spec(_Strict):
+class Spec(Strict):
     harness: Process
     grader: Process | None = Field(None, description="Runs after the harness exits 0, with the grader token.")
     max_attempts: int = Field(3, ge=1, le=100, description="Attempts in all, counting infra failures only.")

@@ -15,8 +15,9 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from agl.settings import Strict
 from agl.store import Created, Store
 from agl.types import JSON, Call, Mode, ModelVersion, Rollout, Status
 from gateway import wire
@@ -28,11 +29,7 @@ from gateway.types import Ask, Completion, RenderError
 Cursor = Annotated[int, Query(ge=0, le=2**63 - 1)]  # compared in SQL: a larger one overflows the driver
 
 
-class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
-
-
-class SamplingIn(_In):
+class SamplingIn(Strict):
     """Sampling the gateway applies to every call of a rollout, whatever the harness asks (e.g. greedy validation)."""
 
     temperature: float | None = Field(None, ge=0, le=2)
@@ -40,7 +37,7 @@ class SamplingIn(_In):
     top_k: int | None = Field(None, ge=-1)
 
 
-class RolloutIn(_In):
+class RolloutIn(Strict):
     task: JSON = Field(default_factory=dict)
     group: str = Field(min_length=1, max_length=255)
     mode: Mode = Mode.TRAIN
@@ -57,33 +54,33 @@ class RolloutIn(_In):
         return metadata
 
 
-class StatusIn(_In):
+class StatusIn(Strict):
     status: Status
     failure_kind: str | None = None
     reason: str = ""
     attempt: int | None = None
 
 
-class RewardIn(_In):
+class RewardIn(Strict):
     reward: float = Field(allow_inf_nan=False)
     final: bool = True
     call_seq: int | None = None
     source: str = ""
 
 
-class EventIn(_In):
+class EventIn(Strict):
     kind: str = Field(min_length=1, max_length=32)
     data: JSON = Field(default_factory=dict)
 
 
-class ModelIn(_In):
+class ModelIn(Strict):
     version: int = Field(ge=0, le=2**31 - 1)  # an INTEGER column
     path: str = ""
     endpoints: list[str] = Field(default_factory=list)
     metadata: JSON = Field(default_factory=dict)
 
 
-class ResumeIn(_In):
+class ResumeIn(Strict):
     version: int | None = Field(None, ge=0)
 
 

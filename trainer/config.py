@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from adapters import AdapterSettings
-from agl.settings import problems
+from agl.settings import Strict, problems
 
 VERL_CONFIGS = "pkg://verl.trainer.config"
 LOSS = "agl"  # our policy loss's name in verl's registry (trainer/loss.py)
@@ -27,10 +27,9 @@ class ConfigError(ValueError):
     """An unusable training config; the message names the field."""
 
 
-class AglConfig(BaseModel):
+class AglConfig(Strict):
     """The `agl:` section: where rollouts come from and how groups become batches."""
 
-    model_config = ConfigDict(extra="forbid")
     gateway: str = Field("http://127.0.0.1:8000", description="Gateway URL (admin API).")
     admin_key: str = Field(min_length=1, description="The gateway's admin key.")
     engine: str = Field("", description="trainer.device cpu: the embedded engine's URL (sleep, wake, weight push).")
