@@ -206,7 +206,7 @@ class Proxy:
         """The reply of a recorded call; `parse`: split off its reasoning, and its tool calls if tools were offered
         (the request's `tools`, in every wire format; a call of a tool not offered is returned as parsed)."""
         text, ids, stop = call.response["text"], call.response_ids, call.response.get("stop", "")
-        tool_parser = self.renderer.tool_parser if call.request.get("tools") else None
+        tool_parser = self.renderer.tool_parser if call.request.get("tools") else "none"
         reply = parse_reply(text, tool_parser) if parse else Message("assistant", text)
         tokens = [self.renderer.decode([t]) for t in ids] if call.request.get("logprobs") else []
         return Completion(reply, len(call.prompt_ids), len(ids), call.finish_reason, stop, call.logprobs, tokens)

@@ -50,8 +50,8 @@ TOOL_PARSERS: dict[str, Callable[[str], tuple[str, list[ToolCall]]]] = {
 }
 
 
-def parse_reply(text: str, tool_parser: str | None = "hermes") -> Message:
-    """A sampled reply as an assistant message: reasoning split off, tool calls parsed (with a `tool_parser`)."""
+def parse_reply(text: str, tool_parser: str = "hermes") -> Message:
+    """A sampled reply as an assistant message: reasoning split off, tool calls parsed by `tool_parser`."""
     reasoning = ""
     match = _THINK.search(text)
     if match and not text[: match.start()].strip():
@@ -59,7 +59,7 @@ def parse_reply(text: str, tool_parser: str | None = "hermes") -> Message:
     elif "</think>" in text and "<think>" not in text:  # templates that open the block themselves
         reasoning, _, text = text.partition("</think>")
         reasoning, text = reasoning.strip(), text.lstrip()
-    content, calls = TOOL_PARSERS[tool_parser](text) if tool_parser else (text, [])
+    content, calls = TOOL_PARSERS[tool_parser](text)
     return Message("assistant", content, tuple(calls), reasoning)
 
 
