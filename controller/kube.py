@@ -154,35 +154,28 @@ class KubeLauncher:
         return list(self.ended.items())
 
     async def _pods(self, jobs: dict[Key, JSON]) -> dict[Key, list[JSON]]:
-        """The pods of Jobs that ended, and (every pod_check_s) of those still running."""
+        """The pods of Jobs that ended, and (every pod_check_s) of those still running; the Secrets are seen to."""
         ended = any(finished(job) for key, job in jobs.items() if key not in self.released)
         if not ended and time.monotonic() - self.pods_checked < self.pod_check_s:
             return {}
-        self.pods_checked = time.monotonic()
+        self.pods_checked, labelled = time.monotonic(), {"label_selector": ROLLOUT_LABEL}
         try:
-            found = await asyncio.to_thread(self.core.list_namespaced_pod, self.namespace, label_selector=ROLLOUT_LABEL)
+            found = await asyncio.to_thread(self.core.list_namespaced_pod, self.namespace, **labelled)
+            secrets = await asyncio.to_thread(self.core.list_namespaced_secret, self.namespace, **labelled)
         except API_ERRORS as e:
-            log.warning("listing pods: %r", e)
+            log.warning("listing pods and Secrets: %r", e)
             return {}
         pods: dict[Key, list[JSON]] = {}
         for pod in map(self._dict, found.items):
             if (key := key_of(pod)) is not None:
                 pods.setdefault(key, []).append(pod)
-        await self._collect_secrets(jobs)
+        await self._collect_secrets(jobs, secrets.items)
         return pods
 
-    async def _collect_secrets(self, jobs: dict[Key, JSON]) -> None:
+    async def _collect_secrets(self, jobs: dict[Key, JSON], secrets: list[Any]) -> None:
         """Secrets applied by hand next to their Job get the Job as owner, as ours do, so that they go with it.
-        One with no owner and no Job (gone before a controller saw it, or never applied) is deleted once it is
-        `secret_grace_s` old: it holds live tokens."""
-        try:
-            found = await asyncio.to_thread(
-                self.core.list_namespaced_secret, self.namespace, label_selector=ROLLOUT_LABEL
-            )
-        except API_ERRORS as e:
-            log.warning("listing Secrets: %r", e)
-            return
-        for secret in found.items:
+        One with no owner and no Job (gone unseen, or never applied) goes once `secret_grace_s` old: live tokens."""
+        for secret in secrets:
             meta, key = secret.metadata, key_of(self._dict(secret))
             if meta.owner_references or key is None or key in self.released:
                 continue
