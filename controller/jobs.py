@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -28,10 +27,9 @@ async def render(args: argparse.Namespace, spec: Spec, task: JSON) -> list[JSON]
     it started now; return their manifests, Secret before Job."""
     docs: list[JSON] = []
     metadata = {"spec": spec.model_dump(mode="json"), "launch": "manifest"}
-    ttl_s = deadline_s(spec) + args.apply_within_s
+    ttl_s, grader = deadline_s(spec) + args.apply_within_s, bool(spec.grader) or None
     async with GatewayClient(args.gateway, args.admin_key) as gw:
         for _ in range(args.count):
-            grader = bool(spec.grader) or None
             made = await gw.create_rollout(task, args.group, grader=grader, metadata=metadata, token_ttl_s=ttl_s)
             docs.extend(manifests(spec, Credentials.from_reply(made, 1, task)))
     return docs
@@ -42,9 +40,12 @@ async def manage(gateway: str, admin_key: str, group: str, *, cancel: bool) -> l
     async with GatewayClient(gateway, admin_key) as gw:
         found = await gw.list_rollouts(group=group, limit=10_000)
         for i, r in enumerate(found):
-            with contextlib.suppress(GatewayError):  # 409: it ended meanwhile
-                if cancel and not r.status.terminal:
+            if cancel and not r.status.terminal:
+                try:
                     found[i] = await gw.set_status(r.id, Status.CANCELLED, reason="agl jobs cancel")
+                except GatewayError as e:
+                    if e.status != 409:  # 409: it ended meanwhile
+                        raise
         return found
 
 
