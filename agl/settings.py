@@ -1,16 +1,16 @@
 """Settings, one small group per component, read from the environment (prefix `AGL_`).
 
 Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...), each field described with
-its unit and the reason for its default. `from_flags` makes the command-line flags from the fields, so a setting
-is declared once. There is deliberately no global config file that collects every flag of every component.
+its unit and the reason for its default. `from_flags` reads the command line with pydantic-settings' own
+parser (a flag per field), so a setting is declared once. There is deliberately no global config file that
+collects every flag of every component.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar, get_origin
+from collections.abc import Sequence
+from typing import NoReturn, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,34 +33,13 @@ def usage_error(prog: str, message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def from_flags(
-    cls: type[S],
-    argv: Sequence[str],
-    prog: str,
-    description: str,
-    *,
-    aliases: dict[str, str] | None = None,
-    extra: Callable[[argparse.ArgumentParser], object] | None = None,
-) -> tuple[S, argparse.Namespace]:
-    """Settings of `cls` from the environment, overridden by a `--flag` per field (`admin_key`: `--admin-key`, or
-    as `aliases` says), its description the help; lists take commas; `extra` adds flags. Bad values exit naming it."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    prefix = cls.model_config.get("env_prefix", "")
-    for name, field in cls.model_fields.items():
-        flag = (aliases or {}).get(name, "--" + name.replace("_", "-"))
-        listed = get_origin(field.annotation) is list
-        parse: Any = (lambda v: [x.strip() for x in v.split(",") if x.strip()]) if listed else str
-        default = ",".join(field.default) if listed else field.default
-        help_ = f"{field.description} Default {default!r}; env {prefix}{name.upper()}."
-        parser.add_argument(flag, dest=name, type=parse, default=None, help=help_.replace("%", "%%"))
-    if extra:
-        extra(parser)
-    args = parser.parse_args(argv)
+def from_flags(cls: type[S], argv: Sequence[str], prog: str) -> S:
+    """Settings of `cls` from the environment, overridden by a flag per field (`admin_key`: `--admin-key`; lists
+    take commas or repeats), its description the help. A bad value exits as argparse does, naming the field."""
     try:
-        settings = cls(**{k: v for k, v in vars(args).items() if k in cls.model_fields and v is not None})
+        return cls(_cli_parse_args=list(argv), _cli_prog_name=prog, _cli_kebab_case=True)
     except ValidationError as e:
-        parser.error(problems(e))
-    return settings, args
+        usage_error(prog, problems(e))
 
 
 class StoreSettings(BaseSettings):

@@ -31,6 +31,8 @@ LAUNCHED = "launched by"  # the reason of the `running` transition: how a restar
 
 
 class ControllerSettings(BaseSettings):
+    """The controller: `AGL_CONTROLLER_<FIELD>` in the environment, each overridden by its flag."""
+
     model_config = SettingsConfigDict(env_prefix="AGL_CONTROLLER_", extra="forbid")
 
     gateway: str = Field("http://127.0.0.1:8000", description="Gateway URL (admin API and what runs call).")
@@ -205,7 +207,7 @@ class Controller:
 
 
 def main(argv: list[str]) -> int:
-    settings, _ = from_flags(ControllerSettings, argv, "agl controller", __doc__.split("\n")[0])
+    settings = from_flags(ControllerSettings, argv, "agl controller")
     if not settings.admin_key:
         usage_error("agl controller", "an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
     try:

@@ -213,7 +213,7 @@ def create_app(engine: Engine) -> FastAPI:
 
 
 def main(argv: list[str]) -> int:
-    args, _ = from_flags(EngineSettings, argv, "agl engine", "The embedded CPU engine (sglang's HTTP API).")
+    args = from_flags(EngineSettings, argv, "agl engine")
     script = json.loads(args.script.read_text()) if args.script else None
     if script is not None and not (isinstance(script, list) and all(isinstance(s, str) for s in script)):
         usage_error("agl engine", "--script must name a JSON list of strings")

@@ -169,20 +169,13 @@ async def engine_info(engines: EngineClient, wait_s: float = 600) -> JSON:
 
 
 def main(argv: list[str]) -> int:
-    settings, args = from_flags(
-        GatewaySettings,
-        argv,
-        "agl gateway",
-        __doc__.split("\n")[0],
-        aliases={"engine_urls": "--engine-url"},
-        extra=lambda p: p.add_argument("--db", help="store URL (default: AGL_STORE_URL or sqlite:///agl.db)"),
-    )
+    settings = from_flags(GatewaySettings, argv, "agl gateway")
     if not settings.admin_key:
         usage_error("agl gateway", "an admin key is required: --admin-key or AGL_GATEWAY_ADMIN_KEY")
-    store = Store(args.db)
+    store = Store(settings.db)
 
     async def serve() -> None:
-        async with EngineClient(settings.engine_urls, timeout_s=settings.engine_timeout_s) as engines:
+        async with EngineClient(settings.engine_url, timeout_s=settings.engine_timeout_s) as engines:
             app = make_app(settings, store, engines, await engine_info(engines))
             gc.collect()  # the start-up heap (tokenizer, transformers: ~400k objects) lives as long as
             gc.freeze()  # the process: kept out of every later collection (4-10% more calls/s, measured)
@@ -194,7 +187,7 @@ def main(argv: list[str]) -> int:
                 access_log=False,
                 timeout_keep_alive=120,
             )
-            log.info("gateway on http://%s:%d, engines %s", settings.host, settings.port, settings.engine_urls)
+            log.info("gateway on http://%s:%d, engines %s", settings.host, settings.port, settings.engine_url)
             await uvicorn.Server(config).serve()
 
     try:

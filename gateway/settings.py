@@ -6,12 +6,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class GatewaySettings(BaseSettings):
+    """The gateway: `AGL_GATEWAY_<FIELD>` in the environment, each overridden by its flag."""
+
     model_config = SettingsConfigDict(env_prefix="AGL_GATEWAY_", extra="forbid")
 
     host: str = Field("127.0.0.1", description="Interface to listen on. Loopback by default: expose it on purpose.")
     port: int = Field(8000, description="TCP port.")
     admin_key: str = Field("", description="Key for /api (required). Harness tokens never reach /api's admin routes.")
-    engine_urls: list[str] = Field(["http://127.0.0.1:30000"], description="Engine replicas (sglang or agl engine).")
+    engine_url: list[str] = Field(["http://127.0.0.1:30000"], description="Engine replicas (sglang or agl engine).")
+    db: str = Field("", description="Store URL; default AGL_STORE_URL, else sqlite:///agl.db.")
     engine_timeout_s: float = Field(600.0, gt=0, description="Longest engine request (s), then retried.")
     tokenizer: str = Field("", description="Tokenizer folder; default: the engine's /model_info tokenizer_path.")
     public_url: str = Field("", description="URL harnesses reach the gateway at; default http://host:port.")

@@ -210,7 +210,9 @@ async def test_a_client_that_disconnects_aborts_its_request(url: str, engine: En
     aborted = engine.stats["aborted"]
     async with httpx.AsyncClient(base_url=url, timeout=0.3) as http:
         with pytest.raises(httpx.ReadTimeout):
-            await http.post("/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 30000}})
+            await http.post(
+                "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 30000, "ignore_eos": True}}
+            )
     deadline = time.monotonic() + 5
     while engine.stats["aborted"] == aborted:
         assert time.monotonic() < deadline, "the engine kept generating for a client that was gone"

@@ -47,7 +47,7 @@ def stack(model: Path, tmp: Path, script: list[str] | None = None, **settings: o
         engine_url = stack.enter_context(serve(engine_app(engine)))
         store = stack.enter_context(Store(f"sqlite:///{tmp / 'gateway.db'}"))
         info = httpx.get(engine_url + "/model_info").json()
-        cfg = GatewaySettings(admin_key=ADMIN, engine_urls=[engine_url], **settings)  # type: ignore[arg-type]
+        cfg = GatewaySettings(admin_key=ADMIN, engine_url=[engine_url], **settings)  # type: ignore[arg-type]
         app = make_app(cfg, store, EngineClient([engine_url], attempts=2, backoff_s=0.05), info)
         url = stack.enter_context(serve(app))
         cfg.public_url = url

@@ -59,7 +59,7 @@ def gateway(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tmp = tmp_path_factory.mktemp("fuzz")
     with serve(stand_in_app(str(tiny_path))) as engine, Store(f"sqlite:///{tmp / 'fuzz.db'}") as store:
         info = httpx.get(engine + "/model_info").json()
-        cfg = GatewaySettings(admin_key=ADMIN, engine_urls=[engine], max_body_bytes=200_000)
+        cfg = GatewaySettings(admin_key=ADMIN, engine_url=[engine], max_body_bytes=200_000)
         with serve(make_app(cfg, store, EngineClient([engine], attempts=1), info)) as url:
             yield url
 
