@@ -30,11 +30,11 @@ from agl.types import JSON
 from gateway import wire
 from gateway.auth import Auth, AuthError
 from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable
-from gateway.proxy import ContextOverflow, HeldTooLong, Proxy
+from gateway.proxy import HeldTooLong, Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
 from gateway.settings import GatewaySettings
-from gateway.types import RenderError
+from gateway.types import ContextOverflow, RenderError
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
     if not settings.context_length and "max_context_length" not in info:
         log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
     context_length = settings.context_length or int(info.get("max_context_length", 32768))
-    renderer = Renderer(tokenizer, tool_parser=settings.tool_parser)
+    renderer = Renderer(tokenizer, tool_parser=settings.tool_parser, context_length=context_length)
     proxy = Proxy(store, engines, renderer, settings, context_length, version=latest.version if latest else 0)
 
     @contextlib.asynccontextmanager

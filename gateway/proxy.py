@@ -23,14 +23,10 @@ from agl.types import JSON, Call
 from gateway.engines import EngineClient
 from gateway.render import Renderer, parse_reply
 from gateway.settings import GatewaySettings
-from gateway.types import Ask, Completion, Message, Params, RenderError
+from gateway.types import Ask, Completion, ContextOverflow, Message, Params, RenderError
 
 log = logging.getLogger(__name__)
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # of call latency (seconds)
-
-
-class ContextOverflow(RenderError):
-    """The prompt plus the requested completion does not fit in the engine's context."""
 
 
 class HeldTooLong(Exception):
@@ -113,7 +109,9 @@ class Proxy:
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         rollout_id = ask.rollout.id
-        prompt = self.renderer.prompt(rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
+        # Off the event loop: a long prompt takes seconds to render and tokenize (the tokenizer releases the GIL).
+        render = self.renderer.prompt
+        prompt = await asyncio.to_thread(render, rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
         out = await self._serve(ask, prompt.ids, params, parse=True)
         self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()  # recorded
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl.types import JSON
-from gateway.types import Message, RenderError, ToolCall
+from gateway.types import ContextOverflow, Message, RenderError, ToolCall
 
 # ---------------------------------------------------------------------------- reply parsing
 
@@ -96,10 +96,15 @@ class Prompt:
 class Renderer:
     """Chat template rendering for one tokenizer, with per-rollout transcripts (bounded LRU)."""
 
-    def __init__(self, tokenizer: Any, *, tool_parser: str = "hermes", max_rollouts: int = 10_000) -> None:
+    def __init__(
+        self, tokenizer: Any, *, tool_parser: str = "hermes", context_length: int = 0, max_rollouts: int = 10_000
+    ) -> None:
         if tool_parser not in TOOL_PARSERS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; known: {sorted(TOOL_PARSERS)}")
         self.tokenizer, self.tool_parser, self.max_rollouts = tokenizer, tool_parser, max_rollouts
+        # No text longer than this fits the context (no token is longer than the vocabulary's longest
+        # entry): longer text is refused before it is tokenized, which costs seconds and GBs at 30 MB.
+        self.context_length, self.token_chars = context_length, max(map(len, tokenizer.get_vocab()))
         self.transcripts: OrderedDict[str, list[Transcript]] = OrderedDict()
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if not isinstance(im_end, int) or im_end == tokenizer.unk_token_id:
@@ -125,6 +130,11 @@ class Renderer:
         return str(text)
 
     def encode(self, text: str) -> list[int]:
+        if self.context_length and len(text) > self.context_length * self.token_chars:
+            raise ContextOverflow(
+                f"This model's maximum context length is {self.context_length} tokens, and the prompt is "
+                f"{len(text)} characters: more than that many tokens can hold (at most {self.token_chars} each)."
+            )
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)  # no offsets

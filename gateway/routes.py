@@ -144,7 +144,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request, rollout: Agent) -> Response:
         req = await body(request, wire.CompletionRequest)
-        ids = proxy.renderer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+        ids = await asyncio.to_thread(proxy.renderer.encode, req.prompt) if isinstance(req.prompt, str) else req.prompt
         return answer(req, await proxy.complete(ask(request, rollout, "completions", req), ids, req.params()))
 
     @router.get("/v1/models")

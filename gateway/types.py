@@ -18,6 +18,10 @@ class RenderError(ValueError):
     """Messages, tools or a prompt the gateway cannot serve (the client's fault: a 400)."""
 
 
+class ContextOverflow(RenderError):
+    """The prompt plus the requested completion does not fit in the engine's context."""
+
+
 @dataclass(frozen=True)
 class ToolCall:
     name: str

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from transformers import AutoTokenizer
 
 from bench import soak
+from gateway.render import Renderer
 from tests.gateway.stack import ADMIN, Stack, stack
 
 USER = [{"role": "user", "content": "x"}]
@@ -147,3 +150,46 @@ def test_a_chunked_body_over_the_limit_is_cut_off(s: Stack):
     assert reply.status_code == 413 and "limit" in reply.json()["error"]["message"]
     assert s.admin.get(f"/api/rollouts/{r['id']}/calls").json() == []
     assert chat(s, r["agent_token"]).status_code == 200  # the gateway serves on
+
+
+def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized(tiny_path: Path, tmp_path: Path):
+    """No token is longer than the vocabulary's longest entry, so past `context x longest` characters the
+    prompt cannot fit: refused without tokenizing (30 MB took 13-22 s and 5 GB). Shorter, it is counted."""
+    longest = max(map(len, AutoTokenizer.from_pretrained(tiny_path).get_vocab()))
+    with stack(tiny_path, tmp_path, context_length=256) as small:
+        r = small.rollout()
+
+        def ask(chars: int, api: str = "chat/completions") -> dict:
+            body = (
+                {"prompt": "x" * chars}
+                if api == "completions"
+                else {"messages": [{"role": "user", "content": "x" * chars}]}
+            )
+            reply = httpx.post(
+                f"{small.url}/v1/{api}", headers={"Authorization": f"Bearer {r['agent_token']}"}, json=body
+            )
+            assert reply.status_code == 400
+            return reply.json()["error"]
+
+        for api in ("chat/completions", "completions"):
+            refused = ask(256 * longest + 1, api)
+            assert refused["code"] == "context_length_exceeded" and "characters" in refused["message"]
+        counted = ask(256 * longest // 2)  # fits the character bound: tokenized, then over the context
+        assert counted["code"] == "context_length_exceeded" and "characters" not in counted["message"]
+
+
+def test_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pytest.MonkeyPatch):
+    """Rendering and tokenizing a long prompt takes seconds: on the event loop, every other call would wait."""
+    on_loop = []
+    render = Renderer.prompt
+
+    def spy(self: Renderer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            on_loop.append(asyncio.get_running_loop() is not None)
+        except RuntimeError:  # no loop runs in this thread
+            on_loop.append(False)
+        return render(self, *args, **kwargs)
+
+    monkeypatch.setattr(Renderer, "prompt", spy)
+    assert chat(s, s.rollout()["agent_token"]).status_code == 200
+    assert on_loop == [False]
