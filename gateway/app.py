@@ -96,11 +96,19 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
             return 400, f"invalid request: {e.errors()}", "invalid_request_error", None
         case NotFound():
             return 404, str(e), "not_found_error", None
-        case HeldTooLong() | EngineUnavailable():
+        case HeldTooLong():
             return 503, str(e), "overloaded_error" if anthropic else "server_error", None
+        case EngineUnavailable():  # the details (engine addresses) go to the log, not to harnesses
+            log.error("request %s failed: %s", path, e)
+            return (
+                503,
+                "the model engine is unavailable; retry shortly",
+                "overloaded_error" if anthropic else "server_error",
+                None,
+            )
         case EngineError() | StoreError():
             log.error("request %s failed: %s", path, e)
-            return 502, f"upstream failure: {e}", "api_error", None
+            return 502, "upstream failure (the gateway's log has the details)", "api_error", None
     log.exception("unexpected error on %s", path, exc_info=e)
     return 500, "internal error", "api_error", None
 

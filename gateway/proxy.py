@@ -26,6 +26,7 @@ from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, ContextOverflow, Message, Params, RenderError
 
 log = logging.getLogger(__name__)
+MAX_AGENT_LABELS = 100  # distinct agent names counted in /metrics; later ones count as "other"
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # of call latency (seconds)
 
 
@@ -106,6 +107,7 @@ class Proxy:
         self.metrics = Metrics(self.gate)
         self.started = time.time()
         self.seen: set[str] = set()  # rollouts called since this gateway started
+        self.agents: set[str] = set()  # the agent labels in /metrics
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         rollout_id = ask.rollout.id
@@ -195,7 +197,9 @@ class Proxy:
         return completion, ids, sampled_text
 
     def _count(self, ask: Ask, prompt_tokens: int, response_tokens: int, latency_s: float) -> None:
-        self.metrics.calls.labels(ask.agent, ask.api).inc()
+        agent = ask.agent if ask.agent in self.agents or len(self.agents) < MAX_AGENT_LABELS else "other"
+        self.agents.add(agent)  # harnesses name agents: the label's values are capped
+        self.metrics.calls.labels(agent, ask.api).inc()
         self.metrics.tokens.labels("prompt").inc(prompt_tokens)
         self.metrics.tokens.labels("response").inc(response_tokens)
         self.metrics.latency.observe(latency_s)

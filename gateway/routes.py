@@ -26,6 +26,7 @@ from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, RenderError
 
+MAX_DEPTH = 64  # of a request body's JSON: tool schemas nest a few levels; the store's encoder stops near 1,000
 Cursor = Annotated[int, Query(ge=0, le=2**63 - 1)]  # compared in SQL: a larger one overflows the driver
 
 
@@ -93,10 +94,15 @@ async def body(request: Request, schema: type[Any]) -> Any:
         try:  # what only the standard library takes: NaN, integers beyond 64 bits
             raw = json.loads(data)
             json.dumps(raw, ensure_ascii=False).encode()  # and lone surrogates, which no tokenizer takes
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise RenderError(f"the request body is not valid JSON: {e}") from e
     if not isinstance(raw, dict):
         raise RenderError("the request body must be a JSON object")
+    level = [raw]  # each nesting level in turn: deeper than MAX_DEPTH could not be stored with the call
+    for _ in range(MAX_DEPTH):
+        level = [x for v in level if isinstance(v, dict | list) for x in (v.values() if isinstance(v, dict) else v)]
+    if level:
+        raise RenderError(f"the request body nests deeper than {MAX_DEPTH} levels")
     request.state.body = raw
     return schema.model_validate(raw)
 
@@ -119,7 +125,10 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     Agent = Annotated[Rollout, Depends(auth.agent)]
 
     def ask(request: Request, rollout: Rollout, api: str, req: wire.Request) -> Ask:
-        return Ask(rollout, request.headers.get("x-agl-agent") or req.model or "default", api, request.state.body)
+        agent = request.headers.get("x-agl-agent") or req.model or "default"
+        if len(agent) > 255 or not agent.isprintable():  # a stored column and a metric label: no NUL, no megabytes
+            raise RenderError("the agent name (x-agl-agent, else model) must be at most 255 printable characters")
+        return Ask(rollout, agent, api, request.state.body)
 
     def answer(req: wire.Request, completions: list[Completion]) -> Response:
         reply = req.reply(completions)

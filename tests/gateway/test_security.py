@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench import soak
+from gateway.proxy import MAX_AGENT_LABELS
 from gateway.render import Renderer
 from tests.gateway.stack import ADMIN, Stack, stack
 
@@ -193,3 +194,39 @@ def test_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pytest.M
     monkeypatch.setattr(Renderer, "prompt", spy)
     assert chat(s, s.rollout()["agent_token"]).status_code == 200
     assert on_loop == [False]
+
+
+def test_deep_json_is_refused_before_sampling(s: Stack):
+    """Past 1,024 levels the standard library's parser overflowed (a 500); about 1,000 levels in an ignored field
+    were sampled, then could not be stored with the call. Both are a 400 now, and nothing is recorded."""
+    r = s.rollout()
+    for depth in (2_000, 1_000, 65):
+        raw = '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "extra": ' + "[" * depth
+        reply = httpx.post(
+            s.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {r['agent_token']}", "content-type": "application/json"},
+            content=raw + "]" * depth + "}",
+        )
+        message = reply.json()["error"]["message"]
+        assert reply.status_code == 400 and ("not valid JSON" in message or "deeper than 64" in message), message
+    assert s.admin.get(f"/api/rollouts/{r['id']}/calls").json() == []
+    assert chat(s, r["agent_token"]).status_code == 200  # a body of ordinary depth is served
+
+
+def test_agent_names_are_bounded_in_the_store_and_in_metrics(s: Stack):
+    """A harness names its agent (`x-agl-agent`, else `model`): NUL bytes and 100 KB names were a metric label
+    each, forever; now they are refused, and past 100 distinct names the label is `other`."""
+    r = s.rollout()
+
+    def call(agent: str) -> int:
+        body = {"model": agent, "messages": USER, "max_tokens": 1}
+        headers = {"Authorization": f"Bearer {r['agent_token']}"}
+        return httpx.post(s.url + "/v1/chat/completions", headers=headers, json=body).status_code
+
+    assert [call("a\x00b"), call("x" * 256), call("line\nbreak")] == [400, 400, 400]
+    assert [call(f"agent-{i}") for i in range(120)] == [200] * 120
+    metrics = httpx.get(s.url + "/metrics").text
+    labels = {
+        line.split('agent="')[1].split('"')[0] for line in metrics.splitlines() if line.startswith("agl_calls_total")
+    }
+    assert len(labels) == MAX_AGENT_LABELS + 1 and "other" in labels and "\x00" not in metrics  # the cap, and other
