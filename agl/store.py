@@ -375,31 +375,14 @@ def _migrate(engine: Engine) -> None:
 # --------------------------------------------------------------------------- the store
 
 
-def _in_savepoint(conn: Connection, op: Callable[..., Any], *args: Any) -> Any:
-    """`op`'s result, or the error that undid it."""
-    try:
-        with conn.begin_nested():
-            return op(conn, *args)
-    except Exception as e:  # noqa: BLE001 - handed to the writer, who raises it
-        return InvalidData(f"rejected by the database: {e.orig}") if isinstance(e, sa.exc.IntegrityError) else e
-
-
-def _append(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
-    """A run of call appends in one savepoint; if the database rejects it, one by one to find the call at fault."""
-    outcome = _in_savepoint(conn, _op_append_calls, run)
-    if isinstance(outcome, list):
-        return outcome
-    return [outcome] if len(run) == 1 else [o for one in run for o in _append(conn, [one])]
-
-
-def _run(conn: Connection, group: list[_Write], *, savepoints: bool) -> list[Any]:
-    """Each write's result; with `savepoints` (one a write, one a run of call appends), or the error that undid it."""
+def _run(conn: Connection, group: list[_Write]) -> list[Any]:
+    """Each write's result (a run of call appends: one query per table); raises if a write does."""
     outcomes: list[Any] = []
     for op, writes in itertools.groupby(group, key=lambda write: write[0]):
         if op is _op_append_calls:
-            outcomes += (_append if savepoints else op)(conn, [args[0] for _, args, _ in writes])
+            outcomes += op(conn, [args[0] for _, args, _ in writes])
         else:
-            outcomes += [_in_savepoint(conn, op, *args) if savepoints else op(conn, *args) for _, args, _ in writes]
+            outcomes += [op(conn, *args) for _, args, _ in writes]
     return outcomes
 
 
@@ -480,30 +463,25 @@ class Store(contextlib.AbstractContextManager["Store"]):
             self._conn.close()
 
     def _commit(self, group: list[_Write], *, retry: bool = True) -> None:
-        """One transaction per group; if a write raises, again with savepoints; if it cannot commit, one per write."""
-        outcomes: list[Any] | None = None
+        """One transaction for the group; if it fails, each write again in a transaction of its own (a lone
+        write too, on a fresh connection, if the database failed rather than the write)."""
         try:
             if self._conn is None:  # the writer's own connection, kept between groups
                 self._conn = self._write_engine.connect()
-            # Bare first: most groups have no failing write, and a savepoint costs more than most writes.
-            with self._conn.begin() as transaction:
-                try:
-                    outcomes = _run(self._conn, group, savepoints=False)
-                except Exception:  # noqa: BLE001 - undone; found again below, in its savepoint
-                    transaction.rollback()
-            if outcomes is None:
-                with self._conn.begin():
-                    outcomes = _run(self._conn, group, savepoints=True)
-        except Exception as e:  # noqa: BLE001 - retried one by one, then handed to the caller
-            with contextlib.suppress(Exception):
-                self._conn.close()  # type: ignore[union-attr]
-            self._conn = None
-            if retry:
-                log.warning("commit of %d writes failed (%s); retrying them one by one", len(group), e)
+            with self._conn.begin():
+                outcomes = _run(self._conn, group)
+        except Exception as e:  # noqa: BLE001 - undone; retried alone, or handed to its caller
+            fresh = not isinstance(e, StoreError)  # the database's or the connection's fault, not a refused write
+            if fresh:
+                with contextlib.suppress(Exception):
+                    self._conn.close()  # type: ignore[union-attr]
+                self._conn = None
+            if len(group) > 1 or (fresh and retry):
                 for write in group:
                     self._commit([write], retry=False)
                 return
-            outcomes = [StoreError(f"commit failed: {e}")]
+            error = InvalidData(f"rejected by the database: {e.orig}") if isinstance(e, sa.exc.IntegrityError) else e
+            outcomes = [error if isinstance(error, StoreError) else StoreError(f"write failed: {e}")]
             outcomes[0].__cause__ = e
         for (_, _, future), outcome in zip(group, outcomes, strict=True):
             if not future.cancelled():  # cancelled while queued (asyncio cancels a wrapped future); the write stands

@@ -372,8 +372,8 @@ def test_a_write_cancelled_while_queued_does_not_disturb_its_group(store):
 
 
 def test_a_write_that_raises_after_writing_is_undone_alone_or_in_a_group(store):
-    """A group runs without savepoints first: a write that raises must still leave nothing behind, whether it
-    ran alone or among others, and the writes around it (and the next group) land once each."""
+    """A group is one transaction, redone one write at a time when a write fails: a write that raises must leave
+    nothing behind, whether it ran alone or among others, and the writes around it (and the next group) land once."""
     rid = _drive_to(store, Status.RUNNING)
     started, release = threading.Event(), threading.Event()
 
