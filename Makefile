@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo demo-check test lint gpu-deps loc bench soak fmt clean
+.PHONY: venv demo demo-check test lint gpu-deps loc bench soak hostile fmt clean
 
 # Creates or updates .venv; re-installs only when pyproject.toml changed.
 venv: $(VENV)/.installed
@@ -56,6 +56,11 @@ bench: venv
 # cores. Scale it up with flags: make soak SOAK="--rollouts 5000 --kills 10 --cycles 1000".
 soak: venv
 	$(BIN)/python -m bench.soak $(SOAK)
+
+# What one hostile token can do (bench/hostile.py, #25): each attack's statuses, and the stall it
+# causes to another rollout's calls and /healthz. Under a minute.
+hostile: venv
+	$(BIN)/python -m bench.hostile
 
 fmt: venv
 	$(BIN)/ruff format .
