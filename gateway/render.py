@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import json
 import re
+import secrets
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -105,6 +106,11 @@ class Renderer:
         # No text longer than this fits the context (no token is longer than the vocabulary's longest
         # entry): longer text is refused before it is tokenized, which costs seconds and GBs at 30 MB.
         self.context_length, self.token_chars = context_length, max(map(len, tokenizer.get_vocab()))
+        # Text in messages and tools that spells an added token (`<|im_end|>`) stays text: only the template
+        # writes markers, so tool output cannot forge a turn, nor change the tokens the model is trained on.
+        added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+        self._markers = re.compile("|".join(map(re.escape, added))) if added else None
+        self._plain: Any = None  # the Rust tokenizer reading markers as text, made when first needed
         self.transcripts: OrderedDict[str, list[Transcript]] = OrderedDict()
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if not isinstance(im_end, int) or im_end == tokenizer.unk_token_id:
@@ -129,15 +135,57 @@ class Renderer:
             raise RenderError(f"the chat template could not render these messages: {e}") from e
         return str(text)
 
-    def encode(self, text: str) -> list[int]:
+    def render_prompt(self, messages: Sequence[Message], tools: list[JSON]) -> tuple[str, list[tuple[int, int]]]:
+        """The prompt's text, and the spans of it that are marker text from inside messages or tools. Each such
+        text is swapped for a unique stand-in while the template renders, then put back."""
+        found: list[str] = []
+        if (markers := self._markers) is not None:
+            mark = f"@@agl{secrets.token_hex(4)}."
+
+            def stand_in(m: re.Match[str]) -> str:
+                found.append(m.group(0))
+                return f"{mark}{len(found) - 1}@@"
+
+            messages = [m.map_text(lambda text: markers.sub(stand_in, text)) for m in messages]
+            tools = json.loads(markers.sub(stand_in, json.dumps(tools))) if tools else tools
+        text = self.render_text(messages, tools, generation_prompt=True)
+        if not found:
+            return text, []
+        parts, spans, at, n = [], [], 0, 0
+        for m in re.finditer(rf"{re.escape(mark)}(\d+)@@", text):
+            parts += [text[at : m.start()], found[int(m.group(1))]]
+            n += m.start() - at
+            spans.append((n, n + len(parts[-1])))
+            n, at = spans[-1][1], m.end()
+        return "".join([*parts, text[at:]]), spans
+
+    def encode(self, text: str, literal: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """Token IDs of `text`; the `literal` spans (marker text from messages) are tokenized as plain text."""
         if self.context_length and len(text) > self.context_length * self.token_chars:
             raise ContextOverflow(
                 f"This model's maximum context length is {self.context_length} tokens, and the prompt is "
                 f"{len(text)} characters: more than that many tokens can hold (at most {self.token_chars} each)."
             )
+        if literal:
+            ids, at = [], 0
+            for a, b in literal:
+                ids += self.encode(text[at:a]) + self._encode_plain(text[a:b])
+                at = b
+            return ids + self.encode(text[at:])
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)  # no offsets
+
+    def _encode_plain(self, text: str) -> list[int]:
+        if self._backend is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        if self._plain is None:  # every added token special, and special tokens read as text
+            spec = json.loads(self._backend.to_str())
+            for token in spec["added_tokens"]:
+                token["special"] = True
+            self._plain = type(self._backend).from_str(json.dumps(spec))
+            self._plain.encode_special_tokens = True
+        return list(self._plain.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._decoder.decode(list(ids), skip_special_tokens=False))
@@ -154,7 +202,7 @@ class Renderer:
         """Input IDs for `messages`; extends the rollout's matching transcript when there is one."""
         if not messages:
             raise RenderError("messages must not be empty")
-        full = self.render_text(messages, tools, generation_prompt=True)
+        full, literal = self.render_prompt(messages, tools)
         digests = list(itertools.accumulate(messages, _digest, initial=0))[1:]  # [i]: of messages[:i + 1]
         tools_key = json.dumps(tools, sort_keys=True)
         transcripts = self.transcripts.get(rollout_id, [])
@@ -165,16 +213,19 @@ class Renderer:
             if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
                 head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
                 if head is None:
-                    return Prompt(array("i", self.encode(full)), False, "template_edit", digests, tools_key, full)
+                    return Prompt(
+                        array("i", self.encode(full, literal)), False, "template_edit", digests, tools_key, full
+                    )
                 if not preserve:
-                    ids = array("i", self.encode(full))
+                    ids = array("i", self.encode(full, literal))
                     same = ids[: len(t.ids)] == t.ids
                     return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
                 length = len(head)
-            return Prompt(t.ids + array("i", self.encode(full[length:])), True, "", digests, tools_key, full)
+            tail = [(a - length, b - length) for a, b in literal if a >= length]  # the head is the transcript's
+            return Prompt(t.ids + array("i", self.encode(full[length:], tail)), True, "", digests, tools_key, full)
         rewritten = any(t.first == digests[0] for t in transcripts)  # same start: the harness edited its context
         kind = "" if not transcripts else "context_rewritten" if rewritten else "new_chain"
-        return Prompt(array("i", self.encode(full)), False, kind, digests, tools_key, full)
+        return Prompt(array("i", self.encode(full, literal)), False, kind, digests, tools_key, full)
 
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,11 @@ class Message:
             ]
         extra = {"reasoning_content": self.reasoning, "tool_call_id": self.tool_call_id, "name": self.name}
         return out | {k: v for k, v in extra.items() if v}
+
+    def map_text(self, f: Callable[[str], str]) -> Message:
+        """This message with `f` applied to each of its strings."""
+        calls = tuple(ToolCall(f(c.name), f(c.arguments), f(c.id)) for c in self.tool_calls)
+        return Message(self.role, f(self.content), calls, f(self.reasoning), f(self.tool_call_id), f(self.name))
 
     def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
         """What identifies the message for prefix matching: reasoning and call ids are left out,
