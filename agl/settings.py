@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 S = TypeVar("S", bound=BaseSettings)
@@ -20,6 +20,13 @@ S = TypeVar("S", bound=BaseSettings)
 
 class Strict(BaseModel):  # the base of input schemas: request bodies, specs, config sections
     model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: object) -> object:  # PostgreSQL's text columns refuse it, where SQLite stored it
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain a NUL character")
+        return value
 
 
 def problems(e: ValidationError, prefix: str = "") -> str:

@@ -59,6 +59,10 @@ class Admission:
             token, _, rest = path[3:].partition("/")
             path = "/" + rest
             scope = {**scope, "path": path, "raw_path": path.encode(), "agl_path_token": token}
+        if "\x00" in path or b"%00" in scope.get("query_string", b""):  # IDs and names are text columns
+            return await _reply(
+                path, 400, "NUL characters are not allowed in paths or queries", "invalid_request_error", None
+            )(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.max_body_bytes:
             response = _reply(path, *_answer(BodyTooLarge(self.max_body_bytes), path))

@@ -27,7 +27,7 @@ from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, RenderError
 
 MAX_DEPTH = 64  # of a request body's JSON: tool schemas nest a few levels; the store's encoder stops near 1,000
-Cursor = Annotated[int, Query(ge=0, le=2**63 - 1)]  # compared in SQL: a larger one overflows the driver
+Cursor = Annotated[int, Query(ge=0, le=2**31 - 1)]  # compared with INTEGER columns: a larger one overflows PostgreSQL
 
 
 class SamplingIn(Strict):

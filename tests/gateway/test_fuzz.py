@@ -1,9 +1,10 @@
-"""Every endpoint of the gateway's OpenAPI schema fuzzed with schemathesis: no input earns a 5xx.
+"""Every endpoint of the gateway's OpenAPI schema fuzzed with schemathesis, on SQLite and PostgreSQL: no input
+earns a 5xx.
 
 The gateway parses its bodies itself (to answer bad input in the caller's wire format), so its
 schema has no request bodies; the test adds each route's pydantic schema (`gateway.wire`,
 `gateway.routes`) so that bodies are generated from what the gateway really accepts, and
-schemathesis also sends ones that break it. Real gateway and SQLite store on 127.0.0.1; the
+schemathesis also sends ones that break it. Real gateway and store on 127.0.0.1; the
 engine is the instant stand-in of bench/gateway.py (a fake, so that valid calls cost nothing).
 """
 
@@ -26,6 +27,7 @@ from gateway import routes, wire
 from gateway.app import make_app
 from gateway.engines import EngineClient
 from gateway.settings import GatewaySettings
+from tests.conftest import _postgres_database
 from tests.gateway.conftest import serve
 
 ADMIN = "fuzz-admin"
@@ -54,10 +56,13 @@ def with_bodies(schema: dict) -> dict:
     return schema
 
 
-@pytest.fixture(scope="module")
-def gateway(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("fuzz")
-    with serve(stand_in_app(str(tiny_path))) as engine, Store(f"sqlite:///{tmp / 'fuzz.db'}") as store:
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def gateway(request: pytest.FixtureRequest, tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if request.param == "sqlite":
+        db = iter([f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'fuzz.db'}"])
+    else:
+        db = _postgres_database()  # the same inputs must be refused alike on both databases
+    with serve(stand_in_app(str(tiny_path))) as engine, Store(next(db)) as store:
         info = httpx.get(engine + "/model_info").json()
         cfg = GatewaySettings(admin_key=ADMIN, engine_url=[engine], max_body_bytes=200_000)
         with serve(make_app(cfg, store, EngineClient([engine], attempts=1), info)) as url:

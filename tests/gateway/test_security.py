@@ -230,3 +230,23 @@ def test_agent_names_are_bounded_in_the_store_and_in_metrics(s: Stack):
         line.split('agent="')[1].split('"')[0] for line in metrics.splitlines() if line.startswith("agl_calls_total")
     }
     assert len(labels) == MAX_AGENT_LABELS + 1 and "other" in labels and "\x00" not in metrics  # the cap, and other
+
+
+def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
+    """PostgreSQL's text columns refuse NUL (a 500 there, after the engine had sampled), where SQLite stored it:
+    refused up front now, on both, for every text that reaches a column. The fuzz test runs on both."""
+    r = s.rollout()
+    agent = {"Authorization": f"Bearer {r['agent_token']}"}
+    replies = [
+        s.admin.post("/api/rollouts", json={"group": "g\x00"}),
+        s.admin.get("/api/rollouts", params={"group": "g\x00"}),
+        s.admin.get(f"/api/rollouts/{r['id']}%00"),
+        s.admin.post("/api/models", json={"version": 1, "path": "/ckpt\x00"}),
+        s.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "running", "reason": "x\x00"}),
+        httpx.post(f"{s.url}/api/rollouts/{r['id']}/events", headers=agent, json={"kind": "k\x00"}),
+    ]
+    assert s.admin.get(f"/api/rollouts/{r['id']}").json()["status"] == "queued"  # the status was not set
+    replies.append(httpx.post(f"{s.url}/v1/chat/completions", headers=agent, json={"model": "m\x00", "messages": USER}))
+    assert [reply.status_code for reply in replies] == [400] * len(replies), [reply.text for reply in replies]
+    assert s.admin.get("/api/state").json()["latest_model"] is None
+    assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{r['id']}/events").json()] == ["lifecycle"] * 2 + ["error"]
