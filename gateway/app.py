@@ -163,7 +163,10 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
         return _reply(path, status, message, kind, code)
 
     handled = (AuthError, RenderError, StoreError, EngineError, HeldTooLong, BodyTooLarge, ValidationError)
-    for expected in (*handled, RequestValidationError, ClientDisconnect, Exception):
+    # Bugs by their base classes: Starlette hands a handler of Exception itself to its outermost middleware, which
+    # re-raises after answering, so uvicorn logs a second traceback and closes the harness's kept-alive connection.
+    bugs = (ArithmeticError, AssertionError, AttributeError, LookupError, NameError, OSError, RuntimeError, TypeError)
+    for expected in (*handled, RequestValidationError, ClientDisconnect, *bugs, ValueError, Exception):
         app.add_exception_handler(expected, on_error)
     return app
 

@@ -4,6 +4,9 @@ and what the store keeps of credentials (hashes only). Real gateway, store and t
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -250,3 +253,29 @@ def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
     assert [reply.status_code for reply in replies] == [400] * len(replies), [reply.text for reply in replies]
     assert s.admin.get("/api/state").json()["latest_model"] is None
     assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{r['id']}/events").json()] == ["lifecycle"] * 2 + ["error"]
+
+
+def test_an_unexpected_error_is_a_500_that_keeps_the_connection(s: Stack, monkeypatch: pytest.MonkeyPatch):
+    """A bug answers 500 with no details, and the harness's kept-alive connection serves its next request."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    r = s.rollout()
+    monkeypatch.setattr(s.store, "events", broken)
+    host, port = s.url.removeprefix("http://").split(":")
+    request = f"GET /api/rollouts/{r['id']}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        replies = []
+        for _ in range(2):
+            conn.sendall(request.encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < length:
+                body += conn.recv(65536)
+            replies.append((head.split(b" ")[1], json.loads(body)))
+    assert [status for status, _ in replies] == [b"500", b"500"]  # the second on the same connection
+    assert "a bug" not in str(replies) and replies[0][1]["error"]["message"] == "internal error"
