@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from asyncio import wrap_future
 from collections.abc import AsyncIterator
 
@@ -48,8 +49,8 @@ class Admission:
     """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for `gateway/auth.py`)
     and enforces the body limit, on the declared length and on the bytes as they arrive."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
-        self.app, self.max_body_bytes = app, max_body_bytes
+    def __init__(self, app: ASGIApp, max_body_bytes: int, access_log: bool = False) -> None:
+        self.app, self.max_body_bytes, self.access_log = app, max_body_bytes, access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -77,7 +78,21 @@ class Admission:
                 raise BodyTooLarge(self.max_body_bytes)  # answered by the app's error handler
             return message
 
-        await self.app(scope, limited, send)
+        if not self.access_log:
+            return await self.app(scope, limited, send)
+        status, started = 500, time.monotonic()
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            status = message["status"] if message["type"] == "http.response.start" else status
+            await send(message)
+
+        try:
+            await self.app(scope, limited, sending)
+        finally:  # the path without a /r/{token} prefix, and no query: never a token
+            rollout = getattr(scope.get("state", {}).get("rollout"), "id", "-")
+            ms = (time.monotonic() - started) * 1000
+            log.info("%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout)
 
 
 def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
@@ -145,16 +160,17 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
     app.include_router(admin_routes(settings, store, proxy, auth), dependencies=[Depends(auth.admin)])
     app.include_router(rollout_routes(store, auth))
     app.include_router(open_routes(store, proxy))
-    app.add_middleware(Admission, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(Admission, max_body_bytes=settings.max_body_bytes, access_log=settings.access_log)
 
     async def on_error(request: Request, e: Exception) -> Response:
         if isinstance(e, ClientDisconnect):
             return Response(status_code=499)  # nobody is listening; nothing was recorded
         path = request.url.path
         status, message, kind, code = _answer(e, path)
+        if path.startswith("/v1/"):
+            proxy.metrics.errors.labels(str(status), kind).inc()
         rollout = getattr(request.state, "rollout", None)  # set on model calls by `Auth.agent`
         if rollout is not None:
-            proxy.metrics.errors.labels(kind).inc()
             try:
                 event = {"status": status, "message": message[:2000]}
                 await wrap_future(store.append_event(rollout.id, "error", event))

@@ -76,7 +76,7 @@ class Metrics:
     def __init__(self, gate: Gate) -> None:
         self.registry = r = CollectorRegistry()
         self.calls = Counter("agl_calls", "Recorded model calls", ["agent", "api"], registry=r)
-        self.errors = Counter("agl_call_errors", "Harness calls answered with an error", ["kind"], registry=r)
+        self.errors = Counter("agl_call_errors", "Harness calls answered with an error", ["status", "kind"], registry=r)
         self.tokens = Counter("agl_tokens", "Tokens of recorded calls", ["kind"], registry=r)
         self.latency = Histogram(
             "agl_call_latency_seconds", "Time from receiving a call to recording it", buckets=BUCKETS, registry=r
@@ -151,6 +151,9 @@ class Proxy:
         """One sampled, recorded reply: (completion, sampled IDs, their text before any stop string cut)."""
         room = self.context_length - len(prompt)
         max_tokens = params.max_tokens if params.max_tokens is not None else min(self.settings.default_max_tokens, room)
+        if max_tokens > room and 0 < self.settings.fit_max_tokens <= room:
+            self.store.append_event(ask.rollout.id, "max_tokens_lowered", {"asked": max_tokens, "to": room})
+            max_tokens = room
         if max_tokens > room or room <= 0:
             raise ContextOverflow(
                 f"This model's maximum context length is {self.context_length} tokens. However, you requested "

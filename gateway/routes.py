@@ -115,7 +115,7 @@ def _jsonable(record: Any) -> JSON:
     return out
 
 
-SYSTEM_EVENTS = {"lifecycle", "tokens", "error", "prefix_mismatch", "launch", "reward"}  # agl's own records
+SYSTEM_EVENTS = {"lifecycle", "tokens", "error", "prefix_mismatch", "max_tokens_lowered", "launch", "reward"}  # agl's
 GRADER_EVENTS = {"flag", "swe_patch"}  # they steer the reward: on a rollout with a grader, not the agent's to post
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from pathlib import Path
 
@@ -316,7 +317,7 @@ def test_context_overflow_is_context_length_exceeded(free: Stack):
     events = free.admin.get(f"/api/rollouts/{r['id']}/events").json()
     assert events[-1]["kind"] == "error"
     metrics = free.admin.get("/metrics").text
-    assert 'agl_call_errors_total{kind="invalid_request_error"} 1.0' in metrics
+    assert 'agl_call_errors_total{kind="invalid_request_error",status="400"} 1.0' in metrics
     assert "agl_prefix_total{" not in metrics  # prompts are classified only once their call is recorded (#22)
 
 
@@ -472,3 +473,44 @@ def test_admin_api_lifecycle(free: Stack):
     metrics = free.admin.get("/metrics").text
     assert 'agl_rollouts{status="succeeded"} 1.0' in metrics and "agl_paused 0.0" in metrics
     assert Status(got["status"]) is Status.QUEUED
+
+
+def test_an_agent_that_always_asks_for_32k_tokens_is_fitted_to_the_room_left(tiny_path: Path, tmp_path: Path):
+    """Claude Code asks for 32,000 output tokens on every call, even a title; on a 32k context each was refused.
+    With `fit_max_tokens`, max_tokens is lowered to the room left (recorded as an event) when at least that many
+    tokens are left; a prompt that leaves less is still refused."""
+    with stack(tiny_path, tmp_path, context_length=300, fit_max_tokens=50) as s:
+        r = s.rollout()
+        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=32_000)
+        assert out.choices[0].finish_reason in ("stop", "length")
+        (lowered,) = [
+            e for e in s.admin.get(f"/api/rollouts/{r['id']}/events").json() if e["kind"] == "max_tokens_lowered"
+        ]
+        (call,) = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
+        assert lowered["data"] == {"asked": 32_000, "to": 300 - len(call["prompt_ids"])}
+        with pytest.raises(openai.BadRequestError) as e:  # fewer than 50 tokens left
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x " * 260}], max_tokens=32_000
+            )
+        assert e.value.code == "context_length_exceeded"
+
+
+def test_every_error_answered_to_a_harness_is_counted_and_an_access_log_names_no_token(
+    tiny_path: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    with stack(tiny_path, tmp_path, access_log=True) as s:
+        r = s.rollout()
+        with caplog.at_level(logging.INFO, logger="gateway.app"):
+            ok = httpx.post(
+                f"{s.url}/r/{r['agent_token']}/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+            )
+            refused = httpx.post(f"{s.url}/v1/chat/completions", headers={"Authorization": "Bearer nope"}, json={})
+        assert (ok.status_code, refused.status_code) == (200, 401)
+        metrics = httpx.get(s.url + "/metrics").text
+        assert 'agl_call_errors_total{kind="authentication_error",status="401"} 1.0' in metrics  # no rollout to blame
+        lines = [rec.getMessage() for rec in caplog.records if rec.name == "gateway.app"]
+        assert "POST /v1/chat/completions 200" in lines[0] and lines[0].endswith(f"rollout_id={r['id']}")
+        assert "POST /v1/chat/completions 401" in lines[1] and lines[1].endswith("rollout_id=-")
+        assert not any(r["agent_token"] in line or "nope" in line for line in lines)
