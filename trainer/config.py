@@ -46,6 +46,8 @@ class AglConfig(Strict):
     loss_mode: Literal["rollout", "token-mean", "seq-mean-token-mean"] = "rollout"
     is_cap: float = Field(2.0, gt=0, description="Truncated importance weight cap.")
     max_length: int = Field(32_768, ge=1, description="Longest merged sample (tokens).")
+    sample_mode: Literal["trajectory", "transition"] = Field("trajectory", description="Merge calls, or one per call.")
+    trained_agents: list[str] | None = Field(None, description="Agents whose calls are trained; default: every one.")
     threads: int = Field(0, ge=0, description="trainer.device cpu: torch threads of each worker (0: every core).")
     temperature: float = Field(1.0, gt=0, description="The harnesses' sampling temperature; other calls: untrained.")
     guard_drop: float | None = Field(None, gt=0, description="Act when validation falls this far below its best.")
@@ -56,7 +58,10 @@ class AglConfig(Strict):
     def adapter(self, dp_size: int = 1) -> AdapterSettings:
         """The adapter's settings: the fields they share, and verl's data-parallel size."""
         shared = {"max_length", "estimator", "advantage_level", "loss_mode", "max_staleness", "is_cap", "temperature"}
-        return AdapterSettings(**self.model_dump(include=shared), dp_size=dp_size)
+        agents = frozenset(self.trained_agents) if self.trained_agents is not None else None
+        return AdapterSettings(
+            **self.model_dump(include=shared), mode=self.sample_mode, trained_agents=agents, dp_size=dp_size
+        )
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[DictConfig, AglConfig]:

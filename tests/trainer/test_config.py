@@ -40,9 +40,15 @@ def test_warmup_steps_follow_verls_two_settings() -> None:
 
 
 def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
-    _, agl = load_config(DEMO, ["agl.admin_key=k", "agl.seed=7", "agl.threads=1", "agl.advantage_level=sample"])
+    overrides = ["agl.seed=7", "agl.threads=1", "agl.advantage_level=sample", "agl.sample_mode=transition"]
+    _, agl = load_config(DEMO, ["agl.admin_key=k", *overrides, "agl.trained_agents=[writer,checker]"])
     assert agl.seed == 7 and agl.threads == 1
-    assert agl.adapter().advantage_level == "sample"  # reaches the adapter
+    settings = agl.adapter()  # each reaches the adapter
+    assert settings.advantage_level == "sample" and settings.mode == "transition"
+    assert (
+        settings.trained_agents == frozenset({"writer", "checker"})
+        and load_config(DEMO, ["agl.admin_key=k"])[1].adapter().trained_agents is None
+    )
 
 
 @pytest.mark.parametrize(
@@ -51,6 +57,8 @@ def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
         ([], "agl.admin_key"),  # ??? in the file: required
         (["agl.admin_key=k", "agl.n=0"], "agl.n"),
         (["agl.admin_key=k", "agl.mode=fast"], "agl.mode"),
+        (["agl.admin_key=k", "agl.sample_mode=tree"], "agl.sample_mode"),
+        (["agl.admin_key=k", "agl.trained_agents=writer"], "agl.trained_agents"),
         (["agl.admin_key=k", "agl.bogus=1"], "agl.bogus"),
         (["agl.admin_key=k", "agl.batch_groups=9", "agl.active_groups=4"], "active_groups"),
         (["agl.admin_key=k", "trainer.total_training_steps=null"], "total_training_steps"),
