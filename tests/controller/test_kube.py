@@ -299,3 +299,55 @@ def test_controller_waits_for_a_gateway_that_is_down_at_start(namespace: str) ->
         asyncio.run(run())
     finally:
         launcher.close()
+
+
+def test_a_controller_started_before_its_gateway_then_beside_a_wrong_key_recovers(
+    tiny_path: Path, tmp_path: Path, namespace: str
+) -> None:
+    """As a cluster comes up: the controller starts first (nothing listens), then the gateway runs with another
+    admin key (every call refused), then the gateway is restarted with the controller's key. The controller
+    waits through both and launches the rollout as a Job once it can."""
+    import asyncio
+    import socket
+    import threading
+
+    from agl.client import GatewayClient
+    from controller.loop import Controller, ControllerSettings
+    from controller.spec import parse_spec
+    from tests.gateway.stack import stack
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = ControllerSettings(gateway=f"http://127.0.0.1:{port}", admin_key=ADMIN, launcher="kubernetes", poll_s=0.1)
+    spec = parse_spec(harness_spec(tmp_path) | {"namespace": namespace, "workspace": str(tmp_path / "ws")})
+    launcher = kube_launcher(namespace)
+    box: dict = {}
+    for name in ("wrong", "right"):
+        (tmp_path / name).mkdir()
+
+    async def run() -> None:
+        box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        async with GatewayClient(cfg.gateway, cfg.admin_key) as gw:
+            await Controller(gw, launcher, spec, cfg).run(box["stop"])
+
+    thread = threading.Thread(target=lambda: asyncio.run(run()), daemon=True)
+    thread.start()
+    try:
+        time.sleep(1.5)  # several ticks with nothing listening
+        with stack(tiny_path, tmp_path / "wrong", port=port, admin="another-key") as wrong:
+            queued = wrong.rollout()["id"]
+            time.sleep(1.5)  # several ticks refused
+            assert wrong.admin.get(f"/api/rollouts/{queued}").json()["status"] == "queued"
+        assert thread.is_alive()
+        with stack(tiny_path, tmp_path / "right", port=port) as right:
+            rid = right.rollout()["id"]
+            done = wait_status(right, rid, timeout=90)
+            assert done["status"] == "succeeded", reasons(right, rid)
+            assert any("launched by kubernetes" in r for r in reasons(right, rid))
+    finally:
+        if "loop" in box:
+            box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(30)
+        launcher.close()
+    assert not thread.is_alive()

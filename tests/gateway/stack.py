@@ -40,16 +40,18 @@ class Stack:
 
 
 @contextmanager
-def stack(model: Path, tmp: Path, script: list[str] | None = None, **settings: object) -> Iterator[Stack]:
+def stack(
+    model: Path, tmp: Path, script: list[str] | None = None, port: int = 0, admin: str = ADMIN, **settings: object
+) -> Iterator[Stack]:
     with ExitStack() as stack:
         engine = Engine(model, script=script)
         stack.callback(engine.close)
         engine_url = stack.enter_context(serve(engine_app(engine)))
         store = stack.enter_context(Store(f"sqlite:///{tmp / 'gateway.db'}"))
         info = httpx.get(engine_url + "/model_info").json()
-        cfg = GatewaySettings(admin_key=ADMIN, engine_url=[engine_url], **settings)  # type: ignore[arg-type]
+        cfg = GatewaySettings(admin_key=admin, engine_url=[engine_url], **settings)  # type: ignore[arg-type]
         app = make_app(cfg, store, EngineClient([engine_url], attempts=2, backoff_s=0.05), info)
-        url = stack.enter_context(serve(app))
+        url = stack.enter_context(serve(app, port))
         cfg.public_url = url
-        admin = stack.enter_context(httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"}))
-        yield Stack(url, engine_url, engine, store, admin)
+        client = stack.enter_context(httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}))
+        yield Stack(url, engine_url, engine, store, client)
