@@ -161,11 +161,7 @@ class Renderer:
 
     def encode(self, text: str, literal: Sequence[tuple[int, int]] = ()) -> list[int]:
         """Token IDs of `text`; the `literal` spans (marker text from messages) are tokenized as plain text."""
-        if self.context_length and len(text) > self.context_length * self.token_chars:
-            raise ContextOverflow(
-                f"This model's maximum context length is {self.context_length} tokens, and the prompt is "
-                f"{len(text)} characters: more than that many tokens can hold (at most {self.token_chars} each)."
-            )
+        self.check_length(len(text))
         if literal:
             ids, at = [], 0
             for a, b in literal:
@@ -175,6 +171,14 @@ class Renderer:
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
         return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)  # no offsets
+
+    def check_length(self, chars: int) -> None:
+        """Refuse text of `chars` characters when no context can hold it (no token is longer than `token_chars`)."""
+        if self.context_length and chars > self.context_length * self.token_chars:
+            raise ContextOverflow(
+                f"This model's maximum context length is {self.context_length} tokens, and the prompt is "
+                f"{chars} characters: more than that many tokens can hold (at most {self.token_chars} each)."
+            )
 
     def _encode_plain(self, text: str) -> list[int]:
         if self._backend is None:
@@ -202,9 +206,10 @@ class Renderer:
         """Input IDs for `messages`; extends the rollout's matching transcript when there is one."""
         if not messages:
             raise RenderError("messages must not be empty")
+        tools_key = json.dumps(tools, sort_keys=True)
+        self.check_length(len(tools_key) + sum(len(m.content) for m in messages))  # before rendering: at least this
         full, literal = self.render_prompt(messages, tools)
         digests = list(itertools.accumulate(messages, _digest, initial=0))[1:]  # [i]: of messages[:i + 1]
-        tools_key = json.dumps(tools, sort_keys=True)
         transcripts = self.transcripts.get(rollout_id, [])
         for t in reversed(transcripts):
             if t.tools_key != tools_key or t.digest not in digests[:-1]:
