@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -40,26 +41,29 @@ def resident_mb(pid: int) -> float:
 
 
 class Prober:
-    """A victim rollout's calls and /healthz, back to back; the latency of each (ms) goes to `current`."""
+    """A victim rollout's calls and /healthz, back to back, from a thread of its own (so the attacker's own work
+    on its 30 MB bodies does not delay a probe); the latency of each (ms) goes to `current`."""
 
-    def __init__(self, client: aiohttp.ClientSession, url: str, token: str) -> None:
-        self.client, self.url, self.token = client, url, token
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
         self.current: list[float] = []
         self.failures: list[str] = []
-        self.stop = asyncio.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self.run()), daemon=True)
 
     async def run(self) -> None:
         body = {"model": "victim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         headers = {"Authorization": f"Bearer {self.token}"}
-        while not self.stop.is_set():
-            for method, path, kw in (("POST", "/v1/chat/completions", {"json": body}), ("GET", "/healthz", {})):
-                t0 = time.perf_counter()
-                async with self.client.request(method, self.url + path, headers=headers, **kw) as r:
-                    await r.read()
-                    if r.status != 200:
-                        self.failures.append(f"{path}: {r.status}")
-                self.current.append((time.perf_counter() - t0) * 1000)
-            await asyncio.sleep(0.01)
+        async with session() as client:
+            while not self.stop.is_set():
+                for method, path, kw in (("POST", "/v1/chat/completions", {"json": body}), ("GET", "/healthz", {})):
+                    t0 = time.perf_counter()
+                    async with client.request(method, self.url + path, headers=headers, **kw) as r:
+                        await r.read()
+                        if r.status != 200:
+                            self.failures.append(f"{path}: {r.status}")
+                    self.current.append((time.perf_counter() - t0) * 1000)
+                await asyncio.sleep(0.01)
 
 
 Client, JSON, Outcome = aiohttp.ClientSession, dict[str, Any], tuple[list[int], bool]  # statuses; whether it held
@@ -209,8 +213,8 @@ async def main_async(baseline_s: float) -> dict[str, Any]:
         pid = stack.pid("gateway")
         async with session() as client:
             victim = (await create(client, stack.url, 1, "hostile-victim"))[0]
-            prober = Prober(client, stack.url, victim["agent_token"])
-            probing = asyncio.create_task(prober.run())
+            prober = Prober(stack.url, victim["agent_token"])
+            prober.thread.start()
             await asyncio.sleep(baseline_s)
             baseline, prober.current = prober.current, []
             rss_before = resident_mb(pid)
@@ -225,7 +229,7 @@ async def main_async(baseline_s: float) -> dict[str, Any]:
                 defect = not held or not set(statuses) <= wanted or any(s >= 500 for s in statuses)
                 rows.append((attack.__name__, sorted(set(statuses)), defect, worst, time.perf_counter() - started))
             prober.stop.set()
-            await probing
+            prober.thread.join(30)
             rss_after = resident_mb(pid)
     median = statistics.median(baseline)
     print(f"baseline: {len(baseline)} probes, median {median:.1f} ms, longest {max(baseline):.1f} ms")
