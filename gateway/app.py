@@ -14,7 +14,7 @@ import gc
 import logging
 import time
 from asyncio import wrap_future
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
 import uvloop
@@ -38,6 +38,7 @@ from gateway.settings import GatewaySettings
 from gateway.types import ContextOverflow, RenderError
 
 log = logging.getLogger(__name__)
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 class BodyTooLarge(Exception):
@@ -46,11 +47,13 @@ class BodyTooLarge(Exception):
 
 
 class Admission:
-    """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for `gateway/auth.py`)
-    and enforces the body limit, on the declared length and on the bytes as they arrive."""
+    """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for `gateway/auth.py`), enforces
+    the body limit, on the declared length and on the bytes as they arrive, answers a bug with `on_error` and
+    keeps the connection (Starlette's handler of Exception answers, then re-raises: uvicorn drops it), and
+    writes the access log."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, access_log: bool = False) -> None:
-        self.app, self.max_body_bytes, self.access_log = app, max_body_bytes, access_log
+    def __init__(self, app: ASGIApp, max_body_bytes: int, on_error: ErrorHandler, access_log: bool = False) -> None:
+        self.app, self.max_body_bytes, self.on_error, self.access_log = app, max_body_bytes, on_error, access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -78,9 +81,7 @@ class Admission:
                 raise BodyTooLarge(self.max_body_bytes)  # answered by the app's error handler
             return message
 
-        if not self.access_log:
-            return await self.app(scope, limited, send)
-        status, started = 500, time.monotonic()
+        status, started = 0, time.monotonic()
 
         async def sending(message: Message) -> None:
             nonlocal status
@@ -89,10 +90,15 @@ class Admission:
 
         try:
             await self.app(scope, limited, sending)
-        finally:  # the path without a /r/{token} prefix, and no query: never a token
-            rollout = getattr(scope.get("state", {}).get("rollout"), "id", "-")
-            ms = (time.monotonic() - started) * 1000
-            log.info("%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout)
+        except Exception as e:  # an error no handler took: a bug
+            if status:
+                raise  # the reply had begun: nothing left to answer with
+            await (await self.on_error(Request(scope), e))(scope, receive, sending)
+        finally:
+            if self.access_log:  # the path without a /r/{token} prefix, and no query: never a token
+                rollout = getattr(scope.get("state", {}).get("rollout"), "id", "-")
+                ms = (time.monotonic() - started) * 1000
+                log.info("%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout)
 
 
 def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
@@ -160,7 +166,6 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
     app.include_router(admin_routes(settings, store, proxy, auth), dependencies=[Depends(auth.admin)])
     app.include_router(rollout_routes(store, auth))
     app.include_router(open_routes(store, proxy))
-    app.add_middleware(Admission, max_body_bytes=settings.max_body_bytes, access_log=settings.access_log)
 
     async def on_error(request: Request, e: Exception) -> Response:
         if isinstance(e, ClientDisconnect):
@@ -179,11 +184,11 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
         return _reply(path, status, message, kind, code)
 
     handled = (AuthError, RenderError, StoreError, EngineError, HeldTooLong, BodyTooLarge, ValidationError)
-    # Bugs by their base classes: Starlette hands a handler of Exception itself to its outermost middleware, which
-    # re-raises after answering, so uvicorn logs a second traceback and closes the harness's kept-alive connection.
-    bugs = (ArithmeticError, AssertionError, AttributeError, LookupError, NameError, OSError, RuntimeError, TypeError)
-    for expected in (*handled, RequestValidationError, ClientDisconnect, *bugs, ValueError, Exception):
+    for expected in (*handled, RequestValidationError, ClientDisconnect):  # anything else: `Admission` answers
         app.add_exception_handler(expected, on_error)
+    app.add_middleware(
+        Admission, max_body_bytes=settings.max_body_bytes, on_error=on_error, access_log=settings.access_log
+    )
     return app
 
 

@@ -256,10 +256,14 @@ def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
 
 
 def test_an_unexpected_error_is_a_500_that_keeps_the_connection(s: Stack, monkeypatch: pytest.MonkeyPatch):
-    """A bug answers 500 with no details, and the harness's kept-alive connection serves its next request."""
+    """A bug answers 500 with no details, and the harness's kept-alive connection serves its next request.
+    Any exception: a library's own error class, not only the builtin ones."""
+
+    class LibraryError(Exception):
+        pass
 
     def broken(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("a bug")
+        raise LibraryError("a bug")
 
     r = s.rollout()
     monkeypatch.setattr(s.store, "events", broken)
