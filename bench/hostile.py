@@ -22,22 +22,15 @@ import statistics
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench.gateway import rss_mb
 from bench.soak import ADMIN_HEADERS, create, running, session, tiny_tokenizer
 
 STALL_MS = 250  # the most a probe may take beyond the baseline while an attack runs
 MB = 1 << 20
-
-
-def resident_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 class Prober:
@@ -217,7 +210,7 @@ async def main_async(baseline_s: float) -> dict[str, Any]:
             prober.thread.start()
             await asyncio.sleep(baseline_s)
             baseline, prober.current = prober.current, []
-            rss_before = resident_mb(pid)
+            rss_before = rss_mb(pid, "VmRSS")
             rows = []
             for attack, wanted in ATTACKS:
                 attacker = (await create(client, stack.url, 1, f"hostile-{attack.__name__}"))[0]
@@ -230,7 +223,7 @@ async def main_async(baseline_s: float) -> dict[str, Any]:
                 rows.append((attack.__name__, sorted(set(statuses)), defect, worst, time.perf_counter() - started))
             prober.stop.set()
             prober.thread.join(30)
-            rss_after = resident_mb(pid)
+            rss_after = rss_mb(pid, "VmRSS")
     median = statistics.median(baseline)
     print(f"baseline: {len(baseline)} probes, median {median:.1f} ms, longest {max(baseline):.1f} ms")
     print("| attack | statuses | defect | longest probe (ms) | took (s) |")
