@@ -3,7 +3,9 @@
 Owns rendering, parsing a sampled reply into content, reasoning and tool calls (a registry of
 tool-call formats), and each rollout's transcripts for prefix-preserving mode (DESIGN.md section
 4): a prompt that re-sends an earlier call's conversation and reply is built on that reply's
-sampled IDs; any other prompt is classified. It does not talk to engines, store, or know wire formats.
+sampled IDs; any other prompt is classified. Also that marker text inside messages stays text, and
+that text no context can hold is refused before it is tokenized. It does not talk to engines, store,
+or know wire formats.
 """
 
 from __future__ import annotations
