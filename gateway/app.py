@@ -104,6 +104,7 @@ class Admission:
 def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
     """How an error is answered: status, message, error type and (OpenAI's) error code."""
     anthropic = path.endswith("/v1/messages")
+    busy = "overloaded_error" if anthropic else "server_error"  # a temporary failure: retry
     match e:
         case AuthError():
             return e.status, str(e), "authentication_error" if e.status == 401 else "permission_error", None
@@ -122,15 +123,10 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
         case NotFound():
             return 404, str(e), "not_found_error", None
         case HeldTooLong():
-            return 503, str(e), "overloaded_error" if anthropic else "server_error", None
+            return 503, str(e), busy, None
         case EngineUnavailable():  # the details (engine addresses) go to the log, not to harnesses
             log.error("request %s failed: %s", path, e)
-            return (
-                503,
-                "the model engine is unavailable; retry shortly",
-                "overloaded_error" if anthropic else "server_error",
-                None,
-            )
+            return 503, "the model engine is unavailable; retry shortly", busy, None
         case EngineError() | StoreError():
             log.error("request %s failed: %s", path, e)
             return 502, "upstream failure (the gateway's log has the details)", "api_error", None
