@@ -16,7 +16,6 @@ import logging
 import random
 import time
 import zlib
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,8 +127,8 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         self, input_ids: Sequence[int], sampling_params: dict[str, Any], *, rollout_id: str | None = None
     ) -> Generation:
         """Sample a continuation of `input_ids`, on the rollout's replica when it is up."""
-        ids = input_ids if isinstance(input_ids, array) and input_ids.typecode == "i" else array("i", input_ids)
-        body = {"input_ids": np.frombuffer(ids, np.int32), "sampling_params": sampling_params, "return_logprob": True}
+        ids = np.asarray(input_ids, np.int32)  # a rendered prompt (an int32 `array`) is viewed, not copied
+        body = {"input_ids": ids, "sampling_params": sampling_params, "return_logprob": True}
         replica, reply = await self.call("POST", "/generate", body, rollout_id=rollout_id)
         try:
             meta = reply["meta_info"]
