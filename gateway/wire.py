@@ -233,11 +233,8 @@ class ResponsesRequest(_Request):
                 messages.append(message_from_openai({"role": item.get("role"), "content": item.get("content")}))
             elif kind == "function_call":
                 call = ToolCall(str(item.get("name", "")), str(item.get("arguments", "")), str(item.get("call_id", "")))
-                if messages and messages[-1].role == "assistant":
-                    last = messages.pop()
-                    messages.append(Message("assistant", last.content, (*last.tool_calls, call), last.reasoning))
-                else:
-                    messages.append(Message("assistant", "", (call,)))
+                last = messages.pop() if messages and messages[-1].role == "assistant" else Message("assistant")
+                messages.append(Message("assistant", last.content, (*last.tool_calls, call), last.reasoning))
             elif kind == "function_call_output":
                 messages.append(Message("tool", text_of(item.get("output")), tool_call_id=str(item.get("call_id", ""))))
             elif kind != "reasoning":
