@@ -62,16 +62,10 @@ class Message:
         return Message(self.role, f(self.content), calls, f(self.reasoning), f(self.tool_call_id), f(self.name))
 
     def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
-        """What identifies the message for prefix matching: reasoning and call ids are left out,
-        since harnesses often drop the first and may rename the second."""
-        return self.role, self.content.strip(), tuple((c.name, _canonical_json(c.arguments)) for c in self.tool_calls)
-
-
-def _canonical_json(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text), sort_keys=True)
-    except ValueError:
-        return text
+        """What identifies the message for prefix matching: tool arguments as the template gets them (parsed);
+        reasoning and call ids are left out, since harnesses often drop the first and may rename the second."""
+        calls = tuple((c.name, json.dumps(c.parsed_arguments(), sort_keys=True)) for c in self.tool_calls)
+        return self.role, self.content.strip(), calls
 
 
 @dataclass(frozen=True)
