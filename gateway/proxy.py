@@ -235,11 +235,6 @@ class Proxy:
         self.renderer.forget(rollout_id)
         self.seen.discard(rollout_id)
 
-    def resume(self, version: int | None) -> None:
-        if version is not None:
-            self.version = version
-        self.gate.resume()
-
     def state(self) -> dict[str, Any]:
         gate = self.gate
         return {"paused": gate.paused, "version": self.version, "inflight": gate.inflight, "waiting": gate.waiting}

@@ -272,7 +272,8 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
     @router.post("/api/resume")
     async def resume(request: Request) -> Any:
         req = await body(request, ResumeIn) if await request.body() else ResumeIn()
-        proxy.resume(req.version)
+        proxy.version = proxy.version if req.version is None else req.version
+        proxy.gate.resume()
         return proxy.state()
 
     @router.get("/api/state")
