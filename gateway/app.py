@@ -149,7 +149,7 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
         log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
     context_length = settings.context_length or int(info.get("max_context_length", 32768))
     renderer = Renderer(tokenizer, tool_parser=settings.tool_parser, context_length=context_length)
-    proxy = Proxy(store, engines, renderer, settings, context_length, version=latest.version if latest else 0)
+    proxy = Proxy(store, engines, renderer, settings, version=latest.version if latest else 0)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

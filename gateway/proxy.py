@@ -93,16 +93,10 @@ class Proxy:
     """Serves harness calls: gate, render, check, sample, record."""
 
     def __init__(
-        self,
-        store: Store,
-        engines: EngineClient,
-        renderer: Renderer,
-        settings: GatewaySettings,
-        context_length: int,
-        version: int = 0,
+        self, store: Store, engines: EngineClient, renderer: Renderer, settings: GatewaySettings, version: int = 0
     ) -> None:
         self.store, self.engines, self.renderer, self.settings = store, engines, renderer, settings
-        self.context_length, self.version = context_length, version  # the engine's window (tokens); version served
+        self.context_length, self.version = renderer.context_length, version  # the window (tokens); version served
         self.gate = Gate()
         self.metrics = Metrics(self.gate)
         self.started = time.time()
