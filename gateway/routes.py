@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 
 from agl.settings import Strict
 from agl.store import Created, Store
-from agl.types import JSON, Call, Mode, ModelVersion, Rollout, Status
+from agl.types import ARRAYS, JSON, Call, Mode, ModelVersion, Rollout, Status
 from gateway import wire
 from gateway.auth import Auth, AuthError
 from gateway.proxy import Proxy
@@ -108,11 +108,7 @@ async def body(request: Request, schema: type[Any]) -> Any:
 
 
 def _jsonable(record: Any) -> JSON:
-    out = dataclasses.asdict(record)
-    for key in ("prompt_ids", "response_ids", "logprobs"):
-        if key in out:
-            out[key] = out[key].tolist()
-    return out
+    return {k: v.tolist() if k in ARRAYS else v for k, v in dataclasses.asdict(record).items()}
 
 
 SYSTEM_EVENTS = {"lifecycle", "tokens", "error", "prefix_mismatch", "max_tokens_lowered", "launch", "reward"}  # agl's
