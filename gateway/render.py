@@ -28,6 +28,7 @@ from gateway.types import ContextOverflow, Message, RenderError, ToolCall
 
 _THINK = re.compile(r"<think>(.*?)</think>\s*", re.S)
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+MAX_ROLLOUTS = 10_000  # rollouts whose transcripts are kept (least recently called dropped first)
 
 
 def parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
@@ -99,12 +100,10 @@ class Prompt:
 class Renderer:
     """Chat template rendering for one tokenizer, with per-rollout transcripts (bounded LRU)."""
 
-    def __init__(
-        self, tokenizer: Any, *, tool_parser: str = "hermes", context_length: int = 0, max_rollouts: int = 10_000
-    ) -> None:
+    def __init__(self, tokenizer: Any, *, tool_parser: str = "hermes", context_length: int = 0) -> None:
         if tool_parser not in TOOL_PARSERS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; known: {sorted(TOOL_PARSERS)}")
-        self.tokenizer, self.tool_parser, self.max_rollouts = tokenizer, tool_parser, max_rollouts
+        self.tokenizer, self.tool_parser = tokenizer, tool_parser
         # No text longer than this fits the context (no token is longer than the vocabulary's longest
         # entry): longer text is refused before it is tokenized, which costs seconds and GBs at 30 MB.
         self.context_length, self.token_chars = context_length, max(map(len, tokenizer.get_vocab()))
@@ -260,7 +259,7 @@ class Renderer:
         kept = [t for t in self.transcripts.pop(rollout_id, []) if t.digest not in superseded]
         kept.append(Transcript(digest, prompt.digests[0], ids, prompt.tools_key, (len(verbatim), hash(verbatim))))
         self.transcripts[rollout_id] = kept[-8:]
-        while len(self.transcripts) > self.max_rollouts:
+        while len(self.transcripts) > MAX_ROLLOUTS:
             self.transcripts.popitem(last=False)
 
     def forget(self, rollout_id: str) -> None:
