@@ -57,7 +57,6 @@ class Message:
         return out | {k: v for k, v in extra.items() if v}
 
     def map_text(self, f: Callable[[str], str]) -> Message:
-        """This message with `f` applied to each of its strings."""
         calls = tuple(ToolCall(f(c.name), f(c.arguments), f(c.id)) for c in self.tool_calls)
         return Message(self.role, f(self.content), calls, f(self.reasoning), f(self.tool_call_id), f(self.name))
 
