@@ -615,10 +615,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
         query = sa.select(calls).join(rollouts, _CURRENT_ATTEMPT).where(calls.c.rollout_id == rollout_id)
         return [_call(row) for row in reversed(self._read(query.order_by(calls.c.seq.desc()).limit(n)))]
 
-    def events(self, rollout_id: str, *, after: int = 0, kind: str | None = None) -> list[Event]:
+    def events(self, rollout_id: str, *, after: int = 0) -> list[Event]:
         query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)
-        if kind is not None:
-            query = query.where(events.c.kind == kind)
         return [Event(**row._mapping) for row in self._read(query)]
 
     def status_counts(self) -> dict[str, int]:
