@@ -92,9 +92,8 @@ class GatewayClient:
     async def list_rollouts(
         self, *, status: Status | None = None, group: str | None = None, after: int | None = None, limit: int = 1000
     ) -> list[Rollout]:  # `after` (an `end_seq`): those that ended after it, in the order they ended
-        params: dict[str, Any] = {"limit": str(limit)} | ({"after": str(after)} if after is not None else {})
-        params |= {"status": status.value} if status else {}
-        params |= {"group": group} if group else {}
+        given = {"limit": limit, "after": after, "status": status, "group": group}
+        params = {k: str(v) for k, v in given.items() if v not in (None, "")}
         return [Rollout.from_dict(r) for r in await self._request("GET", "/api/rollouts", params=params)]
 
     async def set_status(
