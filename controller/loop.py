@@ -134,12 +134,11 @@ class Controller:
         self.not_before.pop(rollout.id, None)
         try:
             spec = self.spec_of(rollout)
-            if spec and spec.grader and not rollout.has_grader:
+            assert spec is not None  # launchable() chose only rollouts with one
+            if spec.grader and not rollout.has_grader:
                 raise SpecError("the spec has a grader but the rollout has no grader token")
         except SpecError as e:
             await self.report(rollout, Outcome.task(str(e)), None)
-            return
-        if spec is None:
             return
         try:
             reply = await self.gw.rotate_tokens(rollout.id, attempt=rollout.attempt)
