@@ -4,7 +4,7 @@
 """
 
 from adapters.advantage import ESTIMATORS, Estimator
-from adapters.batch import Batch, balanced_partitions, build_batch, truncated_is_weights
+from adapters.batch import Batch, balanced_partitions, build_batch
 from adapters.settings import AdapterError, AdapterSettings
 
 __all__ = [
@@ -15,5 +15,4 @@ __all__ = [
     "Estimator",
     "balanced_partitions",
     "build_batch",
-    "truncated_is_weights",
 ]

@@ -2,8 +2,8 @@
 
 Owns the pipeline around the merge and the estimators: input checks, infra exclusion, staleness, missing rewards,
 rollout-level loss weights (verl's sample-level modes kept for comparison), whole-rollout mini-batches, packing
-over data-parallel ranks with zero-weight padding, truncated importance weights, metrics. The batch is flat numpy
-per token (`offsets` marks samples); padding rows and verl's `DataProto` are the trainer's. No verl, no store here.
+over data-parallel ranks with zero-weight padding, metrics. The batch is flat numpy per token (`offsets` marks
+samples); padding rows, truncated importance weights and verl's `DataProto` are the trainer's. No verl, no store.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -56,13 +55,6 @@ class Batch:
     @property
     def n_samples(self) -> int:
         return len(self.offsets) - 1
-
-
-def truncated_is_weights(behaviour: Any, recomputed: Any, mask: Any, cap: float) -> Any:
-    """min(exp(recomputed - behaviour), cap) on trained tokens, 0 elsewhere; numpy arrays or torch tensors."""
-    if isinstance(recomputed, np.ndarray):
-        return np.minimum(np.exp(recomputed - behaviour), cap) * mask
-    return (recomputed - behaviour).detach().exp().clamp(max=cap) * mask
 
 
 def balanced_partitions(lengths: Sequence[int], k: int) -> list[list[int]]:

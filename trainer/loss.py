@@ -16,7 +16,7 @@ import torch
 from verl import DataProto
 from verl.trainer.ppo.core_algos import kl_penalty, register_policy_loss
 
-from adapters import Batch, truncated_is_weights
+from adapters import Batch
 from trainer.config import LOSS
 
 
@@ -71,7 +71,7 @@ def agl_ppo_loss(
     mask = d["response_mask"].to(bool)
     # without old log-probs the step is one epoch over one mini-batch: this forward pass is the old policy's
     old = d["old_log_probs"] if "old_log_probs" in d else log_prob.detach()
-    tis = truncated_is_weights(d["rollout_log_probs"], old, mask, data["is_cap"])
+    tis = (old - d["rollout_log_probs"]).detach().exp().clamp(max=data["is_cap"]) * mask  # truncated IS weights
     pg, pg_metrics = agl_policy_loss(old, log_prob, d["advantages"], mask, "token-sum", config, d["loss_weights"] * tis)
     metrics: dict[str, Any] = Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
     metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters import AdapterSettings, Batch, balanced_partitions, build_batch, truncated_is_weights
+from adapters import AdapterSettings, Batch, balanced_partitions, build_batch
 from agl.types import Call, FailureKind, Rollout
 from tests.adapters.factory import call, rollout
 
@@ -209,17 +209,6 @@ def test_stale_rollouts_are_dropped_and_versions_kept_per_token() -> None:
     assert batch.versions[batch.offsets[j] : batch.offsets[j + 1]].tolist() == [4, 4, 5, 5]
     with pytest.raises(ValueError, match="trained version"):
         build_batch(rollouts, calls, AdapterSettings(max_staleness=1))
-
-
-def test_truncated_importance_weights_numpy_and_torch() -> None:
-    old = np.array([-1.0, -2.0, -0.5, -3.0], dtype=np.float32)
-    new = np.array([-1.5, -0.5, -0.5, -3.0], dtype=np.float32)
-    mask = np.array([True, True, True, False])
-    want = [np.exp(-0.5), 2.0, 1.0, 0.0]  # exp(1.5) is capped at 2
-    assert truncated_is_weights(old, new, mask, 2.0).tolist() == pytest.approx(want)
-    new_t = torch.tensor(new, requires_grad=True)
-    got = truncated_is_weights(torch.tensor(old), new_t, torch.tensor(mask), 2.0)
-    assert got.tolist() == pytest.approx(want) and not got.requires_grad
 
 
 BAD_SETTINGS = {"mode": "tree", "loss_mode": "sum", "max_length": 0, "dp_size": 0, "n_minibatches": 0}
