@@ -46,8 +46,6 @@ class AdapterSettings:
     # Drop rollouts whose oldest call is more than this many versions behind the trained version
     # (versions); None keeps every rollout.
     max_staleness: int | None = Field(default=None, ge=0)
-    # Upper bound of a truncated importance weight (unitless); 2.0 as in TIS-style corrections.
-    is_cap: float = Field(default=2.0, gt=0)
     # Data-parallel ranks; each mini-batch is padded with zero-weight samples to a multiple of it.
     dp_size: int = Field(default=1, ge=1)
     # Optimizer steps per batch. Mini-batches are made of whole rollouts: consecutive runs of the

@@ -57,11 +57,9 @@ class AglConfig(Strict):
 
     def adapter(self, dp_size: int = 1) -> AdapterSettings:
         """The adapter's settings: the fields they share, and verl's data-parallel size."""
-        shared = {"max_length", "estimator", "advantage_level", "loss_mode", "max_staleness", "is_cap", "temperature"}
-        agents = frozenset(self.trained_agents) if self.trained_agents is not None else None
-        return AdapterSettings(
-            **self.model_dump(include=shared), mode=self.sample_mode, trained_agents=agents, dp_size=dp_size
-        )
+        shared = {"max_length", "estimator", "advantage_level", "loss_mode", "max_staleness", "temperature"}
+        shared.add("trained_agents")  # a list here, a frozenset there: the adapter's validation converts it
+        return AdapterSettings(**self.model_dump(include=shared), mode=self.sample_mode, dp_size=dp_size)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[DictConfig, AglConfig]:

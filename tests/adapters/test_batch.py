@@ -212,7 +212,7 @@ def test_stale_rollouts_are_dropped_and_versions_kept_per_token() -> None:
 
 
 BAD_SETTINGS = {"mode": "tree", "loss_mode": "sum", "max_length": 0, "dp_size": 0, "n_minibatches": 0}
-BAD_SETTINGS |= {"max_staleness": -1, "is_cap": 0.0, "eps": -1.0}
+BAD_SETTINGS |= {"max_staleness": -1, "eps": -1.0}
 
 
 @pytest.mark.parametrize(("name", "value"), BAD_SETTINGS.items())
