@@ -40,7 +40,6 @@ class Batch:
     advantages: np.ndarray  # float32, per token; 0 where loss_mask is False
     loss_weights: np.ndarray  # float32, per token; the loss is sum(weight * token loss)
     logprobs: np.ndarray  # float32, per token: behaviour logprobs; 0 where loss_mask is False
-    versions: np.ndarray  # int32, per token: model version of the call it came from; -1 padding
     offsets: np.ndarray  # int64, n_samples + 1
     sample_rollout: np.ndarray  # int32, per sample: index into rollout_ids; -1 for padding
     sample_rank: np.ndarray  # int32, per sample: data-parallel rank
@@ -166,7 +165,7 @@ def _assemble(
     n = len(trained)
     n_mb = min(s.n_minibatches, max(n, 1))
     rollout_mb = (np.arange(n) * n_mb // max(n, 1)).astype(np.int32)
-    pad = Draft("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1, -1)], length=1)
+    pad = Draft("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1)], length=1)
     # One entry per sample, in output order: (rollout index or -1, draft, weight, advantage, mini-batch, rank).
     order: list[tuple[int, Draft, float, float, int, int]] = []
     for mb in range(n_mb):
@@ -185,14 +184,13 @@ def _assemble(
     offsets = np.cumsum([0, *(d.length for d in drafts)], dtype=np.int64)
     total = int(offsets[-1])
     # Preallocate and fill slices: one pass over the output, no per-token Python work.
-    input_ids, versions = np.empty(total, np.int32), np.empty(total, np.int32)
+    input_ids = np.empty(total, np.int32)
     loss_mask, logprobs = np.zeros(total, bool), np.zeros(total, np.float32)
     advantages, loss_weights = np.zeros(total, np.float32), np.zeros(total, np.float32)
     for (_, draft, w, a, _, _), start in zip(order, offsets.tolist(), strict=False):
         for g in draft.segments:
             end = start + len(g.ids)
             input_ids[start:end] = g.ids
-            versions[start:end] = g.version
             if g.logprobs is not None:  # sampled (padding has none)
                 advantages[start:end] = a
                 logprobs[start:end] = g.logprobs
@@ -219,7 +217,6 @@ def _assemble(
         advantages=advantages,
         loss_weights=loss_weights,
         logprobs=logprobs,
-        versions=versions,
         offsets=offsets,
         sample_rollout=np.array([o[0] for o in order], dtype=np.int32),
         sample_rank=np.array([o[5] for o in order], dtype=np.int32),

@@ -33,7 +33,6 @@ class Segment:
     ids: np.ndarray
     logprobs: np.ndarray | None
     seq: int
-    version: int
 
 
 @dataclass(eq=False, slots=True)
@@ -48,8 +47,8 @@ class Draft:
     last_response: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
     def add(self, call: Call, prompt: np.ndarray, response: np.ndarray, logprobs: np.ndarray) -> None:
-        self.segments.append(Segment(prompt[self.length :], None, call.seq, call.model_version))
-        self.segments.append(Segment(response, logprobs, call.seq, call.model_version))
+        self.segments.append(Segment(prompt[self.length :], None, call.seq))
+        self.segments.append(Segment(response, logprobs, call.seq))
         self.length = len(prompt) + len(response)
         self.trained += len(response)
         self.last_prompt, self.last_response = prompt, response
