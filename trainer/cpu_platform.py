@@ -20,7 +20,6 @@ ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "VERL_USE_EXTERNAL_
 
 
 def active() -> bool:
-    """Whether this process runs verl on this platform."""
     return os.environ.get("VERL_PLATFORM") == "cpu"
 
 
@@ -71,8 +70,6 @@ DEVICE = SimpleNamespace(
 
 @PlatformRegistry.register(platform="cpu")
 class PlatformCPU(PlatformBase):
-    """verl's platform interface on the CPU; what a device would do (memory, streams, profiling) does nothing."""
-
     device_name = vendor_name = "cpu"
     device_module = DEVICE  # type: ignore[assignment]
     set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
