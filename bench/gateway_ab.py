@@ -6,7 +6,9 @@ alternates sequential calls between them (in turn first), with a direct call to 
 each pair.
 So a slow phase of the machine slows both, which back-to-back runs of bench.gateway cannot
 promise (the same commit measured 1.5 and 4 ms of added p50 an hour apart). Then it measures
-calls/s with 64 clients on each gateway alone, alternating twice. Last line:
+calls/s with 64 clients on each gateway alone, alternating twice. `--engine-ms 50` makes the
+stand-in answer after 50 ms, as a real engine does at the least (the figures then say what a
+user would notice). Last line:
 `ab_p50_overhead_ms_this=A ab_p50_overhead_ms_other=B ab_calls_per_s_this=C ab_calls_per_s_other=D`.
 """
 
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import httpx
 
 from bench.gateway import ADMIN, Conversation, free_port, post, wait
 
@@ -67,6 +70,7 @@ def main() -> None:
     parser.add_argument("other", help="the other source tree (a checkout of agl)")
     parser.add_argument("--calls", type=int, default=500, help="sequential calls per gateway")
     parser.add_argument("--concurrent", type=int, default=64)
+    parser.add_argument("--engine-ms", type=float, default=0, help="the stand-in's latency (ms; default instant)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -85,6 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         try:
             wait(engine + "/model_info")
+            latency = {"fail": 0, "delay_s": args.engine_ms / 1000}
+            httpx.post(engine + "/stand_in/faults", json=latency).raise_for_status()
             gateways = []
             for i, tree in enumerate((this, Path(args.other).resolve())):
                 port = free_port()

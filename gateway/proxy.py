@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import logging
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -27,6 +29,7 @@ from gateway.types import Ask, Completion, ContextOverflow, Message, Params, Ren
 
 log = logging.getLogger(__name__)
 MAX_AGENT_LABELS = 100  # distinct agent names counted in /metrics; later ones count as "other"
+INLINE_CHARS = 16_000  # prompts shorter than this render on the event loop (a few ms at most)
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # of call latency (seconds)
 
 
@@ -105,9 +108,11 @@ class Proxy:
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         rollout_id = ask.rollout.id
-        # Off the event loop: a long prompt takes seconds to render and tokenize (the tokenizer releases the GIL).
-        render = self.renderer.prompt
-        prompt = await asyncio.to_thread(render, rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
+        # A long prompt is rendered and tokenized off the event loop (the tokenizer releases the GIL): it takes
+        # seconds at megabytes. A short one is not worth two thread switches, each a wait for a busy core.
+        render = partial(self.renderer.prompt, rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
+        size = sum(len(m.content) for m in messages) + (len(json.dumps(tools)) if tools else 0)
+        prompt = render() if size < INLINE_CHARS else await asyncio.to_thread(render)
         out = await self._serve(ask, prompt.ids, params, parse=True)
         self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()  # recorded
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised

@@ -11,6 +11,7 @@ or know wire formats.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import re
@@ -111,6 +112,9 @@ class Renderer:
         # writes markers, so tool output cannot forge a turn, nor change the tokens the model is trained on.
         added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
         self._markers = re.compile("|".join(map(re.escape, added))) if added else None
+        self._stand_in = f"@@agl{secrets.token_hex(8)}."  # never shown to a client, so no text can spell it
+        # A group's rollouts start from the same prompt (one task, one harness): it is tokenized once.
+        self._encode_first = functools.lru_cache(maxsize=64)(lambda text: array("i", self.encode(text)))
         self._plain: Any = None  # the Rust tokenizer reading markers as text, made when first needed
         self.transcripts: OrderedDict[str, list[Transcript]] = OrderedDict()
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -141,7 +145,7 @@ class Renderer:
         text is swapped for a unique stand-in while the template renders, then put back."""
         found: list[str] = []
         if (markers := self._markers) is not None:
-            mark = f"@@agl{secrets.token_hex(4)}."
+            mark = self._stand_in
 
             def stand_in(m: re.Match[str]) -> str:
                 found.append(m.group(0))
@@ -231,7 +235,8 @@ class Renderer:
             return Prompt(t.ids + array("i", self.encode(full[length:], tail)), True, "", digests, tools_key, full)
         rewritten = any(t.first == digests[0] for t in transcripts)  # same start: the harness edited its context
         kind = "" if not transcripts else "context_rewritten" if rewritten else "new_chain"
-        return Prompt(array("i", self.encode(full, literal)), False, kind, digests, tools_key, full)
+        ids = array("i", self._encode_first(full) if not literal else self.encode(full, literal))
+        return Prompt(ids, False, kind, digests, tools_key, full)
 
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as

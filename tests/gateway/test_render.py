@@ -173,6 +173,27 @@ def test_a_reply_sent_back_as_sampled_extends_without_rendering_the_history_agai
     assert renderer.decode(second.ids) == render_text(following, [], generation_prompt=True)
 
 
+def test_a_group_s_shared_first_prompt_is_tokenized_once(renderer: Renderer):
+    """The rollouts of a group start from the same prompt; the second gets the first's IDs (a copy)
+    without tokenizing again, and a different prompt is tokenized as before."""
+    encoded: list[str] = []
+    encode = renderer.encode
+
+    def counting(text: str, literal: Any = ()) -> list[int]:
+        encoded.append(text)
+        return encode(text, literal)
+
+    renderer.encode = counting  # type: ignore[method-assign]
+    messages = [Message("system", "You are an agent. " * 50), Message("user", "Fix the failing test.")]
+    a, b = renderer.prompt("a", messages, TOOLS), renderer.prompt("b", messages, TOOLS)
+    assert len(encoded) == 1 and a.ids == b.ids and a.ids is not b.ids
+    a.ids.append(7)  # a caller's copy: the cached IDs stay as they were
+    task = [messages[0], Message("user", "Another task.")]
+    other = renderer.prompt("c", task, TOOLS)
+    assert len(encoded) == 2 and renderer.prompt("d", messages, TOOLS).ids == b.ids
+    assert other.ids.tolist() == encode(renderer.render_text(task, TOOLS, generation_prompt=True))
+
+
 def long_chat(r: Renderer, salt: str) -> str:
     system = f"{salt}: you are a careful agent; Ünïcödé, tabs\t and  spaces.\n" * 60
     messages = [

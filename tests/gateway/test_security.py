@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench import soak
-from gateway.proxy import MAX_AGENT_LABELS
+from gateway.proxy import INLINE_CHARS, MAX_AGENT_LABELS
 from gateway.render import Renderer
 from tests.gateway.stack import ADMIN, Stack, stack
 
@@ -34,6 +34,7 @@ def chat(s: Stack, token: str) -> httpx.Response:
         s.url + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {token}"},
         json={"messages": USER, "max_tokens": 2},
+        timeout=60,
     )
 
 
@@ -182,8 +183,9 @@ def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized(tiny_pat
         assert counted["code"] == "context_length_exceeded" and "characters" not in counted["message"]
 
 
-def test_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pytest.MonkeyPatch):
-    """Rendering and tokenizing a long prompt takes seconds: on the event loop, every other call would wait."""
+def test_long_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pytest.MonkeyPatch):
+    """Rendering and tokenizing a long prompt takes seconds: on the event loop, every other call would wait.
+    A short one (under `INLINE_CHARS`) is rendered on the loop, sparing two thread switches."""
     on_loop = []
     render = Renderer.prompt
 
@@ -195,8 +197,14 @@ def test_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pytest.M
         return render(self, *args, **kwargs)
 
     monkeypatch.setattr(Renderer, "prompt", spy)
-    assert chat(s, s.rollout()["agent_token"]).status_code == 200
-    assert on_loop == [False]
+    token = s.rollout()["agent_token"]
+    assert chat(s, token).status_code == 200
+    long = [{"role": "user", "content": "word " * (INLINE_CHARS // 5)}]
+    headers = {"Authorization": f"Bearer {token}"}
+    reply = httpx.post(
+        s.url + "/v1/chat/completions", headers=headers, json={"messages": long, "max_tokens": 2}, timeout=60
+    )
+    assert reply.status_code == 200 and on_loop == [True, False]
 
 
 def test_deep_json_is_refused_before_sampling(s: Stack):
