@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
+import reward_curve  # examples/reward_curve.py, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN_KEY = "demo-admin-key"
@@ -115,7 +116,7 @@ def main() -> int:
             return 1
         result = summary(out / "train" / "metrics.jsonl") | {"wall_s": time.monotonic() - started}
         (out / "summary.json").write_text(json.dumps(result))
-        print(f"reward curve: {out / 'train' / 'reward_curve.png'}; TensorBoard: {out / 'train' / 'tensorboard'}")
+        print(f"reward curve: {reward_curve.plot(out / 'train')}; TensorBoard: {out / 'train' / 'tensorboard'}")
         print(
             f"validation reward (greedy, {len(VAL)} held-out tasks): before training {result['val_before']:.3f}, "
             f"after {result['val_after']:.3f}; training reward: first 3 steps {result['train_first3']:.3f}, "

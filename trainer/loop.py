@@ -379,32 +379,6 @@ class Trainer:
             await self.launch_next([r.id for r in found])
 
 
-def reward_curve(history: list[dict[str, float]], path: Path) -> None:
-    """Training and validation reward per step, and below them the entropy, as a PNG."""
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure to close
-
-    steps = [h for h in history if "reward/mean" in h]
-
-    def series(key: str) -> tuple[list[float], list[float]]:
-        return [float(i) for i, h in enumerate(steps, 1) if key in h], [h[key] for h in steps if key in h]
-
-    val = [(h["val/step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
-    fig = Figure(figsize=(6, 5.5), layout="tight")
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    top.plot(*series("reward/mean"), marker="o", label="train reward (mean)")
-    if val:
-        top.plot(*zip(*val, strict=True), marker="s", label="validation reward (mean)")
-    top.set_ylabel("reward")
-    bottom.plot(*series("rollout/sampled_entropy"), marker=".", label="sampled tokens (-logprob)")
-    bottom.plot(*series("actor/entropy"), marker=".", label="policy (full distribution)")
-    bottom.set_ylabel("entropy (nats/token)")
-    bottom.set_xlabel("step")
-    for ax in (top, bottom):
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=100)
-
-
 async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
     import httpx
     from verl.utils.tracking import Tracking
@@ -437,7 +411,6 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
         async with GatewayClient(agl.gateway, agl.admin_key, timeout_s=3600) as gw:
             loop = Trainer(cfg, agl, backend, gw, tracker)
             await loop.run()
-        reward_curve(loop.history, out / "reward_curve.png")
         (out / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in loop.history))
         return loop.history
     finally:

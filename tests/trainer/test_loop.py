@@ -140,7 +140,7 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path,
     assert all(s["adapter/rollouts_trained"] == 4 for s in steps)  # mixed rewards: every group was trained
     assert all(s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps)
     run = tmp_path / "run"
-    assert (run / "reward_curve.png").stat().st_size > 0 and (run / "latest").read_text() == "step_3"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 3 and (run / "latest").read_text() == "step_3"
     assert (run / "step_3" / "model" / "config.json").is_file() and (run / "step_3" / "actor").is_dir()
 
 
