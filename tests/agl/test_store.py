@@ -21,9 +21,10 @@ from agl.store import (
     StoreError,
     calls,
     events,
+    models,
     rollouts,
 )
-from agl.types import TERMINAL, TRANSITIONS, Call, FailureKind, ModelVersion, Status
+from agl.types import TRANSITIONS, Call, FailureKind, ModelVersion, Status
 
 
 @pytest.fixture
@@ -97,7 +98,7 @@ def test_every_transition_is_legal_or_rejected(db_url, start, to):
         if to in TRANSITIONS[start]:
             r = store.transition(rid, to, failure_kind=_kind_for(to), reason="test").result()
             assert r.status is to
-            assert (r.ended_at is not None) == (to in TERMINAL)
+            assert (r.ended_at is not None) == to.terminal
             assert r.attempt == (2 if to is Status.QUEUED else 1)
             assert store.events(rid)[-1].data["to"] == to.value
         else:
@@ -262,7 +263,9 @@ def test_model_versions_only_grow(store):
     store.register_model(ModelVersion(1, "/ckpt/1")).result()
     with pytest.raises(InvalidData, match="not newer"):
         store.register_model(ModelVersion(1, "/ckpt/dup")).result()
-    assert [m.version for m in store.models()] == [0, 1]
+    with store._read_engine.connect() as conn:  # the duplicate left nothing behind
+        stored = list(conn.execute(sa.select(models.c.version, models.c.path).order_by(models.c.version)))
+    assert stored == [(0, "/ckpt/0"), (1, "/ckpt/1")]
     latest = store.latest_model()
     assert latest is not None and (latest.version, latest.path) == (1, "/ckpt/1")
 
