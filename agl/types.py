@@ -29,17 +29,15 @@ class Status(enum.StrEnum):
 
     @property
     def terminal(self) -> bool:
-        return self in TERMINAL
+        return not TRANSITIONS[self]
 
-
-TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED})
 
 # The rollout state machine. `queued` is reachable again only as a retry after an infra
-# failure (a new attempt of the same rollout); terminal states are final.
+# failure (a new attempt of the same rollout); terminal states (no way out) are final.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.QUEUED: frozenset({Status.QUEUED, Status.RUNNING, Status.FAILED, Status.CANCELLED}),
     Status.RUNNING: frozenset({Status.QUEUED, Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED}),
-} | dict.fromkeys(TERMINAL, frozenset())
+} | dict.fromkeys((Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED), frozenset())
 
 
 class FailureKind(enum.StrEnum):
