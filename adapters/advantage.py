@@ -40,8 +40,7 @@ def grpo(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> n
 
 def rloo(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
     n, mean, _ = _group_stats(rewards, group)
-    scale = np.where(n > 1, n / np.maximum(n - 1, 1), 1.0)
-    return (rewards - mean) * scale
+    return (rewards - mean) * (n / np.maximum(n - 1, 1))  # a singleton: mean 0, scale 1
 
 
 def reinforce_pp(rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
