@@ -46,9 +46,7 @@ class Batch:
     sample_minibatch: np.ndarray  # int32, per sample
     rollout_ids: tuple[str, ...]  # the trained rollouts
     rollout_advantages: np.ndarray  # float64, per rollout (at the sample level: its samples' mean)
-    rollout_minibatch: np.ndarray  # int32, per rollout
     sample_calls: tuple[tuple[int, ...], ...]  # per sample: seqs of the calls merged into it
-    sample_agents: tuple[str, ...]  # per sample
     metrics: dict[str, float]
 
     @property
@@ -223,8 +221,6 @@ def _assemble(
         sample_minibatch=np.array([o[4] for o in order], dtype=np.int32),
         rollout_ids=tuple(t[0] for t in trained),
         rollout_advantages=np.array([np.mean(t[1]) for t in trained], dtype=np.float64),
-        rollout_minibatch=rollout_mb,
         sample_calls=tuple(tuple(dict.fromkeys(g.seq for g in d.segments if g.seq >= 0)) for d in drafts),
-        sample_agents=tuple(d.agent for d in drafts),
         metrics=metrics,
     )

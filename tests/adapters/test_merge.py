@@ -51,10 +51,8 @@ def test_interleaved_sub_agent_chains_keep_their_own_samples() -> None:
     assert batch.metrics["mismatch_new_chain"] == 1
     assert batch.metrics["calls_merged"] == 3
     a = batch.rollout_ids.index("a")
-    seqs = {
-        batch.sample_agents[j]: batch.sample_calls[j] for j in range(batch.n_samples) if batch.sample_rollout[j] == a
-    }
-    assert seqs == {"main": (0, 2, 4), "sub": (1, 3)}
+    seqs = {batch.sample_calls[j] for j in range(batch.n_samples) if batch.sample_rollout[j] == a}
+    assert seqs == {(0, 2, 4), (1, 3)}  # main's calls, sub's calls
 
 
 def test_retokenized_boundary_opens_a_new_sample() -> None:
