@@ -162,12 +162,11 @@ def _assemble(
 ) -> Batch:
     n = len(trained)
     n_mb = min(s.n_minibatches, max(n, 1))
-    rollout_mb = (np.arange(n) * n_mb // max(n, 1)).astype(np.int32)
     pad = Draft("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1)], length=1)
     # One entry per sample, in output order: (rollout index or -1, draft, weight, advantage, mini-batch, rank).
     order: list[tuple[int, Draft, float, float, int, int]] = []
     for mb in range(n_mb):
-        members = [int(i) for i in np.flatnonzero(rollout_mb == mb)]
+        members = [i for i in range(n) if i * n_mb // n == mb]  # consecutive rollouts, as many (within one) per mb
         weights = _weights([trained[i][2] for i in members], s.loss_mode)
         samples = [
             (i, d, w, a)
