@@ -4,7 +4,7 @@
 """
 
 from adapters.advantage import ESTIMATORS, Estimator
-from adapters.batch import Batch, balanced_partitions, build_batch
+from adapters.batch import Batch, build_batch
 from adapters.settings import AdapterError, AdapterSettings
 
 __all__ = [
@@ -13,6 +13,5 @@ __all__ = [
     "AdapterSettings",
     "Batch",
     "Estimator",
-    "balanced_partitions",
     "build_batch",
 ]

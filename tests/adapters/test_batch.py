@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters import AdapterSettings, Batch, balanced_partitions, build_batch
+from adapters import AdapterSettings, Batch, build_batch
+from adapters.batch import balanced_partitions
 from agl.types import Call, FailureKind, Rollout
 from tests.adapters.factory import call, rollout
 
