@@ -47,10 +47,10 @@ class BodyTooLarge(Exception):
 
 
 class Admission:
-    """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for `gateway/auth.py`), enforces
-    the body limit, on the declared length and on the bytes as they arrive, answers a bug with `on_error` and
-    keeps the connection (Starlette's handler of Exception answers, then re-raises: uvicorn drops it), and
-    writes the access log."""
+    """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for `gateway/auth.py`), refuses
+    NUL in paths and bodies over the limit (the declared length or the bytes as they arrive), answers every error
+    with `on_error` and keeps the connection (Starlette's handler of Exception answers, then re-raises: uvicorn
+    drops it), and writes the access log."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, on_error: ErrorHandler, access_log: bool = False) -> None:
         self.app, self.max_body_bytes, self.on_error, self.access_log = app, max_body_bytes, on_error, access_log
@@ -63,14 +63,6 @@ class Admission:
             token, _, rest = path[3:].partition("/")
             path = "/" + rest
             scope = {**scope, "path": path, "raw_path": path.encode(), "agl_path_token": token}
-        if "\x00" in path or b"%00" in scope.get("query_string", b""):  # IDs and names are text columns
-            return await _reply(
-                path, 400, "NUL characters are not allowed in paths or queries", "invalid_request_error", None
-            )(scope, receive, send)
-        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
-        if length.isdigit() and int(length) > self.max_body_bytes:
-            response = _reply(path, *_answer(BodyTooLarge(self.max_body_bytes), path))
-            return await response(scope, receive, send)
         seen = 0
 
         async def limited() -> Message:
@@ -78,7 +70,7 @@ class Admission:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_body_bytes:
-                raise BodyTooLarge(self.max_body_bytes)  # answered by the app's error handler
+                raise BodyTooLarge(self.max_body_bytes)  # from inside the app's read: answered below
             return message
 
         status, started = 0, time.monotonic()
@@ -89,8 +81,13 @@ class Admission:
             await send(message)
 
         try:
+            if "\x00" in path or b"%00" in scope.get("query_string", b""):  # IDs and names are text columns
+                raise RenderError("NUL characters are not allowed in paths or queries")
+            length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+            if length.isdigit() and int(length) > self.max_body_bytes:
+                raise BodyTooLarge(self.max_body_bytes)
             await self.app(scope, limited, sending)
-        except Exception as e:  # an error no handler took: a bug
+        except Exception as e:  # every error, refusals and bugs alike
             if status:
                 raise  # the reply had begun: nothing left to answer with
             await (await self.on_error(Request(scope), e))(scope, receive, sending)
@@ -134,11 +131,6 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
     return 500, "internal error", "api_error", None
 
 
-def _reply(path: str, status: int, message: str, kind: str, code: str | None) -> JSONResponse:
-    body = wire.error(message, kind, code, anthropic=path.endswith("/v1/messages"))
-    return JSONResponse(body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None)
-
-
 def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, info: JSON) -> FastAPI:
     """The gateway's ASGI app over an open store and engine client, given the engine's /model_info."""
     from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
@@ -177,11 +169,10 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
                 await wrap_future(store.append_event(rollout.id, "error", event))
             except StoreError:
                 log.warning("rollout_id=%s: could not record an error event", rollout.id)
-        return _reply(path, status, message, kind, code)
+        body = wire.error(message, kind, code, anthropic=path.endswith("/v1/messages"))
+        return JSONResponse(body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None)
 
-    handled = (AuthError, RenderError, StoreError, EngineError, HeldTooLong, BodyTooLarge, ValidationError)
-    for expected in (*handled, RequestValidationError, ClientDisconnect):  # anything else: `Admission` answers
-        app.add_exception_handler(expected, on_error)
+    app.add_exception_handler(RequestValidationError, on_error)  # instead of FastAPI's 422; the rest: `Admission`
     app.add_middleware(
         Admission, max_body_bytes=settings.max_body_bytes, on_error=on_error, access_log=settings.access_log
     )
