@@ -124,13 +124,6 @@ class Auth:
 
     async def rollout(self, request: Request, rollout_id: str) -> Rollout:
         """The admin key, or a token of this very rollout while it is live."""
-        return await self._scoped(request, rollout_id, reward=False)
-
-    async def reward(self, request: Request, rollout_id: str) -> Rollout:
-        """As `rollout`, but of a rollout with a grader only the grader token."""
-        return await self._scoped(request, rollout_id, reward=True)
-
-    async def _scoped(self, request: Request, rollout_id: str, *, reward: bool) -> Rollout:
         if self.is_admin(request):
             return await asyncio.to_thread(self.store.get_rollout, rollout_id)
         token = self.presented(request)
@@ -138,11 +131,16 @@ class Auth:
         if found is None:
             raise AuthError(401, "the admin key or this rollout's token is required")
         rollout, role = found
-        request.state.credential = f"{role} token"  # the reward's source (with the admin key: none)
+        request.state.credential = f"{role} token"  # for `reward` and the reward's source (admin key: none)
         if rollout.id != rollout_id:
             raise AuthError(403, "this token belongs to another rollout")
-        if reward and role == "agent" and rollout.has_grader:
-            raise AuthError(403, "this rollout has a grader: only the grader token may post its reward")
         if rollout.status.terminal:
             raise _ended(rollout)
+        return rollout
+
+    async def reward(self, request: Request, rollout_id: str) -> Rollout:
+        """As `rollout`, but of a rollout with a grader only the grader token."""
+        rollout = await self.rollout(request, rollout_id)
+        if rollout.has_grader and getattr(request.state, "credential", "admin") == "agent token":
+            raise AuthError(403, "this rollout has a grader: only the grader token may post its reward")
         return rollout
