@@ -27,14 +27,13 @@ def _id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
-def _sse(data: Any, event: str | None = None) -> str:
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+def _sse(data: Any) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def _event(kind: str, **data: Any) -> str:
     """A server-sent event named by its `type` (Responses and Anthropic streams)."""
-    return _sse({"type": kind, **data}, kind)
+    return f"event: {kind}\n" + _sse({"type": kind, **data})
 
 
 def error(message: str, kind: str, code: str | None = None, *, anthropic: bool) -> JSON:
