@@ -1,5 +1,4 @@
-"""The gateway's settings (`AGL_GATEWAY_*`, each also a flag of `agl gateway`), read by the app,
-the routes and the proxy. Only the declarations: `agl/settings.py` turns them into flags."""
+"""The gateway's settings, read by the app, the routes and the proxy; `agl/settings.py` makes the flags."""
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
