@@ -130,17 +130,11 @@ class Backend:
         for m in range(minibatches):
             rows = torch.nonzero(data.batch["minibatch"] == m).flatten()
             td = left_right_2_no_padding(data.select_idxs(rows).to_tensordict())
-            tu.assign_non_tensor(
+            tu.assign_non_tensor(  # the other keys verl's update reads keep their defaults: no shuffle, no distillation
                 td,
                 calculate_entropy=True,
-                distillation_use_topk=False,
-                distillation_only=False,
-                global_batch_size=len(rows),
                 mini_batch_size=len(rows),  # one optimizer step per mini-batch of whole rollouts
                 epochs=self.actor.ppo_epochs,
-                seed=self.actor.data_loader_seed,
-                dataloader_kwargs={"shuffle": False},  # samples are ordered by rank already
-                compute_loss=True,
                 is_cap=self.agl.is_cap,
             )
             for k, v in tu.get(self.wg.update_actor(td), "metrics").items():
