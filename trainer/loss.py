@@ -62,40 +62,39 @@ def agl_ppo_loss(
     from verl.workers.utils.padding import no_padding_2_padding
 
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
-    entropy = model_output.get("entropy", None)
-    entropy = no_padding_2_padding(entropy, data) if entropy is not None else None
+    entropy = no_padding_2_padding(model_output["entropy"], data)  # backend.update asks for it (calculate_entropy)
     config.global_batch_info["dp_size"] = dp = data["dp_size"]
     fields = ["response_mask", "rollout_log_probs", "advantages", "loss_weights"]
     fields += [k for k in ("old_log_probs", "ref_log_prob") if k in data]
     d = data.select(*fields).to_padded_tensor()
     mask = d["response_mask"].to(bool)
+    n = mask.sum().clamp(min=1)
     # without old log-probs the step is one epoch over one mini-batch: this forward pass is the old policy's
     old = d["old_log_probs"] if "old_log_probs" in d else log_prob.detach()
     tis = (old - d["rollout_log_probs"]).detach().exp().clamp(max=data["is_cap"]) * mask  # truncated IS weights
     pg, pg_metrics = agl_policy_loss(old, log_prob, d["advantages"], mask, "token-sum", config, d["loss_weights"] * tis)
     metrics: dict[str, Any] = Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
     metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)
-    metrics["actor/tis_mean"] = Metric(value=(tis.sum() / mask.sum().clamp(min=1)).item(), aggregation="mean")
+    metrics["actor/tis_mean"] = Metric(value=(tis.sum() / n).item(), aggregation="mean")
     metrics["actor/tis_max"] = Metric(value=tis.max().item(), aggregation="max")
     weights, extra = d["loss_weights"] * mask, 0.0
     if config.get("use_kl_loss"):  # partial sums: verl adds them over micro-batches
         kl = (kl_penalty(log_prob, d["ref_log_prob"], config.kl_loss_type) * weights).sum()  # type: ignore[arg-type]
         extra += config.kl_loss_coef * kl
         metrics["actor/kl_loss"] = Metric(value=kl.detach().item(), aggregation=AggregationType.SUM)
-    if entropy is not None and config.get("entropy_coeff"):
+    if config.get("entropy_coeff"):
         bonus = (entropy * weights).sum()
         extra -= config.entropy_coeff * bonus
         metrics["actor/entropy_loss"] = Metric(value=bonus.detach().item(), aggregation=AggregationType.SUM)
-    if entropy is not None:  # the policy's entropy at the trained tokens (mean)
-        n = mask.sum().clamp(min=1)
-        metrics["actor/entropy"] = Metric(value=((entropy.detach() * mask).sum() / n).item(), aggregation="mean")
+    # the policy's entropy at the trained tokens (mean)
+    metrics["actor/entropy"] = Metric(value=((entropy.detach() * mask).sum() / n).item(), aggregation="mean")
     return pg + extra * dp, metrics
 
 
 def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 0) -> DataProto:
     """Samples as verl rows: prompt = the tokens before the first trained one (left-padded), response = the
     rest (right-padded), `response_mask` = its trained tokens. Per response token: `rollout_log_probs`
-    (behaviour), `advantages`, `loss_weights`; per sample: `minibatch`, `rank`."""
+    (behaviour), `advantages`, `loss_weights`; per sample: `minibatch`."""
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
     first = np.array(
@@ -123,6 +122,5 @@ def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 
         "advantages": cells(batch.advantages),
         "loss_weights": cells(batch.loss_weights),
         "minibatch": torch.from_numpy(batch.sample_minibatch.astype(np.int64)),
-        "rank": torch.from_numpy(batch.sample_rank.astype(np.int64)),
     }
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
