@@ -19,7 +19,6 @@ from pydantic import Field, ValidationError
 from adapters import AdapterSettings
 from agl.settings import Strict, problems
 
-VERL_CONFIGS = "pkg://verl.trainer.config"
 LOSS = "agl"  # our policy loss's name in verl's registry (trainer/loss.py)
 
 
@@ -72,7 +71,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[DictCo
     # `agl.*` fields may be left out of the file, so their overrides may add keys (`++`)
     overrides = [f"++{o}" if o.startswith("agl.") else o for o in overrides]
     with initialize_config_dir(config_dir=str(path.parent), version_base=None):
-        cfg = compose(path.stem, overrides=[*overrides, f"hydra.searchpath=[{VERL_CONFIGS}]"])
+        cfg = compose(path.stem, overrides=[*overrides, "hydra.searchpath=[pkg://verl.trainer.config]"])
     if "agl" not in cfg or "actor_rollout_ref" not in cfg:
         raise ConfigError(f"{path}: needs an `agl:` section and `defaults: [ppo_trainer, _self_]`")
     try:
