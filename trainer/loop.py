@@ -49,8 +49,7 @@ class Group:
 
 def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
     """One JSON object per line: a task (run with `agl.spec`), or `{"task", "spec", "grader"}` (its own spec)."""
-    with open(path) as f:
-        tasks = [json.loads(line) for line in f if line.strip()]
+    tasks = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if not tasks or not all(isinstance(t, dict) for t in tasks):
         raise ConfigError(f"{path}: expected one JSON object per line")
     if spec is None and not all("spec" in t for t in tasks):
@@ -58,7 +57,7 @@ def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
     return tasks
 
 
-STATE = ("step", "version", "cursor", "history", "trained", "best")  # the Trainer's checkpointed attributes, and groups
+STATE = ("step", "version", "cursor", "history", "trained", "best", "groups")  # the Trainer's checkpointed attributes
 
 
 class Trainer:
@@ -140,14 +139,12 @@ class Trainer:
     async def launch_next(self, known: Sequence[str] = ()) -> None:
         """The next task's group, `{experiment_name}/{cursor}`: `agl.n` rollouts, of which `known` exist already."""
         entry = self.tasks[self.cursor % len(self.tasks)]
-        group = await self.launch(f"{self.name}/{self.cursor}", entry, self.agl.n - len(known))
+        group = await self.launch(f"{self.name}/{self.cursor}", entry, self.agl.n - len(known), Mode.TRAIN, None)
         group.rollouts[:0] = known
         self.groups.append(group)
         self.cursor += 1
 
-    async def launch(
-        self, group: str, entry: JSON, n: int, mode: Mode = Mode.TRAIN, sampling: JSON | None = None
-    ) -> Group:
+    async def launch(self, group: str, entry: JSON, n: int, mode: Mode, sampling: JSON | None) -> Group:
         """`n` rollouts of one task entry: the task itself, or `{"task", "spec", "grader"}`."""
         task, spec = (entry.get("task", {}), entry["spec"]) if "spec" in entry else (entry, self.agl.spec)
         meta = {"spec": spec, "trainer": self.name}
@@ -326,8 +323,7 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.backend.save(tmp)
-        state = {k: getattr(self, k) for k in STATE} | {"groups": [dataclasses.asdict(g) for g in self.groups]}
-        (tmp / "state.json").write_text(json.dumps(state))
+        (tmp / "state.json").write_text(json.dumps({k: getattr(self, k) for k in STATE}, default=dataclasses.asdict))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
         if name:
@@ -360,7 +356,7 @@ class Trainer:
             state = json.loads((path / "state.json").read_text())
             for key in STATE:
                 setattr(self, key, state.get(key))
-            self.groups = [Group(g["id"], g["rollouts"], g["version"]) for g in state["groups"]]
+            self.groups = [Group(**g) for g in state["groups"]]
             if registered and registered["version"] > self.version:  # updates after the checkpoint were lost:
                 self.version = registered["version"] + 1  # its weights are served again, as a new version
             self.bar.update(self.step)
