@@ -7,11 +7,4 @@ from adapters.advantage import ESTIMATORS, Estimator
 from adapters.batch import Batch, build_batch
 from adapters.settings import AdapterError, AdapterSettings
 
-__all__ = [
-    "ESTIMATORS",
-    "AdapterError",
-    "AdapterSettings",
-    "Batch",
-    "Estimator",
-    "build_batch",
-]
+__all__ = ["ESTIMATORS", "AdapterError", "AdapterSettings", "Batch", "Estimator", "build_batch"]

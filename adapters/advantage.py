@@ -5,8 +5,6 @@ Each rollout counts once, however many samples it splits into: with one sample e
 `compute_*_outcome_advantage`. `adapters.batch` settles which rollouts are valid before; tokens are never seen.
 """
 
-from __future__ import annotations
-
 from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol

@@ -6,8 +6,6 @@ over data-parallel ranks with zero-weight padding, metrics. The batch is flat nu
 samples); padding rows, truncated importance weights and verl's `DataProto` are the trainer's. No verl, no store.
 """
 
-from __future__ import annotations
-
 import heapq
 import itertools
 from collections import Counter

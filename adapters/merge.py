@@ -7,8 +7,6 @@ another temperature are left out (their tokens reach later samples as fed contex
 (numpy views, no copies) for `adapters.batch` to concatenate; no advantages or weights here, no token re-tokenized.
 """
 
-from __future__ import annotations
-
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field

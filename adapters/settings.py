@@ -4,8 +4,6 @@ Owns the knobs of the calls -> batch conversion (DESIGN.md section 6), each with
 its default. It reads no environment or command line: the trainer builds these from its own settings.
 """
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field

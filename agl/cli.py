@@ -5,8 +5,6 @@ under `[project.entry-points."agl.commands"]` in pyproject.toml; this module onl
 dispatches them, and configures logging, once, for every entry point.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import sys
@@ -21,10 +19,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, ep in sorted(found.items()):
             print(f"  {name:<12} {ep.value}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    logging.basicConfig(
-        level=os.environ.get("AGL_LOG_LEVEL", "INFO"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=os.environ.get("AGL_LOG_LEVEL", "INFO"), format=fmt)
     return int(found[argv[0]].load()(argv[1:]) or 0)
 
 

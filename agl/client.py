@@ -4,10 +4,8 @@ Replies become `agl.types` records, failures `GatewayError` (the HTTP status, 0 
 reached). It does not retry, cache, or judge a failure: callers do. aiohttp, not httpx: at a controller's
 hundreds of concurrent requests httpx's pool ate its CPU (bench/controller.py: 25 -> 74/s)."""
 
-from __future__ import annotations
-
 from array import array
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 
@@ -41,7 +39,7 @@ class GatewayClient:
         self.headers = {"Authorization": f"Bearer {admin_key}"}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
 
-    async def __aenter__(self) -> GatewayClient:
+    async def __aenter__(self) -> Self:
         # Made in the event loop that uses it. aiohttp keeps idle connections 15 s: a server that closed one
         # as a request went out on it failed the request ("Server disconnected").
         connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=KEEPALIVE_S)

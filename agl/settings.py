@@ -6,8 +6,6 @@ parser (a flag per field), so a setting is declared once. There is deliberately 
 collects every flag of every component.
 """
 
-from __future__ import annotations
-
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, TypeVar

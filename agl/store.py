@@ -8,8 +8,6 @@ it. Reads run on the caller's thread. It does not authenticate anyone (it keeps 
 HTTP, or decide policy such as when to retry: the gateway and the controller do.
 """
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import itertools

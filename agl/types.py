@@ -5,13 +5,13 @@ in the gateway) and table rows (SQLAlchemy, `agl.store`) convert to and from the
 are `array.array`s typed as `ARRAYS` says (int32 IDs, float32 logprobs): numpy views them without a copy.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
 
 import enum
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 JSON = dict[str, Any]
 ARRAYS = {"prompt_ids": "i", "response_ids": "i", "logprobs": "f"}  # a Call's token arrays: array typecodes
@@ -72,7 +72,7 @@ class Rollout:
     end_seq: int | None = None  # position in the order rollouts ended; cursor for the trainer
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> Rollout:
+    def from_dict(cls, values: Mapping[str, Any]) -> Self:
         """From a JSON object or a row's values; keys that name no field are ignored."""
         fields = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
         fields["mode"], fields["status"] = Mode(fields["mode"]), Status(fields["status"])

@@ -5,8 +5,6 @@ For `kubectl apply -f -`: each rollout has `metadata.spec` (a controller launche
 `metadata.launch = "manifest"` (the applied Job is attempt 1). Validates the spec first; no cluster.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import json

@@ -7,8 +7,6 @@ whose pods fail without ending it (an image pull; pods checked every `pod_check_
 create errors other than 400/422 (the spec's fault: a task failure). No statuses, no manifests here.
 """
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import logging

@@ -7,8 +7,6 @@ grader command and token), written before the spawn, lets a restarted controller
 start time match) or call it lost. A grader runs after the harness exits 0, with only its own token.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os
@@ -17,7 +15,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Self
 
 from agl.types import JSON, FailureKind, Status
 from controller.spec import Process, Spec
@@ -38,7 +36,7 @@ class Credentials:
     grader_token: str | None = None
 
     @classmethod
-    def from_reply(cls, reply: JSON, attempt: int, task: JSON) -> Credentials:
+    def from_reply(cls, reply: JSON, attempt: int, task: JSON) -> Self:
         tokens = reply["agent_token"], reply.get("grader_token")
         return cls(reply["id"], attempt, task, reply["anthropic_base_url"], reply["base_url"], *tokens)
 
@@ -64,15 +62,15 @@ class Outcome:
     reason: str = ""
 
     @classmethod
-    def infra(cls, reason: str) -> Outcome:
+    def infra(cls, reason: str) -> Self:
         return cls(Status.FAILED, FailureKind.INFRA, reason)
 
     @classmethod
-    def task(cls, reason: str) -> Outcome:
+    def task(cls, reason: str) -> Self:
         return cls(Status.FAILED, FailureKind.TASK, reason)
 
     @classmethod
-    def exited(cls, program: str, code: int) -> Outcome:
+    def exited(cls, program: str, code: int) -> Self:
         """A harness that failed is the policy's failure; a grader that failed is not."""
         return (cls.task if program == "harness" else cls.infra)(f"{program} exited with {code}")
 

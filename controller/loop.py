@@ -9,8 +9,6 @@ across a gateway restart) -> `queued` as attempt + 1 after a backoff, up to `max
 label. A run whose rollout ended elsewhere (a cancel) is stopped. Stopping the controller leaves runs alive.
 """
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import logging

@@ -7,8 +7,6 @@ at `spec.workspace`; each gets only its own token. Ends: Complete -> ran; Deadli
 out; harness exit != 0 -> task; image pull, eviction, node loss, start errors, grader -> infra.
 """
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

@@ -4,8 +4,6 @@ YAML or JSON; unknown fields are errors, and messages name the bad field. Both l
 (`image`, `resources` and the Job fields: Kubernetes only). It neither launches nor knows the env.
 """
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 from typing import Annotated, Any

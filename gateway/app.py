@@ -6,8 +6,6 @@ caller's wire format (Anthropic's on `/v1/messages`, else OpenAI's), never a 500
 a model call with bad input leaves only an error event. It does not sample, record, parse or render.
 """
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import gc

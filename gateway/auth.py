@@ -6,8 +6,6 @@ never the admin routes; only the agent token calls the model, and only the grade
 the reward of a rollout with a grader. It raises `AuthError`s; `gateway/app.py` answers them.
 """
 
-from __future__ import annotations
-
 import asyncio
 import hmac
 from asyncio import wrap_future

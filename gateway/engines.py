@@ -7,8 +7,6 @@ down for `down_s` and are retried with jittered backoff; a 4xx raises `EngineRej
 It does not tokenize, render, store calls or map errors to HTTP statuses, and imports no torch.
 """
 
-from __future__ import annotations
-
 import asyncio
 import contextlib
 import json

@@ -7,8 +7,6 @@ call is durable and a retry of a reply cut off by a crash gets the recorded one,
 It does not parse wire formats, authenticate or render templates (`wire.py`, `auth.py`, `render.py`).
 """
 
-from __future__ import annotations
-
 import asyncio
 import bisect
 import json

@@ -8,7 +8,7 @@ that text no context can hold is refused before it is tokenized. It does not tal
 or know wire formats.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
 
 import dataclasses
 import functools

@@ -22,12 +22,7 @@ class GatewaySettings(BaseSettings):
     max_hold_s: float = Field(600.0, description="Longest a call waits during a pause before a 503 (seconds).")
     context_length: int = Field(0, description="Context window (tokens); 0: the engine's max_context_length.")
     default_max_tokens: int = Field(4096, description="Completion budget when a request gives none (tokens).")
-    fit_max_tokens: int = Field(
-        0,
-        ge=0,
-        description="If > 0, a max_tokens past the room the context leaves is lowered to it when at least this "
-        "many tokens are left (event max_tokens_lowered); 0: refused. For agents that always ask for 32k.",
-    )
+    fit_max_tokens: int = Field(0, ge=0, description="Cut a max_tokens to the room left if >= this (0: off).")
     access_log: bool = Field(False, description="Log each request: method, path, status, latency, rollout (no token).")
     prefix_preserving: bool = Field(True, description="Reuse sampled IDs of earlier replies (DESIGN.md section 4).")
     tool_parser: str = Field("hermes", description="Tool-call format of the model family (gateway/render.py).")

@@ -3,8 +3,6 @@ call as received, its sampling parameters, and one sampled reply. Standard libra
 schemas (pydantic) are in `gateway/wire.py`, stored records in `agl/types.py`.
 """
 
-from __future__ import annotations
-
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -56,7 +54,7 @@ class Message:
         extra = {"reasoning_content": self.reasoning, "tool_call_id": self.tool_call_id, "name": self.name}
         return out | {k: v for k, v in extra.items() if v}
 
-    def map_text(self, f: Callable[[str], str]) -> Message:
+    def map_text(self, f: Callable[[str], str]) -> "Message":
         calls = tuple(ToolCall(f(c.name), f(c.arguments), f(c.id)) for c in self.tool_calls)
         return Message(self.role, f(self.content), calls, f(self.reasoning), f(self.tool_call_id), f(self.name))
 

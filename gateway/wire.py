@@ -6,8 +6,6 @@ format's reply and stream (`reply`, `events`); and the error objects. Streams ar
 call is recorded: a harness never sees unstored text. It does not sample, record or authenticate.
 """
 
-from __future__ import annotations
-
 import itertools
 import json
 import time

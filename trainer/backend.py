@@ -6,8 +6,6 @@ stepped by `Backend.update` with our loss (`trainer/loss.py`). The device change
 platform (`trainer/cpu_platform.py`), saving weights for the embedded engine: the demo and CI run the GPU code.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import time

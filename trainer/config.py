@@ -6,8 +6,6 @@ optimizer, clip ratios), `trainer.total_training_steps`, `save_freq`, `test_freq
 `logger`, `resume_mode`. This module composes and validates; it starts nothing and imports no backend.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal

@@ -6,11 +6,9 @@ collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. `ENV
 `VERL_ENGINE_DEVICE=cuda`). The CPU becomes a test bed for the GPU code path (DESIGN.md section 9), not a fast trainer.
 """
 
-from __future__ import annotations
-
 import os
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Self
 
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
@@ -38,7 +36,7 @@ class _Nothing:
 
     def __init__(self, *_: Any, **__: Any) -> None: ...
 
-    def __enter__(self) -> _Nothing:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_: Any) -> None: ...

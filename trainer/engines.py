@@ -5,8 +5,6 @@ server of its own): the CPU backends use it. `Collocated` is verl's hybrid-engin
 trainer's GPUs, whose weights move in GPU memory. Neither trains anything or knows the trainer's loop.
 """
 
-from __future__ import annotations
-
 import shutil
 from collections.abc import Callable
 from pathlib import Path

@@ -7,8 +7,6 @@ no harness (the controller does) and never opens the store. Groups are named `{e
 restarted run finds the groups it launched after its last checkpoint instead of launching them again.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import contextlib
@@ -63,7 +61,7 @@ STATE = ("step", "version", "cursor", "history", "trained", "best", "groups")  #
 class Trainer:
     """The loop; `run()` trains until `trainer.total_training_steps`."""
 
-    def __init__(self, cfg: DictConfig, agl: AglConfig, backend: Backend, gw: GatewayClient, tracker: Any) -> None:
+    def __init__(self, cfg: DictConfig, agl: AglConfig, backend: "Backend", gw: GatewayClient, tracker: Any) -> None:
         self.cfg, self.agl, self.backend, self.gw, self.tracker = cfg, agl, backend, gw, tracker
         self.name = str(cfg.trainer.experiment_name)
         self.dir = Path(cfg.trainer.default_local_dir)

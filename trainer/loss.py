@@ -7,8 +7,6 @@ normalize; verl's `loss_agg_mode` is unused). `agl_ppo_loss` adds verl's KL and 
 weights. Importing this module registers the loss (verl's workers must import it too); nothing here runs a model.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 import numpy as np
