@@ -8,10 +8,10 @@ calculator call plus one) with three arms, each from scratch through `examples/d
 - `sample`: every sample its own group member (naive transition-level GRPO) and verl's token-mean;
 - `mixed`: rollout-level advantage and token-mean.
 Runs are interleaved (seed 0 of every arm, then seed 1, ...), so a slow phase of the machine
-falls on all arms alike. Each run is small by default (3 updates of 2 groups x 4 rollouts,
-greedy validation on the first 20 held-out tasks after the last one), yet took about 13 minutes
-on two cores (2026-12-01), so the 9 runs take about two hours; `--steps`, `--batch-groups` and
-`--val-tasks` make them bigger. Validation before
+falls on all arms alike. Each run is small (4 updates of 3 groups x 4 rollouts, greedy
+validation on the 40 held-out tasks after the last one): with 2 groups a step, a run could
+draw only groups whose rollouts all scored alike and train nothing (2026-12-02: one of four runs
+did). `--steps`, `--batch-groups` and `--val-tasks` make them bigger. Validation before
 training is greedy from the same weights, the same in every run, so only the first run measures
 it and every curve starts from it. Writes `ablation.png` (validation reward and policy entropy
 per step, mean over seeds with the min-max band, per arm) and `results.json`, and prints a
@@ -108,9 +108,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--steps", type=int, default=3, help="training steps (updates) per run")
-    parser.add_argument("--batch-groups", type=int, default=2, help="groups of 4 rollouts per step")
-    parser.add_argument("--val-tasks", type=int, default=20, help="held-out tasks validated on (of 40)")
+    parser.add_argument("--steps", type=int, default=4, help="training steps (updates) per run")
+    parser.add_argument("--batch-groups", type=int, default=3, help="groups of 4 rollouts per step")
+    parser.add_argument("--val-tasks", type=int, default=40, help="held-out tasks validated on (of 40)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
     args = parser.parse_args()
     args.out = args.out.resolve()
