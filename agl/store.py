@@ -622,6 +622,9 @@ class Store(contextlib.AbstractContextManager["Store"]):
         rows = self._read(sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status))
         return {s.value: 0 for s in Status} | {row[0]: int(row[1]) for row in rows}
 
+    def models(self) -> list[ModelVersion]:
+        return [ModelVersion(**row._mapping) for row in self._read(sa.select(models).order_by(models.c.version))]
+
     def last_end(self) -> int:  # `terminal_after`'s cursor at the last rollout to have ended (0: none has)
         return int(self._read(sa.select(sa.func.max(rollouts.c.end_seq)))[0][0] or 0)
 
