@@ -85,9 +85,7 @@ class Metrics:
         Gauge("agl_inflight_calls", "Calls being served", registry=r).set_function(lambda: gate.inflight)
         Gauge("agl_paused", "1 while the gateway is paused", registry=r).set_function(lambda: gate.paused)
         self.rollouts = Gauge("agl_rollouts", "Rollouts by status", ["status"], registry=r)
-        self.prefix = Counter(
-            "agl_prefix", "Prompts by how they relate to the rollout's earlier calls", ["kind"], registry=r
-        )
+        self.prefix = Counter("agl_prefix", "Prompts by how they extend the rollout's calls", ["kind"], registry=r)
 
 
 class Proxy:
