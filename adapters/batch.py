@@ -159,7 +159,7 @@ def _assemble(
     trained: list[tuple[str, list[float], list[Draft]]], s: AdapterSettings, stats: Counter[str], n_in: int
 ) -> Batch:
     n = len(trained)
-    n_mb = min(s.n_minibatches, max(n, 1))
+    n_mb = -(-n // s.minibatch_rollouts) if s.minibatch_rollouts and n else 1
     pad = Draft("", [Segment(np.array([s.pad_token_id], dtype=np.int32), None, -1)], length=1)
     # One entry per sample, in output order: (rollout index or -1, draft, weight, advantage, mini-batch, rank).
     order: list[tuple[int, Draft, float, float, int, int]] = []

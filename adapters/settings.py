@@ -46,9 +46,9 @@ class AdapterSettings:
     max_staleness: int | None = Field(default=None, ge=0)
     # Data-parallel ranks; each mini-batch is padded with zero-weight samples to a multiple of it.
     dp_size: int = Field(default=1, ge=1)
-    # Optimizer steps per batch. Mini-batches are made of whole rollouts: consecutive runs of the
-    # trained rollouts in input order, equal in count (within one).
-    n_minibatches: int = Field(default=1, ge=1)
+    # Rollouts per optimizer step (verl's ppo_mini_batch_size, counted in rollouts); None: one step per batch.
+    # n trained rollouts take ceil(n / it) steps on consecutive whole rollouts, equal in count (within one).
+    minibatch_rollouts: int | None = Field(default=None, ge=1)
     # The sampling temperature the trainer computes log-probs at; calls sampled at another one
     # (their recorded log-probs are of another distribution) are not trained, and counted. None: no check.
     temperature: float | None = None

@@ -87,7 +87,7 @@ def main() -> None:
     call_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for cs in calls.values() for c in cs)
     print(f"generated {ROLLOUTS} rollouts, {call_tokens / 1e6:.0f}M call tokens in {time.perf_counter() - t0:.1f}s")
 
-    settings = AdapterSettings(max_length=65_536, dp_size=8, n_minibatches=4)
+    settings = AdapterSettings(max_length=65_536, dp_size=8, minibatch_rollouts=ROLLOUTS // 4)
     best = float("inf")
     for _ in range(5):
         gc.collect()

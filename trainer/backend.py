@@ -138,6 +138,7 @@ class Backend:
             for k, v in tu.get(self.wg.update_actor(td), "metrics").items():
                 metrics[k if "/" in k else f"actor/{k}"].extend(v if isinstance(v, list) else [v])
         out = {k: float(sum(v) / len(v)) for k, v in metrics.items() if v}
+        out["actor/optimizer_steps"] = len(metrics["actor/grad_norm"])  # one per mini-batch and epoch
         b, trained = data.batch, data.batch["response_mask"].bool()
         # k3 estimate of KL(behaviour || updated policy) on the batch's sampled tokens
         log_ratio = (_log_probs(self.wg.compute_log_prob, data) - b["rollout_log_probs"])[trained].clamp(-20, 20)

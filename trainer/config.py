@@ -52,11 +52,12 @@ class AglConfig(Strict):
     poll_s: float = Field(0.5, gt=0, description="How often rollout progress is read (seconds).")
     seed: int = 0
 
-    def adapter(self, dp_size: int = 1) -> AdapterSettings:
-        """The adapter's settings: the fields they share, and verl's data-parallel size."""
+    def adapter(self, dp_size: int = 1, minibatch_rollouts: int | None = None) -> AdapterSettings:
+        """The adapter's settings: the fields they share, verl's data-parallel size and `ppo_mini_batch_size`."""
         shared = {"max_length", "estimator", "advantage_level", "loss_mode", "max_staleness", "temperature"}
         shared.add("trained_agents")  # a list here, a frozenset there: the adapter's validation converts it
-        return AdapterSettings(**self.model_dump(include=shared), mode=self.sample_mode, dp_size=dp_size)
+        settings = self.model_dump(include=shared) | {"dp_size": dp_size, "minibatch_rollouts": minibatch_rollouts}
+        return AdapterSettings(**settings, mode=self.sample_mode)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> tuple[DictConfig, AglConfig]:
@@ -111,8 +112,9 @@ def _check_training(cfg: DictConfig, agl: AglConfig) -> None:
         raise ConfigError(f"{a}.kl_loss_type must be one of {', '.join(KL_TYPES)}, got {actor.kl_loss_type!r}")
     if actor.entropy_coeff < 0:
         raise ConfigError(f"{a}.entropy_coeff must be >= 0 (a bonus), got {actor.entropy_coeff}")
-    if int(actor.ppo_epochs) < 1:
-        raise ConfigError(f"{a}.ppo_epochs must be at least 1")
+    for key in ("ppo_epochs", "ppo_mini_batch_size"):  # the latter counts rollouts (agl's adapter)
+        if int(actor[key]) < 1:
+            raise ConfigError(f"{a}.{key} must be at least 1")
     if warmup_steps(actor.optim) >= cfg.trainer.total_training_steps:
         raise ConfigError(f"{a}.optim.lr_warmup_steps must be below trainer.total_training_steps")
     validated = agl.val_tasks and (cfg.trainer.test_freq > 0 or cfg.trainer.get("val_before_train"))

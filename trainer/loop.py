@@ -166,7 +166,8 @@ class Trainer:
         update: nothing is paused or pushed and the version stays, unless a checkpoint is due."""
         rollouts, calls, flags = await self.fetch(groups)  # they have ended: built while the harnesses still run
         base = self.version  # the policy the batch is trained against
-        batch = build_batch(rollouts, calls, self.agl.adapter(self.backend.dp_size), version=base)
+        settings = self.agl.adapter(self.backend.dp_size, int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
+        batch = build_batch(rollouts, calls, settings, version=base)
         self.check_temperature(batch, calls)
         self.step += 1
         self.trained.append([g.id for g in groups])

@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from adapters import AdapterSettings, Batch, build_batch
@@ -56,7 +56,7 @@ adapter_settings = st.builds(
     estimator=st.sampled_from(["grpo", "rloo", "reinforce_pp"]),
     drop_degenerate=st.booleans(),
     dp_size=st.integers(1, 4),
-    n_minibatches=st.integers(1, 3),
+    minibatch_rollouts=st.sampled_from([None, 1, 2, 5]),
 )
 
 
@@ -166,6 +166,28 @@ def test_packing_keeps_every_trained_token_and_rollout_weight_is_split_invariant
         assert (counts == counts[0]).all() and len(counts) == s.dp_size
 
 
+@settings(max_examples=30, deadline=None)
+@given(world=worlds(), k=st.integers(2, 3))
+def test_k_minibatches_average_to_the_one_minibatch_gradient(world, k) -> None:
+    """With learning rate 0 between its k steps (so every step's gradient is taken at the same weights), the
+    mean of the k mini-batch gradients is the one-mini-batch gradient: each token's weight, summed over the
+    mini-batches and divided by k, is its weight in one mini-batch. Holds when k divides the rollouts."""
+    rollouts, calls = world
+    one = build_batch(rollouts, calls, AdapterSettings())
+    n = len(one.rollout_ids)
+    assume(n > 0 and n % k == 0)
+    split = build_batch(rollouts, calls, AdapterSettings(minibatch_rollouts=n // k))
+    assert int(split.sample_minibatch.max()) + 1 == k and split.rollout_ids == one.rollout_ids
+
+    def per_rollout_token(b: Batch) -> dict[int, list[float]]:
+        token_rollout = np.repeat(b.sample_rollout, np.diff(b.offsets))
+        return {r: sorted(b.loss_weights[(token_rollout == r) & b.loss_mask].tolist()) for r in range(n)}
+
+    want, got = per_rollout_token(one), per_rollout_token(split)
+    for r in range(n):
+        assert np.allclose(np.array(got[r]) / k, want[r], rtol=1e-6, atol=0)
+
+
 def test_sample_level_modes_weigh_a_split_rollout_more() -> None:
     # Both rollouts have 4 trained tokens; "a" is one sample, "b" four (each call rewrites the context).
     calls = {
@@ -213,7 +235,7 @@ def test_stale_rollouts_are_dropped() -> None:
         build_batch(rollouts, calls, AdapterSettings(max_staleness=1))
 
 
-BAD_SETTINGS = {"mode": "tree", "loss_mode": "sum", "max_length": 0, "dp_size": 0, "n_minibatches": 0}
+BAD_SETTINGS = {"mode": "tree", "loss_mode": "sum", "max_length": 0, "dp_size": 0, "minibatch_rollouts": 0}
 BAD_SETTINGS |= {"max_staleness": -1, "eps": -1.0}
 
 

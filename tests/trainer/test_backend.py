@@ -81,12 +81,12 @@ def per_token(model: torch.nn.Module, batch, i: int) -> tuple[torch.Tensor, torc
     return mask, logp, -(logp_all.exp() * logp_all).sum(-1)
 
 
-def reference_step(model: torch.nn.Module, ref: torch.nn.Module, optimizer, batch, cap: float = 2.0) -> float:  # type: ignore[no-untyped-def]
-    """One AdamW step on the sum over trained tokens of weight * (-tis * advantage * log p
+def reference_step(model: torch.nn.Module, ref: torch.nn.Module, optimizer, batch, minibatch: int = 0) -> float:  # type: ignore[no-untyped-def]
+    """One AdamW step on the sum over the mini-batch's trained tokens of weight * (-tis * advantage * log p
     + KL * k3(log p, ref) - ENTROPY * entropy); returns the mean entropy of the trained tokens."""
     optimizer.zero_grad()
     entropies = []
-    for i in range(batch.n_samples):
+    for i in [i for i in range(batch.n_samples) if batch.sample_minibatch[i] == minibatch]:
         s, e = int(batch.offsets[i]), int(batch.offsets[i + 1])
         mask, logp, entropy = per_token(model, batch, i)
         if not mask.any():
@@ -95,7 +95,7 @@ def reference_step(model: torch.nn.Module, ref: torch.nn.Module, optimizer, batc
         with torch.no_grad():
             ref_logp = per_token(ref, batch, i)[1][mask]
         behaviour = torch.from_numpy(batch.logprobs[s:e])[mask]
-        tis = torch.clamp(torch.exp(logp.detach() - behaviour), max=cap)
+        tis = torch.clamp(torch.exp(logp.detach() - behaviour), max=2.0)
         w = torch.from_numpy(batch.loss_weights[s:e])[mask]
         adv = torch.from_numpy(batch.advantages[s:e])[mask]
         k3 = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
@@ -105,16 +105,18 @@ def reference_step(model: torch.nn.Module, ref: torch.nn.Module, optimizer, batc
     return float(torch.cat(entropies).mean())
 
 
-@pytest.mark.parametrize("ranks, epochs", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("ranks, epochs, minibatch", [(1, 1, None), (2, 1, None), (1, 2, None), (2, 1, 3)])
 def test_two_updates_through_verls_workers_equal_the_reference(
     tiny_path: Path,  # noqa: F811
     tmp_path: Path,
     ranks: int,
     epochs: int,
+    minibatch: int | None,
 ) -> None:
-    """The second update has the KL to the starting weights live (the first starts from them). One epoch takes
-    the old log-probs from the update's own forward pass; two compute them first, and step twice (the ratio to
-    them, about 1 at this learning rate, changes the steps by far less than the tolerance)."""
+    """The second update has the KL to the starting weights live (the first starts from them). One epoch over one
+    mini-batch takes the old log-probs from the update's own forward pass; two epochs, or mini-batches of 3 of the
+    6 rollouts (2 optimizer steps an update, each on its rollouts' exact weights), compute them first (the ratio
+    to them, about 1 at this learning rate, changes the steps by far less than the tolerance)."""
     b = backend(
         tiny_path, tmp_path, *EXACT, f"trainer.n_gpus_per_node={ranks}", f"actor_rollout_ref.actor.ppo_epochs={epochs}"
     )
@@ -125,10 +127,15 @@ def test_two_updates_through_verls_workers_equal_the_reference(
         start = {n: p.detach().clone() for n, p in model.state_dict().items()}
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS, weight_decay=0.0)
         for seed in (4, 5):
-            batch = build_batch(*make_batch(model.config.vocab_size, seed), AdapterSettings(dp_size=ranks))
+            settings = AdapterSettings(dp_size=ranks, minibatch_rollouts=minibatch)
+            batch = build_batch(*make_batch(model.config.vocab_size, seed), settings)
+            steps = int(batch.sample_minibatch.max()) + 1
+            assert steps == (2 if minibatch else 1)
             got = b.update(batch)
-            entropies = [reference_step(model, ref, optimizer, batch) for _ in range(epochs)]
-            assert got["actor/entropy"] == pytest.approx(sum(entropies) / epochs, rel=2e-3)
+            entropies = [reference_step(model, ref, optimizer, batch, m) for m in range(steps) for _ in range(epochs)]
+            assert got["actor/optimizer_steps"] == steps * epochs
+            if steps == 1:  # over several mini-batches verl's entropy metric is a mean of per-micro-batch means
+                assert got["actor/entropy"] == pytest.approx(sum(entropies) / len(entropies), rel=2e-3)
             assert got["timing/update_s"] > 0 and got["actor/tis_max"] <= 2.0
             assert "actor/pg_loss" in got and not any(k.startswith("actor/actor/") for k in got)  # prefixed once
         served = weights(b, tmp_path / "weights")

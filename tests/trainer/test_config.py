@@ -22,8 +22,9 @@ def test_the_demo_config_composes_with_verls_and_takes_overrides() -> None:
     assert actor.clip_ratio_c == 3.0 and "ppo_mini_batch_size" in actor  # verl's defaults are there
     assert actor.policy_loss.loss_mode == LOSS and actor.loss_agg_mode == "token-sum"
     assert cfg.trainer.total_training_steps == 12
-    settings = agl.adapter(dp_size=2)
-    assert settings.dp_size == 2 and settings.loss_mode == "rollout" and settings.max_staleness is None
+    settings = agl.adapter(dp_size=2, minibatch_rollouts=3)
+    assert settings.dp_size == 2 and settings.minibatch_rollouts == 3
+    assert settings.loss_mode == "rollout" and settings.max_staleness is None
     assert settings.temperature == agl.temperature == 0.7  # calls at other temperatures are not trained
     assert actor.optim.total_training_steps == 12  # the warm-up and schedule know the run's length
 
@@ -67,6 +68,7 @@ def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
         (["agl.admin_key=k", "actor_rollout_ref.actor.kl_loss_type=k9"], "kl_loss_type"),
         (["agl.admin_key=k", "actor_rollout_ref.actor.entropy_coeff=-0.01"], "entropy_coeff"),
         (["agl.admin_key=k", "actor_rollout_ref.actor.ppo_epochs=0"], "ppo_epochs"),
+        (["agl.admin_key=k", "actor_rollout_ref.actor.ppo_mini_batch_size=0"], "ppo_mini_batch_size"),
         (["agl.admin_key=k", "actor_rollout_ref.actor.optim.lr_warmup_steps=16"], "lr_warmup_steps"),
         (["agl.admin_key=k", "agl.engine="], "agl.engine"),  # trainer.device cpu feeds the embedded engine
         (["agl.admin_key=k", "agl.guard_drop=0.2", "trainer.test_freq=0"], "agl.guard_drop"),

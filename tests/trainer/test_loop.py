@@ -127,7 +127,8 @@ def check_versions(gw: Stack, steps: int) -> None:
 
 def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
     with stack(tiny_path, tmp_path) as gw:
-        steps = run_loop(gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2", own_spec=True)
+        mb = "actor_rollout_ref.actor.ppo_mini_batch_size=3"  # rollouts: 4 a step, in 2 optimizer steps
+        steps = run_loop(gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2", mb, own_spec=True)
         check_versions(gw, 3)
         calls = gw.store.calls_for([r.id for r in gw.store.list_rollouts(limit=100)])
     assert len(steps) == 3
@@ -138,6 +139,7 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path,
     versions = sorted({c.model_version for cs in calls.values() for c in cs})
     assert versions == [0, 1, 2]
     assert all(s["adapter/rollouts_trained"] == 4 for s in steps)  # mixed rewards: every group was trained
+    assert all(s["actor/optimizer_steps"] == 2 for s in steps)
     assert all(s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps)
     run = tmp_path / "run"
     assert len((run / "metrics.jsonl").read_text().splitlines()) >= 3 and (run / "latest").read_text() == "step_3"
