@@ -23,7 +23,7 @@ from agl.types import Call, FailureKind, Rollout, Status
 COUNTS = [
     *["rollouts_excluded_infra", "rollouts_dropped_stale", "missing_reward_filled", "rollouts_without_tokens"],
     *["groups", "groups_degenerate", "rollouts_dropped_degenerate"],
-    *["calls", "calls_untrained", "calls_temperature_mismatch", "calls_merged", "overlong_samples"],
+    *["calls", "calls_untrained", "calls_temperature_mismatch", "calls_merged", "calls_shaped", "overlong_samples"],
     *[f"mismatch_{m}" for m in MISMATCHES],
 ]
 
@@ -79,8 +79,10 @@ def build_batch(
     settings: AdapterSettings | None = None,
     *,
     version: int | None = None,
+    intermediate: Mapping[str, Mapping[int, float]] | None = None,
 ) -> Batch:
-    """The training batch of finished rollouts (`calls` as `Store.calls_for` returns them), trained at `version`."""
+    """The training batch of finished rollouts (`calls` as `Store.calls_for` returns them), trained at `version`;
+    `intermediate`: per rollout, per call seq, the sum of the call's intermediate rewards."""
     s = settings or AdapterSettings()
     ids = {r.id for r in rollouts}
     if len(ids) != len(rollouts):
@@ -118,7 +120,7 @@ def build_batch(
             trained.append((r.id, advantages, drafts))
         elif advantages is not None:
             stats["rollouts_without_tokens"] += 1
-    return _assemble(trained, s, stats, len(rollouts))
+    return _assemble(trained, s, stats, len(rollouts), intermediate or {})
 
 
 def _advantages(
@@ -156,7 +158,11 @@ def _weights(rollouts: list[list[Draft]], mode: str) -> list[list[float]]:
 
 
 def _assemble(
-    trained: list[tuple[str, list[float], list[Draft]]], s: AdapterSettings, stats: Counter[str], n_in: int
+    trained: list[tuple[str, list[float], list[Draft]]],
+    s: AdapterSettings,
+    stats: Counter[str],
+    n_in: int,
+    intermediate: Mapping[str, Mapping[int, float]],
 ) -> Batch:
     n = len(trained)
     n_mb = -(-n // s.minibatch_rollouts) if s.minibatch_rollouts and n else 1
@@ -182,12 +188,14 @@ def _assemble(
     input_ids = np.empty(total, np.int32)
     loss_mask, logprobs = np.zeros(total, bool), np.zeros(total, np.float32)
     advantages, loss_weights = np.zeros(total, np.float32), np.zeros(total, np.float32)
-    for (_, draft, w, a, _, _), start in zip(order, offsets.tolist(), strict=False):
+    for (i, draft, w, a, _, _), start in zip(order, offsets.tolist(), strict=False):
+        shaped = intermediate.get(trained[i][0], {}) if i >= 0 and s.intermediate_coef else {}
         for g in draft.segments:
             end = start + len(g.ids)
             input_ids[start:end] = g.ids
             if g.logprobs is not None:  # sampled (padding has none)
-                advantages[start:end] = a
+                advantages[start:end] = a + s.intermediate_coef * shaped.get(g.seq, 0.0)
+                stats["calls_shaped"] += g.seq in shaped
                 logprobs[start:end] = g.logprobs
                 loss_mask[start:end] = True
                 loss_weights[start:end] = w

@@ -36,6 +36,9 @@ class AdapterSettings:
     # Groups of fewer than two valid rollouts or with equal rewards carry no signal: drop them
     # (True) or keep them with verl's advantages; counted either way.
     drop_degenerate: bool = True
+    # A call's intermediate rewards (posted for it, `final: false`), times this, are added to the advantage
+    # of its sampled tokens (unitless); 0: every call gets its rollout's advantage (identical assignment).
+    intermediate_coef: float = 0.0
     # Reward used for a rollout that ended without one (a task failure); None makes it an error.
     missing_reward: float | None = 0.0
     # rollout: weight 1/(|M| * T_r) per token (section 6.3); the others are verl's sample-level

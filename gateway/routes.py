@@ -24,7 +24,7 @@ from gateway import wire
 from gateway.auth import Auth, AuthError
 from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
-from gateway.types import Ask, Completion, RenderError
+from gateway.types import Ask, Completion, Message, RenderError
 
 MAX_DEPTH = 64  # of a request body's JSON: tool schemas nest a few levels; the store's encoder stops near 1,000
 Cursor = Annotated[int, Query(ge=0, le=2**31 - 1)]  # compared with INTEGER columns: a larger one overflows PostgreSQL
@@ -133,12 +133,35 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             return StreamingResponse(req.events(reply), media_type="text/event-stream", headers=headers)
         return Response(orjson.dumps(reply), media_type="application/json")
 
+    async def air_penalty(a: Ask, messages: list[Message]) -> tuple[float, int] | None:
+        """AIR: `air_tool_error_reward` for each tool result this request sends back (after its last assistant
+        message) that reports an error (`is_error`, or `air_error_pattern` in its text), and the seq of the
+        agent's call that asked for the tools; None when none did, or AIR is off."""
+        reward, pattern = proxy.settings.air_tool_error_reward, proxy.settings.air_error_pattern
+        start = next((i for i in reversed(range(len(messages))) if messages[i].role == "assistant"), None)
+        if reward is None or start is None:
+            return None
+        results = [m for m in messages[start + 1 :] if m.role == "tool"]
+        if not (failed := sum(m.is_error or bool(pattern and pattern.search(m.content)) for m in results)):
+            return None
+        recent = await asyncio.to_thread(proxy.store.last_calls, a.rollout.id, 16)
+        mine = [c for c in recent if c.agent == a.agent and c.attempt == a.rollout.attempt]
+        return (failed * reward, mine[-1].seq) if mine else None
+
     def chat(api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]) -> Any:
         """The route of a chat-like format: its messages, tools and sampling go through `proxy.chat`."""
 
         async def route(request: Request, rollout: Agent) -> Response:
             req = await body(request, schema)
-            return answer(req, await proxy.chat(ask(request, rollout, api, req), *req.parse()))
+            (messages, tools, params), asked = req.parse(), ask(request, rollout, api, req)
+            air = await air_penalty(asked, messages)
+            reply = answer(req, await proxy.chat(asked, messages, tools, params))
+            if air:  # once the call is recorded: a refused request changes nothing stored
+                penalty, seq = air
+                await wrap_future(
+                    proxy.store.set_reward(rollout.id, penalty, source="air:tool_error", final=False, call_seq=seq)
+                )
+            return reply
 
         return route
 

@@ -1,5 +1,7 @@
 """The gateway's settings, read by the app, the routes and the proxy; `agl/settings.py` makes the flags."""
 
+import re
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -26,3 +28,5 @@ class GatewaySettings(BaseSettings):
     access_log: bool = Field(False, description="Log each request: method, path, status, latency, rollout (no token).")
     prefix_preserving: bool = Field(True, description="Reuse sampled IDs of earlier replies (DESIGN.md section 4).")
     tool_parser: str = Field("hermes", description="Tool-call format of the model family (gateway/render.py).")
+    air_tool_error_reward: float | None = Field(None, description="AIR: reward of a call whose tool call failed.")
+    air_error_pattern: re.Pattern[str] | None = Field(None, description="AIR: marks a tool result's text as failed.")

@@ -43,6 +43,7 @@ class Message:
     reasoning: str = ""
     tool_call_id: str = ""
     name: str = ""
+    is_error: bool = False  # a tool result the harness marked as an error (Anthropic's `is_error`)
 
     def template_dict(self) -> JSON:
         out: JSON = {"role": "system" if self.role == "developer" else self.role, "content": self.content}

@@ -326,7 +326,10 @@ class AnthropicRequest(_Request):
                     calls.append(ToolCall(str(block.get("name", "")), args, str(block.get("id", ""))))
                 elif kind == "tool_result":
                     output = text_of(block.get("content"))
-                    messages.append(Message("tool", output, tool_call_id=str(block.get("tool_use_id", ""))))
+                    result_of = str(block.get("tool_use_id", ""))
+                    messages.append(
+                        Message("tool", output, tool_call_id=result_of, is_error=block.get("is_error") is True)
+                    )
                 elif kind != "thinking":
                     raise RenderError(f"unsupported content block type {kind!r}")
             if text or calls or role == "assistant":

@@ -45,6 +45,7 @@ class AglConfig(Strict):
     max_length: int = Field(32_768, ge=1, description="Longest merged sample (tokens).")
     sample_mode: Literal["trajectory", "transition"] = Field("trajectory", description="Merge calls, or one per call.")
     trained_agents: list[str] | None = Field(None, description="Agents whose calls are trained; default: every one.")
+    intermediate_coef: float = Field(0.0, description="Per-call rewards' weight in their call's advantage (0: off).")
     threads: int = Field(0, ge=0, description="trainer.device cpu: torch threads of each worker (0: every core).")
     temperature: float = Field(1.0, gt=0, description="The harnesses' sampling temperature; other calls: untrained.")
     guard_drop: float | None = Field(None, gt=0, description="Act when validation falls this far below its best.")
@@ -55,7 +56,7 @@ class AglConfig(Strict):
     def adapter(self, dp_size: int = 1, minibatch_rollouts: int | None = None) -> AdapterSettings:
         """The adapter's settings: the fields they share, verl's data-parallel size and `ppo_mini_batch_size`."""
         shared = {"max_length", "estimator", "advantage_level", "loss_mode", "max_staleness", "temperature"}
-        shared.add("trained_agents")  # a list here, a frozenset there: the adapter's validation converts it
+        shared |= {"intermediate_coef", "trained_agents"}  # trained_agents: a list here, a frozenset there
         settings = self.model_dump(include=shared) | {"dp_size": dp_size, "minibatch_rollouts": minibatch_rollouts}
         return AdapterSettings(**settings, mode=self.sample_mode)
 

@@ -164,10 +164,10 @@ class Trainer:
         """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume. A batch
         without samples (every group's rewards equal, or its rollouts stale or failed) makes a step without an
         update: nothing is paused or pushed and the version stays, unless a checkpoint is due."""
-        rollouts, calls, flags = await self.fetch(groups)  # they have ended: built while the harnesses still run
+        rollouts, calls, flags, intermediate = await self.fetch(groups)  # ended: built while harnesses still run
         base = self.version  # the policy the batch is trained against
         settings = self.agl.adapter(self.backend.dp_size, int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
-        batch = build_batch(rollouts, calls, settings, version=base)
+        batch = build_batch(rollouts, calls, settings, version=base, intermediate=intermediate)
         self.check_temperature(batch, calls)
         self.step += 1
         self.trained.append([g.id for g in groups])
@@ -211,14 +211,22 @@ class Trainer:
             m["calls_temperature_mismatch"], m["calls"], self.agl.temperature, seen,
         )  # fmt: skip
 
-    async def fetch(self, groups: list[Group]) -> tuple[list[Rollout], dict[str, list[Call]], dict[str, float]]:
-        """The rollouts, their calls, and per `flag` event name (reward-hacking checks) the share with one."""
+    async def fetch(
+        self, groups: list[Group]
+    ) -> tuple[list[Rollout], dict[str, list[Call]], dict[str, float], dict[str, Counter[int]]]:
+        """The rollouts, their calls, per `flag` event name (reward-hacking checks) the share with one, and per
+        rollout and call seq the sum of the call's intermediate rewards (of the rollout's last attempt)."""
         rollouts = await self.members(groups)
         calls = {r.id: [call_from_json(c) for c in await self.gw.calls(r.id)] for r in rollouts}
         flags: Counter[str] = Counter()
+        intermediate: dict[str, Counter[int]] = {r.id: Counter() for r in rollouts}
         for r in rollouts:
-            flags.update({str(e["data"].get("flag")) for e in await self.gw.events(r.id) if e["kind"] == "flag"})
-        return rollouts, calls, {f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()}
+            events = await self.gw.events(r.id)
+            flags.update({str(e["data"].get("flag")) for e in events if e["kind"] == "flag"})
+            for e in (e for e in events if e["kind"] == "reward" and e["attempt"] == r.attempt):
+                if not e["data"].get("final", True) and e["data"].get("call_seq") is not None:
+                    intermediate[r.id][e["data"]["call_seq"]] += e["data"]["value"]
+        return rollouts, calls, {f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()}, intermediate
 
     def step_metrics(
         self, rollouts: list[Rollout], calls: dict[str, list[Call]], batch: Batch, base: int

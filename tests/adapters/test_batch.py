@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from adapters import AdapterSettings, Batch, build_batch
 from adapters.batch import balanced_partitions
 from agl.types import Call, FailureKind, Rollout
-from tests.adapters.factory import call, rollout
+from tests.adapters.factory import call, chain, rollout
 
 VOCAB = 12
 
@@ -186,6 +186,28 @@ def test_k_minibatches_average_to_the_one_minibatch_gradient(world, k) -> None:
     want, got = per_rollout_token(one), per_rollout_token(split)
     for r in range(n):
         assert np.allclose(np.array(got[r]) / k, want[r], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["trajectory", "transition"])
+def test_an_intermediate_reward_shifts_only_its_own_calls_tokens(mode: str) -> None:
+    """Rollout "a" (3 calls, merged into one sample in trajectory mode) has a penalty on call 1 and a reward
+    for a call it does not have; "b" has none. Each call's sampled tokens get the rollout's advantage plus
+    the coefficient times its own intermediate rewards; the default coefficient, 0, changes nothing."""
+    calls = {rid: chain(rid, [([1, 2], [3, 4]), ([5], [6, 7, 8]), ([9], [10])]) for rid in "ab"}
+    rollouts = [rollout("a", reward=1.0), rollout("b", reward=0.0)]
+    intermediate = {"a": {1: -1.0, 7: 5.0}, "b": {}}
+    base = build_batch(rollouts, calls, AdapterSettings(mode=mode), intermediate=intermediate)
+    shaped = build_batch(rollouts, calls, AdapterSettings(mode=mode, intermediate_coef=0.5), intermediate=intermediate)
+    assert base.metrics["calls_shaped"] == 0 and shaped.metrics["calls_shaped"] == 1
+    assert np.array_equal(base.input_ids, shaped.input_ids) and np.array_equal(base.loss_mask, shaped.loss_mask)
+    response_of = {3: 1, 4: 1, 6: 2, 7: 2, 8: 2, 10: 3}  # token -> its call's seq + 1 (0: fed)
+    token_rollout = np.repeat(base.sample_rollout, np.diff(base.offsets))
+    for t in np.flatnonzero(base.loss_mask):
+        rid = base.rollout_ids[token_rollout[t]]
+        call_seq = response_of[int(base.input_ids[t])] - 1
+        want = base.advantages[t] - (0.5 if (rid, call_seq) == ("a", 1) else 0.0)
+        assert shaped.advantages[t] == pytest.approx(want)
+    assert not shaped.advantages[~shaped.loss_mask].any()
 
 
 def test_sample_level_modes_weigh_a_split_rollout_more() -> None:

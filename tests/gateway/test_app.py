@@ -224,6 +224,62 @@ def test_responses_api(tiny_path: Path, tmp_path: Path):
         assert len(check_fidelity(s, r["id"])) == 2
 
 
+# ------------------------------------------------------------------ AIR
+
+
+def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(tiny_path: Path, tmp_path: Path):
+    """A tool result that reports an error (Anthropic's `is_error`, or the pattern in Chat Completions' and
+    Responses' text) becomes an intermediate reward of the agent's call that made the tool call, once the
+    request that sends it back is recorded. A successful result, or a refused request, posts nothing."""
+    air = {"air_tool_error_reward": -0.5, "air_error_pattern": r"(?i)\berror\b"}
+    with scripted(tiny_path, tmp_path, [CALL_TEXT] * 8, **air) as s:
+
+        def rewards(rid: str) -> list[dict]:
+            return [e["data"] for e in s.admin.get(f"/api/rollouts/{rid}/events").json() if e["kind"] == "reward"]
+
+        r = s.rollout()
+        chat = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).chat.completions
+        asked = [{"role": "user", "content": "list"}]
+        first = chat.create(model="m", messages=asked, tools=[TOOL], max_tokens=64).choices[0].message
+        (tc,) = first.tool_calls
+        turn = [first.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": "a.txt"}]
+        second = chat.create(model="m", messages=asked + turn, tools=[TOOL], max_tokens=64).choices[0].message
+        assert rewards(r["id"]) == []  # a result that is not an error
+        (tc,) = second.tool_calls
+        error = {"role": "tool", "tool_call_id": tc.id, "content": "Error: ls failed"}
+        failed = [*asked, *turn, second.model_dump(exclude_none=True), error, error]  # two failed results
+        with pytest.raises(openai.BadRequestError):  # refused (too long a completion): nothing is posted
+            chat.create(model="m", messages=failed, tools=[TOOL], max_tokens=10**6)
+        assert rewards(r["id"]) == []
+        chat.create(model="m", messages=failed, tools=[TOOL], max_tokens=64)
+        seqs = [c["seq"] for c in s.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
+        assert rewards(r["id"]) == [{"value": -1.0, "source": "air:tool_error", "final": False, "call_seq": seqs[1]}]
+
+        r = s.rollout()
+        client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+        tools = [{"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}]
+        user = [{"role": "user", "content": "list"}]
+        got = client.messages.create(model="claude", max_tokens=64, tools=tools, messages=user)
+        (use,) = [b for b in got.content if b.type == "tool_use"]
+        result = {"type": "tool_result", "tool_use_id": use.id, "content": "fine", "is_error": True}
+        reply = {"role": "assistant", "content": [b.model_dump() for b in got.content]}
+        client.messages.create(
+            model="claude", max_tokens=64, tools=tools, messages=[*user, reply, {"role": "user", "content": [result]}]
+        )
+        seqs = [c["seq"] for c in s.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
+        assert [(d["value"], d["call_seq"]) for d in rewards(r["id"])] == [(-0.5, seqs[0])]
+
+        r = s.rollout()
+        responses = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).responses
+        tool = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
+        (fc,) = [i for i in responses.create(model="codex", input="list", tools=[tool]).output if i.type != "message"]
+        items = [{"type": "function_call", "call_id": fc.call_id, "name": "bash", "arguments": fc.arguments}]
+        items.append({"type": "function_call_output", "call_id": fc.call_id, "output": "ERROR: denied"})
+        responses.create(model="codex", input=[{"role": "user", "content": "list"}, *items], tools=[tool])
+        seqs = [c["seq"] for c in s.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
+        assert [(d["value"], d["call_seq"]) for d in rewards(r["id"])] == [(-0.5, seqs[0])]
+
+
 # ------------------------------------------------------------------ Anthropic SDK
 
 

@@ -42,10 +42,12 @@ def test_warmup_steps_follow_verls_two_settings() -> None:
 
 def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
     overrides = ["agl.seed=7", "agl.threads=1", "agl.advantage_level=sample", "agl.sample_mode=transition"]
+    overrides.append("agl.intermediate_coef=0.25")
     _, agl = load_config(DEMO, ["agl.admin_key=k", *overrides, "agl.trained_agents=[writer,checker]"])
     assert agl.seed == 7 and agl.threads == 1
     settings = agl.adapter()  # each reaches the adapter
     assert settings.advantage_level == "sample" and settings.mode == "transition"
+    assert settings.intermediate_coef == 0.25
     assert (
         settings.trained_agents == frozenset({"writer", "checker"})
         and load_config(DEMO, ["agl.admin_key=k"])[1].adapter().trained_agents is None

@@ -53,6 +53,8 @@ url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT
 auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
 if task.get("flag"):  # as a reward-hacking check would
     httpx.post(url + "/events", json={"kind": "flag", "data": {"flag": "network"}}, headers=auth).raise_for_status()
+    first = httpx.get(url + "/calls", headers=auth).json()[0]["seq"]  # an intermediate reward for the first call
+    httpx.post(url + "/reward", json={"reward": -1, "final": False, "call_seq": first}, headers=auth).raise_for_status()
 reward = task.get("reward")
 if reward is None and task.get("once"):  # 1 the first time this task runs, then 0: a validation that gets worse
     try:
@@ -128,7 +130,9 @@ def check_versions(gw: Stack, steps: int) -> None:
 def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
     with stack(tiny_path, tmp_path) as gw:
         mb = "actor_rollout_ref.actor.ppo_mini_batch_size=3"  # rollouts: 4 a step, in 2 optimizer steps
-        steps = run_loop(gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2", mb, own_spec=True)
+        steps = run_loop(
+            gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2", mb, "agl.intermediate_coef=0.5", own_spec=True
+        )
         check_versions(gw, 3)
         calls = gw.store.calls_for([r.id for r in gw.store.list_rollouts(limit=100)])
     assert len(steps) == 3
@@ -140,6 +144,7 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path,
     assert versions == [0, 1, 2]
     assert all(s["adapter/rollouts_trained"] == 4 for s in steps)  # mixed rewards: every group was trained
     assert all(s["actor/optimizer_steps"] == 2 for s in steps)
+    assert all(s["adapter/calls_shaped"] == 4 for s in steps)  # each rollout's first call: its penalty is trained
     assert all(s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps)
     run = tmp_path / "run"
     assert len((run / "metrics.jsonl").read_text().splitlines()) >= 3 and (run / "latest").read_text() == "step_3"
