@@ -250,6 +250,9 @@ class Trainer:
             "timing/step_s": elapsed,
             "version": float(self.version),
         }
+        kept = self.agl.trained_agents  # calls per agent: calls/NAME/trained or calls/NAME/untrained
+        per_agent = Counter((c.agent, kept is None or c.agent in kept) for cs in calls.values() for c in cs)
+        metrics |= {f"calls/{a}/{'trained' if t else 'untrained'}": float(n) for (a, t), n in per_agent.items()}
         return metrics | {f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))}
 
     # ------------------------------------------------------------------ validation

@@ -144,6 +144,7 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path,
     assert versions == [0, 1, 2]
     assert all(s["adapter/rollouts_trained"] == 4 for s in steps)  # mixed rewards: every group was trained
     assert all(s["actor/optimizer_steps"] == 2 for s in steps)
+    assert all(s["calls/agent/trained"] == 8 and "calls/agent/untrained" not in s for s in steps)  # 2 calls each
     assert all(s["adapter/calls_shaped"] == 4 for s in steps)  # each rollout's first call: its penalty is trained
     assert all(s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps)
     run = tmp_path / "run"
