@@ -14,6 +14,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 from agl.types import Call
@@ -26,12 +27,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def train_example(
-    config: Path, tiny_path: Path, tmp_path: Path, script: list[str], *overrides: str, steps: int = 2
+    config: Path,
+    tiny_path: Path,
+    tmp_path: Path,
+    script: list[str],
+    *overrides: str,
+    steps: int = 2,
+    gateway: dict[str, Any] | None = None,
 ) -> tuple[list[dict], dict[str, list[Call]]]:
     """`steps` training steps of `config` without validation, run from the repository's root (as `make` does),
-    with this interpreter's `python` first on PATH; returns the steps' metrics and every rollout's calls."""
+    with this interpreter's `python` first on PATH; `gateway`: its settings (AIR's). Returns the steps' metrics
+    and every rollout's calls."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    with stack(tiny_path, tmp_path, script=script) as gw, mock.patch.dict(os.environ, {"PATH": path}):
+    with (
+        stack(tiny_path, tmp_path, script=script, **(gateway or {})) as gw,
+        mock.patch.dict(os.environ, {"PATH": path}),
+    ):
         run = [
             *[f"agl.gateway={gw.url}", f"agl.engine={gw.engine_url}", f"agl.admin_key={ADMIN}", "agl.val_tasks="],
             *["agl.threads=1", "agl.poll_s=0.1", f"trainer.total_training_steps={steps}", "trainer.test_freq=0"],
