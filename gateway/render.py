@@ -222,14 +222,11 @@ class Renderer:
             length, digest = t.verbatim
             if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
                 head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
-                if head is None:
-                    return Prompt(
-                        array("i", self.encode(full, literal)), False, "template_edit", digests, tools_key, full
-                    )
-                if not preserve:
+                if head is None or not preserve:  # the whole prompt tokenized afresh
                     ids = array("i", self.encode(full, literal))
-                    same = ids[: len(t.ids)] == t.ids
-                    return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
+                    same = head is not None and ids[: len(t.ids)] == t.ids
+                    kind = "template_edit" if head is None else "" if same else "retokenized_boundary"
+                    return Prompt(ids, same, kind, digests, tools_key, full)
                 length = len(head)
             tail = [(a - length, b - length) for a, b in literal if a >= length]  # the head is the transcript's
             return Prompt(t.ids + array("i", self.encode(full[length:], tail)), True, "", digests, tools_key, full)
