@@ -10,7 +10,6 @@ or know wire formats.
 
 from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
 
-import dataclasses
 import functools
 import itertools
 import json
@@ -19,7 +18,7 @@ import secrets
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agl.types import JSON
@@ -238,7 +237,7 @@ class Renderer:
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
-        stripped = [dataclasses.replace(m, reasoning="") for m in history]
+        stripped = [replace(m, reasoning="") for m in history]
         for variant in (history, stripped):
             head = self.render_text(variant, tools, generation_prompt=False)
             head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
