@@ -155,9 +155,7 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             home = self.replicas[zlib.crc32(rollout_id.encode()) % len(self.replicas)]
             if home in up:
                 return home
-        if not up:
-            return min(self.replicas, key=lambda r: r.down_until)
-        return min(up, key=lambda r: r.inflight)
+        return min(up, key=lambda r: r.inflight) if up else min(self.replicas, key=lambda r: r.down_until)
 
     async def call(
         self, method: str, path: str, body: Any = None, *, rollout_id: str | None = None
@@ -218,10 +216,9 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
 
 def _message(text: str, reason: str) -> str:
     """The error message of an sglang reply (`{"error": {"message"}}`, `{"message"}`) or its body, cut."""
-    try:
+    found = None
+    with contextlib.suppress(ValueError, AttributeError):  # not JSON, or not an object
         data = json.loads(text)
         inner = data.get("error")
         found = inner.get("message") if isinstance(inner, dict) else inner or data.get("message")
-    except (ValueError, AttributeError):  # not JSON, or not an object
-        found = None
     return str(found or text or reason)[:BODY_CUT]
