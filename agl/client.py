@@ -15,8 +15,6 @@ KEEPALIVE_S = 4.0  # idle connections are dropped before a server (uvicorn, sgla
 
 
 class GatewayError(Exception):
-    """A failed admin call: `status` is the HTTP status, 0 when no reply came."""
-
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"gateway {status}: {message}" if status else f"gateway unreachable: {message}")
         self.status, self.message = status, message

@@ -84,9 +84,7 @@ class Controller:
             rollout = await self.find(key[0])
             if rollout and (rollout.status.terminal or rollout.attempt != key[1]):
                 await self.launcher.stop(key)
-        for rollout in running:
-            if rollout.id in adopted:
-                continue
+        for rollout in [r for r in running if r.id not in adopted]:
             events = [e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt]
             if any(str(e["data"].get("reason", "")).startswith(mine) for e in events) or self.applied_here(rollout):
                 lost = Outcome.infra("the run was not found when the controller started")

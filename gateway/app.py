@@ -11,7 +11,6 @@ import contextlib
 import gc
 import logging
 import time
-from asyncio import wrap_future
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import uvicorn
@@ -164,16 +163,14 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
         if rollout is not None:
             try:
                 event = {"status": status, "message": message[:2000]}
-                await wrap_future(store.append_event(rollout.id, "error", event))
+                await asyncio.wrap_future(store.append_event(rollout.id, "error", event))
             except StoreError:
                 log.warning("rollout_id=%s: could not record an error event", rollout.id)
         body = wire.error(message, kind, code, anthropic=path.endswith("/v1/messages"))
         return JSONResponse(body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None)
 
     app.add_exception_handler(RequestValidationError, on_error)  # instead of FastAPI's 422; the rest: `Admission`
-    app.add_middleware(
-        Admission, max_body_bytes=settings.max_body_bytes, on_error=on_error, access_log=settings.access_log
-    )
+    app.add_middleware(Admission, settings.max_body_bytes, on_error, settings.access_log)
     return app
 
 
@@ -201,12 +198,7 @@ def main(argv: list[str]) -> int:
             gc.collect()  # the start-up heap (tokenizer, transformers: ~400k objects) lives as long as
             gc.freeze()  # the process: kept out of every later collection (4-10% more calls/s, measured)
             config = uvicorn.Config(
-                app,
-                host=settings.host,
-                port=settings.port,
-                log_level="warning",
-                access_log=False,
-                timeout_keep_alive=120,
+                app, settings.host, settings.port, log_level="warning", access_log=False, timeout_keep_alive=120
             )
             log.info("gateway on http://%s:%d, engines %s", settings.host, settings.port, settings.engine_url)
             await uvicorn.Server(config).serve()

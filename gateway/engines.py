@@ -40,14 +40,9 @@ class EngineUnavailable(EngineError):
 class EngineRejected(EngineError):
     """The engine answered 4xx: the request itself is wrong (permanent: do not retry it)."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"engine rejected the request ({status}): {message}")
-        self.status, self.message = status, message
-
 
 class _ServerError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"engine answered {status}: {message}")
+    """A 5xx reply: the replica's fault, retried."""
 
 
 class TransportError(Exception):
@@ -160,9 +155,7 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             home = self.replicas[zlib.crc32(rollout_id.encode()) % len(self.replicas)]
             if home in up:
                 return home
-        if not up:
-            return min(self.replicas, key=lambda r: r.down_until)
-        return min(up, key=lambda r: r.inflight)
+        return min(up, key=lambda r: r.inflight) if up else min(self.replicas, key=lambda r: r.down_until)
 
     async def call(
         self, method: str, path: str, body: Any = None, *, rollout_id: str | None = None
@@ -193,26 +186,24 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
     async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
         data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
         try:
-            status, reason, raw, is_json = await self._exchange(r, method, path, data)
+            status, reason, raw = await self._exchange(r, method, path, data)
         except _Unanswered:
-            status, reason, raw, is_json = await self._exchange(r, method, path, data)
+            status, reason, raw = await self._exchange(r, method, path, data)
         if status >= 400:
             message = _message(raw.decode(errors="replace"), reason)
             if status >= 500:
-                raise _ServerError(status, message)
-            raise EngineRejected(status, message)
-        if not is_json:
-            return raw.decode(errors="replace")
+                raise _ServerError(f"engine answered {status}: {message}")
+            raise EngineRejected(f"engine rejected the request ({status}): {message}")
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             raise EngineError(f"{r.url}{path} answered invalid JSON: {raw[:BODY_CUT]!r}") from e
 
-    async def _exchange(self, r: _Replica, method: str, path: str, data: bytes | None) -> tuple[int, str, bytes, bool]:
-        """One HTTP exchange: (status, reason phrase, body, whether it is JSON)."""
+    async def _exchange(self, r: _Replica, method: str, path: str, data: bytes | None) -> tuple[int, str, bytes]:
+        """One HTTP exchange: (status, reason phrase, body)."""
         try:
             async with self.http.request(method, r.url + path, data=data) as reply:
-                return reply.status, reply.reason or "", await reply.read(), "json" in reply.content_type
+                return reply.status, reply.reason or "", await reply.read()
         except aiohttp.ServerDisconnectedError as e:
             raise _Unanswered(f"{r.url}{path}: {e!r}") from e
         except TimeoutError as e:
@@ -225,10 +216,9 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
 
 def _message(text: str, reason: str) -> str:
     """The error message of an sglang reply (`{"error": {"message"}}`, `{"message"}`) or its body, cut."""
-    try:
+    found = None
+    with contextlib.suppress(ValueError, AttributeError):  # not JSON, or not an object
         data = json.loads(text)
         inner = data.get("error")
         found = inner.get("message") if isinstance(inner, dict) else inner or data.get("message")
-    except (ValueError, AttributeError):  # not JSON, or not an object
-        found = None
     return str(found or text or reason)[:BODY_CUT]

@@ -10,7 +10,6 @@ or know wire formats.
 
 from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
 
-import dataclasses
 import functools
 import itertools
 import json
@@ -19,7 +18,7 @@ import secrets
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agl.types import JSON
@@ -222,14 +221,11 @@ class Renderer:
             length, digest = t.verbatim
             if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
                 head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
-                if head is None:
-                    return Prompt(
-                        array("i", self.encode(full, literal)), False, "template_edit", digests, tools_key, full
-                    )
-                if not preserve:
+                if head is None or not preserve:  # the whole prompt tokenized afresh
                     ids = array("i", self.encode(full, literal))
-                    same = ids[: len(t.ids)] == t.ids
-                    return Prompt(ids, same, "" if same else "retokenized_boundary", digests, tools_key, full)
+                    same = head is not None and ids[: len(t.ids)] == t.ids
+                    kind = "template_edit" if head is None else "" if same else "retokenized_boundary"
+                    return Prompt(ids, same, kind, digests, tools_key, full)
                 length = len(head)
             tail = [(a - length, b - length) for a, b in literal if a >= length]  # the head is the transcript's
             return Prompt(t.ids + array("i", self.encode(full[length:], tail)), True, "", digests, tools_key, full)
@@ -241,7 +237,7 @@ class Renderer:
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
-        stripped = [dataclasses.replace(m, reasoning="") for m in history]
+        stripped = [replace(m, reasoning="") for m in history]
         for variant in (history, stripped):
             head = self.render_text(variant, tools, generation_prompt=False)
             head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]

@@ -92,15 +92,10 @@ def message_from_openai(raw: Any) -> Message:
         args = fn.get("arguments", "")
         args = args if isinstance(args, str) else json.dumps(args)
         calls.append(ToolCall(fn["name"], args, call.get("id") or "call_0"))
-    reasoning = raw.get("reasoning_content") or raw.get("reasoning") or ""
-    return Message(
-        role=role,
-        content=text_of(raw.get("content")),
-        tool_calls=tuple(calls),
-        reasoning=reasoning if isinstance(reasoning, str) else "",
-        tool_call_id=str(raw.get("tool_call_id") or ""),
-        name=str(raw.get("name") or ""),
-    )
+    reasoning = raw.get("reasoning_content") or raw.get("reasoning")
+    reasoning = reasoning if isinstance(reasoning, str) else ""
+    tool_call_id, name = str(raw.get("tool_call_id") or ""), str(raw.get("name") or "")
+    return Message(role, text_of(raw.get("content")), tuple(calls), reasoning, tool_call_id, name)
 
 
 def validate_tools(tools: list[JSON] | None) -> list[JSON]:
@@ -115,9 +110,7 @@ def validate_tools(tools: list[JSON] | None) -> list[JSON]:
 
 
 def _finish(c: Completion) -> str:
-    if c.reply.tool_calls:
-        return "tool_calls"
-    return "length" if c.finish_reason == "length" else "stop"
+    return "tool_calls" if c.reply.tool_calls else "length" if c.finish_reason == "length" else "stop"
 
 
 def _openai_reply(prefix: str, kind: str, model: str, choices: list[JSON], completions: list[Completion]) -> JSON:
