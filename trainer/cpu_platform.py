@@ -7,6 +7,7 @@ collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. `ENV
 """
 
 import os
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, Self
 
@@ -27,8 +28,12 @@ if active() and not torch.cuda.is_available():
     torch.Tensor.pin_memory = lambda self, *_, **__: self  # type: ignore[method-assign]
 
 
-def _nothing(*_: Any, **__: Any) -> None:
-    return None
+def _returns(value: Any) -> Callable[..., Any]:
+    """A device call that takes any arguments and answers `value`."""
+    return lambda *_, **__: value
+
+
+_nothing = _returns(None)
 
 
 class _Nothing:
@@ -74,37 +79,20 @@ class PlatformCPU(PlatformBase):
     nvtx_range = _Nothing  # type: ignore[assignment]
     cudart = _nothing
 
-    def is_available(self) -> bool:
-        return True
-
-    def current_device(self) -> Any:
-        return "cpu"  # verl moves tensors `.to(get_device_id())`: the CPU's device, not an accelerator index
-
-    def device_count(self) -> int:
-        return 1
+    is_available = _returns(True)
+    current_device = _returns("cpu")  # verl moves tensors `.to(get_device_id())`: the CPU, not an accelerator index
+    device_count = _returns(1)
+    get_device_capability = _returns((None, None))
+    communication_backend_name = _returns("gloo")
+    visible_devices_envvar = _returns("AGL_CPU_VISIBLE_DEVICES")
+    ray_resource_name = _returns("CPU")
+    ray_noset_envvars = _returns([])
+    is_ipc_supported = _returns(False)
 
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
     manual_seed_all = manual_seed
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
-        return None, None
-
-    def communication_backend_name(self) -> str:
-        return "gloo"
-
-    def visible_devices_envvar(self) -> str:
-        return "AGL_CPU_VISIBLE_DEVICES"
-
-    def ray_resource_name(self) -> str:
-        return "CPU"
-
     def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
         return {"num_cpus": num_gpus}
-
-    def ray_noset_envvars(self) -> list[str]:
-        return []
-
-    def is_ipc_supported(self) -> bool:
-        return False
