@@ -6,10 +6,11 @@ collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. `ENV
 `VERL_ENGINE_DEVICE=cuda`). The CPU becomes a test bed for the GPU code path (DESIGN.md section 9), not a fast trainer.
 """
 
+import contextlib
 import os
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Self
+from typing import Any
 
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
@@ -36,38 +37,22 @@ def _returns(value: Any) -> Callable[..., Any]:
 _nothing = _returns(None)
 
 
-class _Nothing:
-    """A device stream, event or profiler range that does nothing: waited on, entered, left."""
-
-    def __init__(self, *_: Any, **__: Any) -> None: ...
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *_: Any) -> None: ...
-
-    wait_stream = synchronize = record_event = wait_event = _nothing
-
-
-# torch.<device> as verl uses it: the calls the CPU has (torch.cpu) and no-ops for the memory,
-# stream and RNG calls it has not.
+# torch.<device> as verl uses it: torch.cpu's device-agnostic calls (its streams, events and synchronize do
+# nothing), torch's RNG calls, and no-ops for the memory calls the CPU has not.
 DEVICE = SimpleNamespace(
-    is_available=lambda: True,
-    device_count=lambda: 1,
-    current_device=lambda: "cpu",
-    get_device_name=lambda *_: "cpu",
-    mem_get_info=lambda *_: (0, 0),
+    **{name: getattr(torch.cpu, name) for name in torch.cpu.__all__},
+    get_device_name=_returns("cpu"),
+    mem_get_info=_returns((0, 0)),
     get_rng_state=torch.get_rng_state,
     set_rng_state=torch.set_rng_state,
     manual_seed=torch.manual_seed,
     manual_seed_all=torch.manual_seed,
     amp=torch.amp,
     **dict.fromkeys(
-        ["memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"], lambda *_: 0
+        ["memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"], _returns(0)
     ),
-    **dict.fromkeys(["set_device", "synchronize", "empty_cache", "ipc_collect"], _nothing),
+    **dict.fromkeys(["empty_cache", "ipc_collect"], _nothing),
     **dict.fromkeys(["set_per_process_memory_fraction", "reset_peak_memory_stats"], _nothing),
-    **dict.fromkeys(["Stream", "Event", "stream", "current_stream"], _Nothing),
 )
 
 
@@ -76,7 +61,7 @@ class PlatformCPU(PlatformBase):
     device_name = vendor_name = "cpu"
     device_module = DEVICE  # type: ignore[assignment]
     set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
-    nvtx_range = _Nothing  # type: ignore[assignment]
+    nvtx_range = contextlib.nullcontext  # type: ignore[assignment]
     cudart = _nothing
 
     is_available = _returns(True)
