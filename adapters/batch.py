@@ -134,15 +134,13 @@ def _advantages(
         owners = [i for i, (_, _, drafts) in enumerate(merged) for d in drafts if d.trained]
     rewards = np.array([merged[i][1] for i in owners], dtype=np.float64)
     adv, kept = rollout_advantages(rewards, [merged[i][0].group for i in owners], s, stats)
-    out: list[list[float] | None] = [None] * len(merged)
     if s.advantage_level == "rollout":
-        for i, (a, k) in enumerate(zip(adv.tolist(), kept, strict=True)):
-            out[i] = [a] * len(merged[i][2]) if k else None
-        return out
+        return [[a] * len(m[2]) if k else None for m, a, k in zip(merged, adv.tolist(), kept, strict=True)]
+    out: list[list[float] | None] = []
     members = iter(zip(adv.tolist(), kept, strict=True))
-    for i, (_, _, drafts) in enumerate(merged):
+    for _, _, drafts in merged:
         sample = [next(members) if d.trained else (0.0, False) for d in drafts]
-        out[i] = [a if k else 0.0 for a, k in sample] if any(k for _, k in sample) else None
+        out.append([a if k else 0.0 for a, k in sample] if any(k for _, k in sample) else None)
     return out
 
 
