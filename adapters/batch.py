@@ -55,8 +55,6 @@ class Batch:
 def balanced_partitions(lengths: Sequence[int], k: int) -> list[list[int]]:
     """Indices in `k` parts of equal count with balanced length sums (each sorted): Karmarkar-Karp largest
     differencing, as verl's `get_seqlen_balanced_partitions(lengths, k, equal_size=True)`; `k` divides the count."""
-    if len(lengths) % k:
-        raise ValueError(f"{len(lengths)} items do not split into {k} equal parts")
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     heap: list[tuple[int, int, int, list[tuple[int, list[int]]]]] = []
     ties = itertools.count()  # equal spreads: the older partition first
