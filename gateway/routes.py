@@ -240,13 +240,12 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
 
     @router.post("/api/rollouts/{rollout_id}/tokens")
     async def rotate_tokens(rollout_id: str, attempt: int | None = None) -> Any:
-        """New credentials for a launcher (the old tokens die): same reply shape as a create."""
         try:
             made = store.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
             created = await wrap_future(made)
         finally:
             auth.tokens.changed(rollout_id)  # the old tokens are dead
-        return credentials(created)
+        return credentials(created)  # new ones for a launcher, as a create gives
 
     @router.get("/api/rollouts")
     async def list_rollouts(
