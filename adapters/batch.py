@@ -55,8 +55,6 @@ class Batch:
 def balanced_partitions(lengths: Sequence[int], k: int) -> list[list[int]]:
     """Indices in `k` parts of equal count with balanced length sums (each sorted): Karmarkar-Karp largest
     differencing, as verl's `get_seqlen_balanced_partitions(lengths, k, equal_size=True)`; `k` divides the count."""
-    if len(lengths) % k:
-        raise ValueError(f"{len(lengths)} items do not split into {k} equal parts")
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     heap: list[tuple[int, int, int, list[tuple[int, list[int]]]]] = []
     ties = itertools.count()  # equal spreads: the older partition first
@@ -134,15 +132,13 @@ def _advantages(
         owners = [i for i, (_, _, drafts) in enumerate(merged) for d in drafts if d.trained]
     rewards = np.array([merged[i][1] for i in owners], dtype=np.float64)
     adv, kept = rollout_advantages(rewards, [merged[i][0].group for i in owners], s, stats)
-    out: list[list[float] | None] = [None] * len(merged)
     if s.advantage_level == "rollout":
-        for i, (a, k) in enumerate(zip(adv.tolist(), kept, strict=True)):
-            out[i] = [a] * len(merged[i][2]) if k else None
-        return out
+        return [[a] * len(m[2]) if k else None for m, a, k in zip(merged, adv.tolist(), kept, strict=True)]
+    out: list[list[float] | None] = []
     members = iter(zip(adv.tolist(), kept, strict=True))
-    for i, (_, _, drafts) in enumerate(merged):
+    for _, _, drafts in merged:
         sample = [next(members) if d.trained else (0.0, False) for d in drafts]
-        out[i] = [a if k else 0.0 for a, k in sample] if any(k for _, k in sample) else None
+        out.append([a if k else 0.0 for a, k in sample] if any(k for _, k in sample) else None)
     return out
 
 

@@ -133,10 +133,10 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             return StreamingResponse(req.events(reply), media_type="text/event-stream", headers=headers)
         return Response(orjson.dumps(reply), media_type="application/json")
 
-    async def air_penalty(a: Ask, messages: list[Message]) -> tuple[float, int] | None:
+    async def air_penalty(a: Ask, messages: list[Message]) -> JSON | None:
         """AIR: `air_tool_error_reward` for each tool result this request sends back (after its last assistant
-        message) that reports an error (`is_error`, or `air_error_pattern` in its text), and the seq of the
-        agent's call that asked for the tools; None when none did, or AIR is off."""
+        message) that reports an error (`is_error`, or `air_error_pattern` in its text), as the `reward` of the
+        agent's call that asked for the tools (its `call_seq`); None when none did, or AIR is off."""
         reward, pattern = proxy.settings.air_tool_error_reward, proxy.settings.air_error_pattern
         start = next((i for i in reversed(range(len(messages))) if messages[i].role == "assistant"), None)
         if reward is None or start is None:
@@ -146,7 +146,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             return None
         recent = await asyncio.to_thread(proxy.store.last_calls, a.rollout.id, 16)
         mine = [c for c in recent if c.agent == a.agent and c.attempt == a.rollout.attempt]
-        return (failed * reward, mine[-1].seq) if mine else None
+        return {"reward": failed * reward, "call_seq": mine[-1].seq} if mine else None
 
     def chat(api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]) -> Any:
         """The route of a chat-like format: its messages, tools and sampling go through `proxy.chat`."""
@@ -157,10 +157,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             air = await air_penalty(asked, messages)
             reply = answer(req, await proxy.chat(asked, messages, tools, params))
             if air:  # once the call is recorded: a refused request changes nothing stored
-                penalty, seq = air
-                await wrap_future(
-                    proxy.store.set_reward(rollout.id, penalty, source="air:tool_error", final=False, call_seq=seq)
-                )
+                await wrap_future(proxy.store.set_reward(rollout.id, **air, source="air:tool_error", final=False))
             return reply
 
         return route
@@ -243,13 +240,12 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
 
     @router.post("/api/rollouts/{rollout_id}/tokens")
     async def rotate_tokens(rollout_id: str, attempt: int | None = None) -> Any:
-        """New credentials for a launcher (the old tokens die): same reply shape as a create."""
         try:
             made = store.rotate_tokens(rollout_id, attempt=attempt, token_ttl_s=settings.token_ttl_s)
             created = await wrap_future(made)
         finally:
             auth.tokens.changed(rollout_id)  # the old tokens are dead
-        return credentials(created)
+        return credentials(created)  # new ones for a launcher, as a create gives
 
     @router.get("/api/rollouts")
     async def list_rollouts(

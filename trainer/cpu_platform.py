@@ -6,9 +6,11 @@ collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. `ENV
 `VERL_ENGINE_DEVICE=cuda`). The CPU becomes a test bed for the GPU code path (DESIGN.md section 9), not a fast trainer.
 """
 
+import contextlib
 import os
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, Self
+from typing import Any
 
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
@@ -27,42 +29,30 @@ if active() and not torch.cuda.is_available():
     torch.Tensor.pin_memory = lambda self, *_, **__: self  # type: ignore[method-assign]
 
 
-def _nothing(*_: Any, **__: Any) -> None:
-    return None
+def _returns(value: Any) -> Callable[..., Any]:
+    """A device call that takes any arguments and answers `value`."""
+    return lambda *_, **__: value
 
 
-class _Nothing:
-    """A device stream, event or profiler range that does nothing: waited on, entered, left."""
-
-    def __init__(self, *_: Any, **__: Any) -> None: ...
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *_: Any) -> None: ...
-
-    wait_stream = synchronize = record_event = wait_event = _nothing
+_nothing = _returns(None)
 
 
-# torch.<device> as verl uses it: the calls the CPU has (torch.cpu) and no-ops for the memory,
-# stream and RNG calls it has not.
+# torch.<device> as verl uses it: torch.cpu's device-agnostic calls (its streams, events and synchronize do
+# nothing), torch's RNG calls, and no-ops for the memory calls the CPU has not.
 DEVICE = SimpleNamespace(
-    is_available=lambda: True,
-    device_count=lambda: 1,
-    current_device=lambda: "cpu",
-    get_device_name=lambda *_: "cpu",
-    mem_get_info=lambda *_: (0, 0),
+    **{name: getattr(torch.cpu, name) for name in torch.cpu.__all__},
+    get_device_name=_returns("cpu"),
+    mem_get_info=_returns((0, 0)),
     get_rng_state=torch.get_rng_state,
     set_rng_state=torch.set_rng_state,
     manual_seed=torch.manual_seed,
     manual_seed_all=torch.manual_seed,
     amp=torch.amp,
     **dict.fromkeys(
-        ["memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"], lambda *_: 0
+        ["memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"], _returns(0)
     ),
-    **dict.fromkeys(["set_device", "synchronize", "empty_cache", "ipc_collect"], _nothing),
+    **dict.fromkeys(["empty_cache", "ipc_collect"], _nothing),
     **dict.fromkeys(["set_per_process_memory_fraction", "reset_peak_memory_stats"], _nothing),
-    **dict.fromkeys(["Stream", "Event", "stream", "current_stream"], _Nothing),
 )
 
 
@@ -71,40 +61,23 @@ class PlatformCPU(PlatformBase):
     device_name = vendor_name = "cpu"
     device_module = DEVICE  # type: ignore[assignment]
     set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
-    nvtx_range = _Nothing  # type: ignore[assignment]
+    nvtx_range = contextlib.nullcontext  # type: ignore[assignment]
     cudart = _nothing
 
-    def is_available(self) -> bool:
-        return True
-
-    def current_device(self) -> Any:
-        return "cpu"  # verl moves tensors `.to(get_device_id())`: the CPU's device, not an accelerator index
-
-    def device_count(self) -> int:
-        return 1
+    is_available = _returns(True)
+    current_device = _returns("cpu")  # verl moves tensors `.to(get_device_id())`: the CPU, not an accelerator index
+    device_count = _returns(1)
+    get_device_capability = _returns((None, None))
+    communication_backend_name = _returns("gloo")
+    visible_devices_envvar = _returns("AGL_CPU_VISIBLE_DEVICES")
+    ray_resource_name = _returns("CPU")
+    ray_noset_envvars = _returns([])
+    is_ipc_supported = _returns(False)
 
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
     manual_seed_all = manual_seed
 
-    def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
-        return None, None
-
-    def communication_backend_name(self) -> str:
-        return "gloo"
-
-    def visible_devices_envvar(self) -> str:
-        return "AGL_CPU_VISIBLE_DEVICES"
-
-    def ray_resource_name(self) -> str:
-        return "CPU"
-
     def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
         return {"num_cpus": num_gpus}
-
-    def ray_noset_envvars(self) -> list[str]:
-        return []
-
-    def is_ipc_supported(self) -> bool:
-        return False

@@ -83,17 +83,16 @@ class Trainer:
         self.bar.update(self.step - self.bar.n)
         shown = {"reward": m["reward/mean"], "stale": m["staleness/mean"], "calls/s": m["rollout/calls_per_s"]}
         self.bar.set_postfix({k: f"{v:.2f}" for k, v in shown.items()})
-        learned = (
-            f"entropy {m['actor/entropy']:.3f}, kl {m['actor/kl_k3']:.4f}, grad norm {m['actor/grad_norm']:.2f}, "
-            if "timing/update_s" in m
-            else ""
-        )
+        learned, update = "", "(no samples: no update)"
+        if "timing/update_s" in m:
+            learned = f"entropy {m['actor/entropy']:.3f}, kl {m['actor/kl_k3']:.4f}, "
+            learned += f"grad norm {m['actor/grad_norm']:.2f}, "
+            update = f"(update {m['timing/update_s']:.1f} s)"
         self.bar.write(
             f"step {self.step}: reward {m['reward/mean']:.3f} over {int(m['adapter/rollouts'])} rollouts "
             f"({m['adapter/degenerate_rate']:.0%} of groups degenerate), {learned}"
             f"staleness mean {m['staleness/mean']:.2f} max {int(m['staleness/max'])}, "
-            f"{m['rollout/calls_per_s']:.1f} calls/s, step {m['timing/step_s']:.1f} s "
-            + (f"(update {m['timing/update_s']:.1f} s)" if "timing/update_s" in m else "(no samples: no update)")
+            f"{m['rollout/calls_per_s']:.1f} calls/s, step {m['timing/step_s']:.1f} s {update}"
         )
 
     # ------------------------------------------------------------------ the loop

@@ -43,11 +43,10 @@ def agl_policy_loss(
     info = getattr(config, "global_batch_info", None) or {}
     loss = (losses * weights * mask).sum() * info.get("dp_size", 1)
     n = mask.sum().clamp(min=1)
-    metrics = {
+    return loss, {
         "actor/pg_clipfrac": ((clipped > unclipped).to(mask.dtype) * mask).sum().item() / n.item(),
         "actor/ppo_kl": (-(log_ratio * mask).sum() / n).item(),
     }
-    return loss, metrics
 
 
 def agl_ppo_loss(
