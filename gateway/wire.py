@@ -304,8 +304,8 @@ class AnthropicRequest(_Request):
         messages = [Message("system", text_of(self.system))] if self.system else []
         for raw in self.messages:
             role, content = raw.get("role"), raw.get("content")
-            if role not in ("user", "assistant"):
-                raise RenderError(f"unknown message role {role!r}; expected 'user' or 'assistant'")
+            if role not in ("user", "assistant", "system"):  # Claude Code sends system turns mid-conversation
+                raise RenderError(f"unknown message role {role!r}; expected 'user', 'assistant' or 'system'")
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
             if not isinstance(blocks, list):
                 raise RenderError("message content must be a string or a list of content blocks")

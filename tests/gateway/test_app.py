@@ -335,6 +335,22 @@ def test_no_tool_calls_are_parsed_when_no_tools_were_offered(tiny_path: Path, tm
         assert len(check_fidelity(s, r["id"])) == 2
 
 
+def test_anthropic_system_turns_inside_messages_are_rendered_as_system_messages(tiny_path: Path, tmp_path: Path):
+    """Claude Code 2.1, given a model name it does not know, sends its environment as a `system` turn inside
+    `messages` (with cache_control); it was refused with 400 and the harness gave up (#22)."""
+    with scripted(tiny_path, tmp_path, ["Done."]) as s:
+        r = s.rollout()
+        env = {"type": "text", "text": "# Environment\ncwd: /w", "cache_control": {"type": "ephemeral"}}
+        body = {"model": "solver", "max_tokens": 16, "system": "You are a coding agent."}
+        body["messages"] = [{"role": "user", "content": "Write hi"}, {"role": "system", "content": [env]}]
+        reply = httpx.post(s.url + "/v1/messages?beta=true", headers={"x-api-key": r["agent_token"]}, json=body)
+        assert reply.status_code == 200, reply.text
+        (call,) = check_fidelity(s, r["id"])
+        prompt = decoded(s, call["prompt_ids"])
+        assert prompt.index("You are a coding agent.") < prompt.index("Write hi") < prompt.index("# Environment")
+        assert prompt.count("<|im_start|>system") == 2
+
+
 def test_anthropic_errors_are_in_anthropic_format(free: Stack):
     r = free.rollout()
     client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key="wrong", max_retries=0)
