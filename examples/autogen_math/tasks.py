@@ -1,21 +1,20 @@
-"""Writes the AutoGen math agent's tasks: `python examples/autogen_math/tasks.py` (deterministic).
+"""Writes the AutoGen math agent's tasks: `python -m examples.autogen_math.tasks` (deterministic).
 
 Ten kinds of word problem, each with its own story; every answer is a whole number, and most take
 two or three operations on two- and three-digit numbers, too many for a small model to work out in
 its head: a task is solved by turning the words into an expression and handing it to the calculator.
 Training and validation tasks are drawn alike, from different random numbers; no question appears
-in both. Runs with any Python 3 (standard library only).
+in both (the calculator example's `write`).
 """
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Callable
 from pathlib import Path
 
+from examples.calculator.tasks import Kind, write
+
 HERE = Path(__file__).resolve().parent
-Kind = Callable[[random.Random], tuple[str, int]]
 
 
 def cookies(rng: random.Random) -> tuple[str, int]:
@@ -108,25 +107,8 @@ KINDS: dict[str, Kind] = {
 }
 
 
-def draw(rng: random.Random, per_kind: int, seen: set[str]) -> list[dict[str, object]]:
-    tasks = []
-    for _ in range(per_kind):
-        for name, kind in KINDS.items():
-            question, answer = kind(rng)
-            while question in seen:
-                question, answer = kind(rng)
-            seen.add(question)
-            tasks.append({"question": question, "answer": answer, "kind": name})
-    return tasks
-
-
 def main() -> None:
-    rng, seen = random.Random(2026), set()
-    val = draw(rng, 2, seen)  # 20 held-out tasks
-    train = draw(rng, 4, seen)  # 40 training tasks
-    rng.shuffle(train)
-    for name, tasks in (("tasks.jsonl", train), ("val.jsonl", val)):
-        (HERE / name).write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    write(HERE, KINDS, 2, 4)  # 20 held-out tasks, 40 training tasks
 
 
 if __name__ == "__main__":

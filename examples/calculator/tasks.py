@@ -83,10 +83,10 @@ KINDS: dict[str, Kind] = {
 }
 
 
-def draw(rng: random.Random, per_kind: int, seen: set[str]) -> list[dict[str, object]]:
+def draw(rng: random.Random, kinds: dict[str, Kind], per_kind: int, seen: set[str]) -> list[dict[str, object]]:
     tasks = []
     for _ in range(per_kind):
-        for name, kind in KINDS.items():
+        for name, kind in kinds.items():
             question, answer = kind(rng)
             while question in seen:
                 question, answer = kind(rng)
@@ -95,13 +95,18 @@ def draw(rng: random.Random, per_kind: int, seen: set[str]) -> list[dict[str, ob
     return tasks
 
 
-def main() -> None:
-    rng, seen = random.Random(2026), set()
-    val = draw(rng, 4, seen)  # 40 held-out tasks
-    train = draw(rng, 16, seen)  # 160 training tasks
+def write(folder: Path, kinds: dict[str, Kind], val_per_kind: int, train_per_kind: int) -> None:
+    """`val.jsonl`, then (from the same random stream, no question repeated) a shuffled `tasks.jsonl`."""
+    rng, seen = random.Random(2026), set[str]()
+    val = draw(rng, kinds, val_per_kind, seen)
+    train = draw(rng, kinds, train_per_kind, seen)
     rng.shuffle(train)
     for name, tasks in (("tasks.jsonl", train), ("val.jsonl", val)):
-        (HERE / name).write_text("".join(json.dumps(t) + "\n" for t in tasks))
+        (folder / name).write_text("".join(json.dumps(t) + "\n" for t in tasks))
+
+
+def main() -> None:
+    write(HERE, KINDS, 4, 16)  # 40 held-out tasks, 160 training tasks
 
 
 if __name__ == "__main__":
