@@ -62,7 +62,7 @@ def test_bad_chat_requests(s: Stack, name: str, body: object, status: int):
 ANTHROPIC_CASES = [
     ("malformed JSON", b"{", 400),
     ("missing max_tokens", {"messages": USER}, 400),
-    ("unknown role", {"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, 400),
+    ("unknown role", {"max_tokens": 5, "messages": [{"role": "wizard", "content": "x"}]}, 400),
     ("unknown block", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400),
     ("too large", {"max_tokens": 5, "messages": [{"role": "user", "content": "x" * 200_000}]}, 413),
 ]
