@@ -1,0 +1,204 @@
+"""Long conversations (#22 item 7): the gateway's added latency and the bytes it stores per call as
+one conversation grows to 200 messages and about 60k tokens, as a coding agent's does.
+
+bench/gateway.py's engine stand-in answers at once with 64 tokens, so what is measured is the
+gateway's own cost. Each rollout starts with a ~2,000-token system prompt and a task, then each
+turn adds the reply and a ~510-token tool output (as a user message, like bench/gateway.py's);
+the harness re-sends the whole conversation each call, so 200 messages reach about 60k tokens of
+the `tiny` tokenizer bench/gateway.py uses. Calls go one at a time, rollouts in turn, each followed
+by a direct call to the stand-in with as many prompt IDs (request bodies are encoded before
+either timer starts); added latency = gateway round trip - direct round trip, p50 over the
+rollouts' calls at a given length. Rollout i starts i * `--stagger` turns after the first, so
+calls at 20 and at 200 messages are taken in overlapping stretches of the run and a slow phase
+of the machine hits both. Then it sums each recorded call's row (token arrays, request and
+response JSON) in the gateway's SQLite file and compares it with the call's new tokens at 4
+bytes each (prompt tokens no earlier call of the rollout recorded, plus the reply) and with its
+whole prompt. It measures; it changes nothing. Last line:
+`gateway_p50_ms_20=A gateway_p50_ms_200=B gateway_bytes_per_call_200=C`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import aiohttp
+
+from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, post, wait, words
+
+LENGTHS = (20, 50, 100, 150, 200)  # messages in the prompt, for the table
+TARGET = 2.0  # at 200 messages over at 20, at most: added latency; stored bytes per new-token byte
+
+
+def verdict(ratio: float) -> str:
+    return "met" if ratio <= TARGET else "NOT met"
+
+
+async def timed(client: aiohttp.ClientSession, url: str, data: bytes, headers: dict) -> tuple[float, dict]:
+    """One POST of an encoded JSON body: (seconds, the reply)."""
+    t0 = time.perf_counter()
+    async with client.post(url, data=data, headers=headers | {"Content-Type": "application/json"}) as r:
+        r.raise_for_status()
+        reply = await r.json()
+    return time.perf_counter() - t0, reply
+
+
+async def grow(gateway: str, engine: str, tok: object, rollouts: int, turns: int, stagger: int) -> dict:
+    """Grow `rollouts` conversations to `turns` calls each; per prompt length, the measured round trips."""
+    system = words(2_000, tok, "system")
+    through: dict[int, list[float]] = defaultdict(list)
+    direct: dict[int, list[float]] = defaultdict(list)
+    tokens: dict[int, list[int]] = defaultdict(list)
+    async with aiohttp.ClientSession() as client:
+        convos: list[tuple[dict, list[dict]]] = []
+        for i in range(rollouts):
+            r = await post(client, gateway + "/api/rollouts", {"group": "long"}, ADMIN_HEADERS)
+            task = {"role": "user", "content": f"Task {i}: fix the failing test in the repository."}
+            messages = [{"role": "system", "content": system}, task]
+            convos.append(({"Authorization": f"Bearer {r['agent_token']}"}, messages))
+        for step in range(turns + (rollouts - 1) * stagger):
+            for i, (headers, messages) in enumerate(convos):
+                turn = step - i * stagger
+                if not 0 <= turn < turns:
+                    continue
+                body = json.dumps({"model": "bench", "messages": messages, "max_tokens": 64}).encode()
+                elapsed, reply = await timed(client, gateway + "/v1/chat/completions", body, headers)
+                n = reply["usage"]["prompt_tokens"]
+                prompt = {"input_ids": [100 + k % 500 for k in range(n)]}  # 3 digits each, as the tiny vocabulary's
+                body = json.dumps(prompt | {"sampling_params": {"max_new_tokens": 64}, "return_logprob": True}).encode()
+                through[len(messages)].append(elapsed)
+                direct[len(messages)].append((await timed(client, engine + "/generate", body, {}))[0])
+                tokens[len(messages)].append(n)
+                messages.append(reply["choices"][0]["message"])
+                messages.append({"role": "user", "content": words(510, tok, f"tool output {i}.{turn}")})
+        async with client.get(gateway + "/metrics") as got:
+            metrics = await got.text()
+    lines = [line for line in metrics.splitlines() if line.startswith("agl_prefix_total")]
+    prefix = {line.split('"')[1]: int(float(line.split()[-1])) for line in lines}
+    return {"through": through, "direct": direct, "tokens": tokens, "prefix": prefix}
+
+
+def stored(db: Path) -> dict[int, list[dict[str, int]]]:
+    """Per prompt length (messages), each recorded call's bytes: stored, its new tokens', its whole prompt's."""
+    columns = ("prompt_ids", "response_ids", "logprobs", "request", "response")
+    sizes = ", ".join(f"length(CAST({c} AS BLOB))" for c in columns)
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        rows = conn.execute(f"SELECT seq, {sizes} FROM calls ORDER BY rollout_id, seq").fetchall()
+    out: dict[int, list[dict[str, int]]] = defaultdict(list)
+    known = 0  # tokens of the rollout recorded by its earlier calls: the last prompt and its reply
+    for seq, prompt, response, logprobs, request, reply in rows:
+        new_prompt = prompt // 4 - known if seq else prompt // 4
+        known = (prompt + response) // 4
+        out[2 + 2 * seq].append(
+            {
+                "stored": prompt + response + logprobs + request + reply,
+                "prompt_ids": prompt,
+                "request": request,
+                "new": 4 * new_prompt + response,
+                "whole": prompt,
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rollouts", type=int, default=16, help="conversations, each grown to --messages")
+    parser.add_argument("--messages", type=int, default=200, help="messages in each rollout's last prompt (even)")
+    parser.add_argument("--stagger", type=int, default=6, help="turns between one rollout's start and the next's")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    from engine import models
+
+    tokenizer = str(
+        models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())
+    )
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
+    engine_port, gateway_port = free_port(), free_port()
+    engine, gateway = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
+    turns = args.messages // 2
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "bench.db"
+        stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port), "--tokenizer", tokenizer]
+        procs = [subprocess.Popen(stand_in, env=env)]
+        try:
+            wait(engine + "/model_info")
+            cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine, "--port", str(gateway_port)]
+            procs.append(subprocess.Popen([*cmd, "--admin-key", ADMIN, "--db", f"sqlite:///{db}"], env=env))
+            wait(gateway + "/healthz")
+            out = asyncio.run(grow(gateway, engine, tok, args.rollouts, turns, args.stagger))
+            rows = stored(db)
+            on_disk = sum(p.stat().st_size for p in Path(tmp).glob("bench.db*"))
+        finally:
+            for p in procs:
+                p.terminate()
+                p.wait()
+    elapsed = time.perf_counter() - started
+
+    def p50(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+    print(
+        f"{args.rollouts} rollouts grown to {args.messages} messages, one call in flight, instant stand-in "
+        f"(64-token replies), tiny tokenizer; prompts by how they extend the rollout: {out['prefix']}"
+    )
+    print(
+        "messages  prompt tok  direct ms  gateway ms  added ms  stored B/call  prompt_ids B  request B"
+        "  new-token B  stored/new  stored/whole"
+    )
+    added, per_call = {}, {}
+    for n in sorted({m for m in LENGTHS if m <= args.messages} | {args.messages}):
+        added[n] = (p50(out["through"][n]) - p50(out["direct"][n])) * 1e3
+        calls = rows[n]
+        per_call[n] = p50([c["stored"] for c in calls])
+        new, whole = p50([c["new"] for c in calls]), p50([c["whole"] for c in calls])
+        print(
+            f"{n:8d}  {p50(out['tokens'][n]):10.0f}  {p50(out['direct'][n]) * 1e3:9.2f}  "
+            f"{p50(out['through'][n]) * 1e3:10.2f}  {added[n]:8.2f}  {per_call[n]:13.0f}  "
+            f"{p50([c['prompt_ids'] for c in calls]):12.0f}  {p50([c['request'] for c in calls]):9.0f}  "
+            f"{new:11.0f}  {per_call[n] / new:10.1f}  {per_call[n] / whole:12.2f}"
+        )
+    every = [c for calls in rows.values() for c in calls]
+    total, new_total = sum(c["stored"] for c in every), sum(c["new"] for c in every)
+    print(
+        f"(new-token B: 4 bytes per prompt token no earlier call of the rollout recorded, and per reply token; "
+        f"stored/whole: stored bytes over 4 bytes per prompt token.) All {len(every)} calls: {total / 2**20:.0f} MiB "
+        f"in their rows for {new_total / 2**20:.1f} MiB of new tokens, {on_disk / 2**20:.0f} MiB on disk "
+        f"(the SQLite file and its WAL); run took {elapsed:.0f} s"
+    )
+    last = args.messages
+    ratio = added[last] / added[20]
+    per_new = {n: per_call[n] / p50([c["new"] for c in rows[n]]) for n in (20, last)}
+    growth = per_new[last] / per_new[20]
+    slope = (added[last] - added[20]) / (last - 20) * 1e3
+    print(f"added latency grows by {slope:.1f} us per message of the prompt, from 20 to {last} messages")
+    print(
+        f"targets: ratio_{last}_to_20={ratio:.2f} (added latency; target <= {TARGET:.0f}: {verdict(ratio)}); "
+        f"bytes per call / new-token bytes at {last}={per_new[last]:.1f}, {growth:.2f}x that at 20 (target: "
+        f"proportional to the new tokens, so the same at any length, taken as <= {TARGET:.0f}x: {verdict(growth)})."
+    )
+    print(
+        "This documents the gateway as it is: it renders the whole conversation and stores the whole prompt's "
+        "IDs and the whole request JSON on every call, so #22 item 7 expects both targets to fail until it is done."
+    )
+    print(
+        f"gateway_p50_ms_20={added[20]:.2f} gateway_p50_ms_{last}={added[last]:.2f} "
+        f"gateway_bytes_per_call_{last}={per_call[last]:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
