@@ -49,6 +49,7 @@ bench: venv
 	$(BIN)/python -m bench.adapter
 	$(BIN)/python -m bench.engine
 	$(BIN)/python -m bench.gateway
+	$(BIN)/python -m bench.gateway_long
 	$(BIN)/python -m bench.controller
 	$(BIN)/python -m bench.async_vs_sync
 
