@@ -89,7 +89,7 @@ def merge(
         prompt, response, logprobs = _arrays(call, rollout_id, attempt, last_seq)
         last_seq = call.seq
         stats["calls"] += 1
-        if settings.trained_agents is not None and call.agent not in settings.trained_agents:
+        if not settings.trains(call.agent):
             stats["calls_untrained"] += 1
             continue
         if settings.temperature is not None and call.temperature != settings.temperature:

@@ -57,3 +57,6 @@ class AdapterSettings:
     temperature: float | None = None
     # Token ID of the one-token padding samples (any valid ID: they carry no weight).
     pad_token_id: int = 0
+
+    def trains(self, agent: str) -> bool:
+        return self.trained_agents is None or agent in self.trained_agents

@@ -27,7 +27,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf, open_dict
 from tqdm import tqdm
 
-from adapters import Batch, build_batch
+from adapters import AdapterSettings, Batch, build_batch
 from agl.client import GatewayClient, GatewayError, call_from_json
 from agl.types import JSON, Call, FailureKind, Mode, Rollout, Status
 from trainer.config import AglConfig, ConfigError, load_config
@@ -182,7 +182,7 @@ class Trainer:
             self.backend.engine.sleep()
             metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
             self.version += 1
-        metrics |= self.step_metrics(rollouts, calls, batch, base) | flags
+        metrics |= self.step_metrics(rollouts, calls, batch, base, settings) | flags
         metrics |= {"timing/drain_s": drained - started, "groups/carried_over": sum(g.version < base for g in groups)}
         self.history.append(metrics)
         if update:
@@ -228,7 +228,7 @@ class Trainer:
         return rollouts, calls, {f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()}, intermediate
 
     def step_metrics(
-        self, rollouts: list[Rollout], calls: dict[str, list[Call]], batch: Batch, base: int
+        self, rollouts: list[Rollout], calls: dict[str, list[Call]], batch: Batch, base: int, settings: AdapterSettings
     ) -> dict[str, float]:
         """The adapter's metrics, and the batch's rewards, lengths, staleness and pace since the last step."""
         rewards = [r.reward or 0.0 for r in rollouts]
@@ -249,8 +249,8 @@ class Trainer:
             "timing/step_s": elapsed,
             "version": float(self.version),
         }
-        kept = self.agl.trained_agents  # calls per agent: calls/NAME/trained or calls/NAME/untrained
-        per_agent = Counter((c.agent, kept is None or c.agent in kept) for cs in calls.values() for c in cs)
+        # calls per agent: calls/NAME/trained or calls/NAME/untrained, by the adapter's rule
+        per_agent = Counter((c.agent, settings.trains(c.agent)) for cs in calls.values() for c in cs)
         metrics |= {f"calls/{a}/{'trained' if t else 'untrained'}": float(n) for (a, t), n in per_agent.items()}
         return metrics | {f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))}
 
