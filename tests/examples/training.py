@@ -19,7 +19,7 @@ from unittest import mock
 
 from agl.types import Call
 from tests.controller.conftest import controller
-from tests.gateway.stack import ADMIN, stack
+from tests.gateway.stack import stack
 from trainer.config import load_config
 from trainer.loop import train
 
@@ -44,10 +44,9 @@ def train_example(
         mock.patch.dict(os.environ, {"PATH": path}),
     ):
         run = [
-            *[f"agl.gateway={gw.url}", f"agl.engine={gw.engine_url}", f"agl.admin_key={ADMIN}", "agl.val_tasks="],
-            *["agl.threads=1", "agl.poll_s=0.1", f"trainer.total_training_steps={steps}", "trainer.test_freq=0"],
-            *["trainer.val_before_train=false", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
-            *[f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[console]", "trainer.save_freq=-1"],
+            *gw.train_overrides(tmp_path / "run"),
+            *["agl.val_tasks=", f"trainer.total_training_steps={steps}", "trainer.test_freq=0"],
+            *["trainer.val_before_train=false", "trainer.save_freq=-1"],
         ]
         cfg, agl = load_config(ROOT / config, [*run, *overrides])
         with controller(gw, tmp_path, None):

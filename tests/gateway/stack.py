@@ -33,6 +33,15 @@ class Stack:
     store: Store
     admin: httpx.Client
 
+    def train_overrides(self, run_dir: Path) -> list[str]:
+        """`agl train` pointed at this stack: one torch thread, quick polling, no warm-up, checkpoints and
+        console metrics in `run_dir`."""
+        return [
+            *[f"agl.gateway={self.url}", f"agl.engine={self.engine_url}", f"agl.admin_key={ADMIN}"],
+            *["agl.threads=1", "agl.poll_s=0.1", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
+            *[f"trainer.default_local_dir={run_dir}", "trainer.logger=[console]"],
+        ]
+
     def rollout(self, group: str = "g", **body: object) -> dict:
         reply = self.admin.post("/api/rollouts", json={"task": {"q": 1}, "group": group, **body})
         reply.raise_for_status()

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM
 from agl.types import Mode
 from tests.controller.conftest import controller, script
 from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
-from tests.gateway.stack import ADMIN, Stack, stack
+from tests.gateway.stack import Stack, stack
 from trainer.config import ConfigError, load_config
 from trainer.loop import train
 
@@ -96,16 +96,15 @@ def overrides(
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     (tmp_path / "val.jsonl").write_text("".join(json.dumps(t | {"marks": marks}) + "\n" for t in val or []))
     return [
-        *[f"agl.gateway={gw.url}", f"agl.engine={gw.engine_url}", f"agl.admin_key={ADMIN}"],
+        *gw.train_overrides(tmp_path / "run"),
         *[
             f"agl.tasks={tmp_path / 'tasks.jsonl'}",
             "agl.spec=null" if own_spec else f"agl.spec.harness.command=[{','.join(command)}]",
         ],
         f"agl.val_tasks={tmp_path / 'val.jsonl' if val else ''}",
-        *["agl.n=2", "agl.threads=1", "agl.poll_s=0.1", "trainer.total_training_steps=3"],
+        *["agl.n=2", "trainer.total_training_steps=3"],
         "agl.temperature=1.0",  # what HARNESS samples at
-        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        *[f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[console]", *extra],
+        *extra,
         *[f"agl.{k}={v}" for k, v in PINNED.items() if not any(e.startswith(f"agl.{k}=") for e in extra)],
     ]
 
