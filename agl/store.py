@@ -617,6 +617,14 @@ class Store(contextlib.AbstractContextManager["Store"]):
         query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)
         return [Event(**row._mapping) for row in self._read(query)]
 
+    def stored_bytes(self, rollout_id: str) -> int:
+        """The size of a rollout's recorded requests and events (their JSON's characters), all attempts."""
+        sizes = [
+            sa.select(sa.func.sum(sa.func.length(sa.cast(column, sa.Text)))).where(table.c.rollout_id == rollout_id)
+            for table, column in ((calls, calls.c.request), (events, events.c.data))
+        ]
+        return sum(int(self._read(size)[0][0] or 0) for size in sizes)
+
     def status_counts(self) -> dict[str, int]:
         """Rollouts by status (every status listed)."""
         rows = self._read(sa.select(rollouts.c.status, sa.func.count()).group_by(rollouts.c.status))

@@ -5,7 +5,7 @@ Everything runs as its own process on 127.0.0.1, as in `bench/soak.py`: the engi
 A prober makes a victim rollout's calls and `GET /healthz` back to back for the whole run, first alone (the
 baseline), then while each attack runs. Each attack is a request, or a few, that a harness holding one
 agent token (or none) can send. What each must get is written beside it; anything else is a defect, and so
-is a 5xx. Attacks whose defence is not built yet are listed too, so the count says what is left.
+is a 5xx. The gateway runs with its defaults but a 2 s head timeout (30 s by default), to keep the run short.
 
 Per attack: the statuses seen, whether it is a defect, and the longest probe during it. At the end: the
 probes' median and longest, the gateway's RSS before and after. A probe stalled over 250 ms is a defect.
@@ -152,7 +152,7 @@ async def forged_grader_events(client: Client, url: str, r: JSON) -> Outcome:
 
 async def special_tokens_in_content(client: Client, url: str, r: JSON) -> Outcome:
     """Content carrying `<|im_end|>` and `<|im_start|>`: recorded as text, not as the template's markers, so no
-    turn is forged (not built yet). Held when the prompt has as many markers as a plain message's."""
+    turn is forged. Held when the prompt has as many markers as a plain message's."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_tokenizer())
@@ -169,18 +169,51 @@ async def special_tokens_in_content(client: Client, url: str, r: JSON) -> Outcom
     return [status], sum(t in markers for t in prompt) == count("plain")
 
 
+async def raw(url: str, head: bytes) -> bytes:
+    """What comes back for a request head sent as raw bytes: the reply's first line, or b"" if it was cut off."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head)
+        await writer.drain()
+        return await reader.readline()
+    except ConnectionError:
+        return await reader.readline() if not reader.at_eof() else b""
+    finally:
+        writer.close()
+
+
 async def huge_header(client: Client, url: str, r: JSON) -> Outcome:
-    """A 1 MB header: refused by a header-size limit (not built yet)."""
-    async with client.get(url + "/healthz", headers={"x-pad": "p" * MB}) as reply:
-        return [reply.status], reply.status in (400, 431)
+    """A 1 MB header: refused by the head's size limit (`max_head_bytes`, 64 KiB) before it is all read."""
+    line = await raw(url, b"GET /healthz HTTP/1.1\r\nHost: x\r\nx-pad: " + b"p" * MB + b"\r\n\r\n")
+    return [int(line.split()[1]) if line else 0], line.startswith(b"HTTP/1.1 400")
 
 
-async def huge_event(client: Client, url: str, r: JSON) -> Outcome:
-    """A 30 MB event on the rollout: refused by a per-rollout storage budget (not built yet)."""
-    status = await post(
-        client, url, r["agent_token"], {"kind": "note", "data": {"x": "z" * 30 * MB}}, f"/api/rollouts/{r['id']}/events"
-    )
-    return [status], status in (400, 413)
+async def slowloris(client: Client, url: str, r: JSON) -> Outcome:
+    """200 connections that send a head a few bytes a second, and 200 that send nothing: each is closed by the
+    head timeout (`head_timeout_s`, set to 2 s here) while other harnesses' calls go on."""
+    host, port = url.removeprefix("http://").split(":")
+    conns = [await asyncio.open_connection(host, int(port)) for _ in range(400)]
+    started = time.perf_counter()
+    for i in range(8):  # 4 s: twice the timeout
+        for reader, writer in conns[:200]:
+            if not reader.at_eof():
+                writer.write(b"x-a: b\r\n" if i else b"GET /healthz HTTP/1.1\r\n")
+        await asyncio.sleep(0.5)
+    closed = [await asyncio.wait_for(reader.read(), 5) == b"" for reader, _ in conns]
+    for _, writer in conns:
+        writer.close()
+    return [0], all(closed) and time.perf_counter() - started < 10
+
+
+async def huge_events(client: Client, url: str, r: JSON) -> Outcome:
+    """30 MB events on one rollout until refused: the rollout's storage budget (`rollout_max_bytes`, 256 MiB)
+    refuses the ninth."""
+    path, event = f"/api/rollouts/{r['id']}/events", json.dumps({"kind": "note", "data": {"x": "z" * 30 * MB}})
+    statuses: list[int] = []
+    while len(statuses) < 12 and 413 not in statuses:
+        statuses.append(await post(client, url, r["agent_token"], event.encode(), path))
+    return statuses, statuses == [200] * 8 + [413]
 
 
 # (attack, the statuses it must get)
@@ -196,13 +229,14 @@ ATTACKS: list[tuple[Attack, set[int]]] = [
     (validation_before_auth, {401}),
     (forged_grader_events, {403}),
     (special_tokens_in_content, {200}),
-    (huge_header, {400, 431}),
-    (huge_event, {400, 413}),
+    (huge_header, {400}),
+    (slowloris, {0}),
+    (huge_events, {200, 413}),
 ]
 
 
 async def main_async(baseline_s: float) -> dict[str, Any]:
-    with running() as stack:
+    with running(env={"AGL_GATEWAY_HEAD_TIMEOUT_S": "2"}) as stack:
         pid = stack.pid("gateway")
         async with session() as client:
             victim = (await create(client, stack.url, 1, "hostile-victim"))[0]

@@ -119,12 +119,13 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running(tmp: Path | None = None) -> Iterator[Stack]:
-    """Engine stand-in and gateway up; everything started is killed on exit."""
+def running(tmp: Path | None = None, env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """Engine stand-in and gateway up (`env` added to their environment); everything started is killed on exit."""
     with contextlib.ExitStack() as exits:
         if tmp is None:
             tmp = Path(exits.enter_context(tempfile.TemporaryDirectory()))
         stack = Stack(tmp, tiny_tokenizer())
+        stack.env |= env or {}
         exits.callback(stack.close)
         stack.start_engine()
         stack.start_gateway()

@@ -4,7 +4,8 @@ Owns the wire format (sglang's request and reply shapes), request validation and
 engine failures to status codes: malformed or impossible requests get 400 with
 `{"error": {"message": ...}}` and the server keeps serving; `/generate` while the memory is
 released gets 503 (a temporary state, as for an sglang server that is asleep). A client that
-disconnects aborts its request. `--script FILE` (a JSON list of completion texts) is a test
+disconnects aborts its request. With `--api-key`, every route but `/health` needs `Authorization: Bearer
+<key>` (a 401 without it), as sglang's `--api-key` does. `--script FILE` (a JSON list of completion texts) is a test
 facility: see `batcher.py`. It does not batch or sample (that is `batcher.py`) nor know model
 names (that is `models.py`).
 """
@@ -12,6 +13,7 @@ names (that is `models.py`).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,6 +42,7 @@ class EngineSettings(BaseSettings):
     model: str = Field("tiny", description="tiny | smollm2 | a Hugging Face model folder.")
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(30000, description="TCP port (sglang's default).")
+    api_key: str = Field("", description="Key every route but /health requires (Bearer), as sglang's --api-key.")
     script: Path | None = Field(None, description="Test facility: a JSON list of completion texts to answer with.")
     weight_version: str = Field("0", description="Weight version reported until the first update.")
     cache_dir: Path = Field(
@@ -114,8 +117,15 @@ async def parse(request: Request, schema: type[M]) -> M:
         raise BadRequest(problems(e)) from e
 
 
-def create_app(engine: Engine) -> FastAPI:
-    app = FastAPI(title="agl embedded engine")
+def create_app(engine: Engine, api_key: str = "") -> FastAPI:
+    wanted = f"Bearer {api_key}".encode()
+
+    async def keyed(request: Request) -> None:
+        presented = request.headers.get("authorization", "").encode("latin-1")  # as it came: bytes, not ASCII
+        if api_key and request.url.path != "/health" and not hmac.compare_digest(presented, wanted):
+            raise HTTPException(401, "this engine needs its API key: Authorization: Bearer <key>")
+
+    app = FastAPI(title="agl embedded engine", dependencies=[Depends(keyed)])
 
     @app.exception_handler(BadRequest)
     async def bad_request(_: Request, e: BadRequest) -> JSONResponse:
@@ -227,7 +237,7 @@ def main(argv: list[str]) -> int:
         weight_version=args.weight_version,
     )
     try:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, ws="none", log_level="warning")
+        uvicorn.run(create_app(engine, args.api_key), host=args.host, port=args.port, ws="none", log_level="warning")
     finally:
         engine.close()
     return 0

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agl.settings import from_flags, problems, usage_error
 from agl.store import IllegalTransition, InvalidData, NotFound, Store, StoreError
@@ -32,7 +33,7 @@ from gateway.proxy import HeldTooLong, Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
 from gateway.settings import GatewaySettings
-from gateway.types import ContextOverflow, RenderError
+from gateway.types import ContextOverflow, OverBudget, RenderError
 
 log = logging.getLogger(__name__)
 ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
@@ -95,6 +96,33 @@ class Admission:
                 log.info("%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout)
 
 
+class Bounded(HttpToolsProtocol):
+    """uvicorn's HTTP protocol with the bounds it lacks: a request's head (request line and headers) arrives
+    within `head_timeout_s` of its first byte, or of the connection's opening, and is at most `max_head_bytes`;
+    else the connection closes (after a 400 for the size). Slow or huge heads would hold connections and memory."""
+
+    max_head_bytes, head_timeout_s = 64 * 1024, 30.0
+    timer: asyncio.TimerHandle | None = None  # armed while a head is awaited
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.timer, self.head = self.loop.call_later(self.head_timeout_s, self.transport.close), 0
+
+    def data_received(self, data: bytes) -> None:
+        if self.timer is None and (self.cycle is None or self.cycle.response_complete):  # a new request begins
+            self.timer, self.head = self.loop.call_later(self.head_timeout_s, self.transport.close), 0
+        super().data_received(data)
+        self.head += len(data)
+        if self.timer is not None and self.head > self.max_head_bytes:
+            self.send_400_response(f"the request's line and headers exceed {self.max_head_bytes} bytes")
+
+    def on_headers_complete(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        super().on_headers_complete()
+
+
 def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
     """How an error is answered: status, message, error type and (OpenAI's) error code."""
     anthropic = path.endswith("/v1/messages")
@@ -104,7 +132,7 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
             return e.status, str(e), "authentication_error" if e.status == 401 else "permission_error", None
         case ContextOverflow():
             return 400, str(e), "invalid_request_error", "context_length_exceeded"
-        case BodyTooLarge():
+        case BodyTooLarge() | OverBudget():
             return 413, str(e), "request_too_large" if anthropic else "invalid_request_error", None
         case IllegalTransition():
             return 409, str(e), "invalid_request_error", None
@@ -149,7 +177,7 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
     auth = Auth(settings.admin_key, store)
     app.include_router(harness_routes(proxy, auth))
     app.include_router(admin_routes(settings, store, proxy, auth), dependencies=[Depends(auth.admin)])
-    app.include_router(rollout_routes(store, auth))
+    app.include_router(rollout_routes(proxy, auth))
     app.include_router(open_routes(store, proxy))
 
     async def on_error(request: Request, e: Exception) -> Response:
@@ -193,13 +221,16 @@ def main(argv: list[str]) -> int:
     store = Store(settings.db)
 
     async def serve() -> None:
-        async with EngineClient(settings.engine_url, timeout_s=settings.engine_timeout_s) as engines:
+        client = EngineClient(settings.engine_url, timeout_s=settings.engine_timeout_s, api_key=settings.engine_key)
+        async with client as engines:
             app = make_app(settings, store, engines, await engine_info(engines))
             gc.collect()  # the start-up heap (tokenizer, transformers: ~400k objects) lives as long as
             gc.freeze()  # the process: kept out of every later collection (4-10% more calls/s, measured)
+            Bounded.max_head_bytes, Bounded.head_timeout_s = settings.max_head_bytes, settings.head_timeout_s
             config = uvicorn.Config(
-                app, settings.host, settings.port, log_level="warning", access_log=False, timeout_keep_alive=120
+                app, settings.host, settings.port, log_level="warning", access_log=False, http=Bounded
             )
+            config.limit_concurrency, config.timeout_keep_alive = settings.max_connections, 120  # idle harnesses (s)
             log.info("gateway on http://%s:%d, engines %s", settings.host, settings.port, settings.engine_url)
             await uvicorn.Server(config).serve()
 

@@ -87,14 +87,16 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         down_s: float = 10.0,
+        api_key: str = "",
     ) -> None:
-        """Seconds: `timeout_s` bounds a request (a whole generation); a failing replica sits out `down_s`;
-        retry k waits `min(max_backoff_s, backoff_s * 2**(k-1))`, jittered by x0.5-1. `attempts`: tries in all."""
+        """Seconds: `timeout_s` bounds a request (a whole generation); a failing replica sits out `down_s`; retry k
+        waits `min(max_backoff_s, backoff_s * 2**(k-1))`, jittered by x0.5-1. `attempts`: tries in all. `api_key`:
+        the engines' own key (sglang's --api-key), if they have one."""
         if not urls or attempts < 1:
             raise ValueError("an engine client needs at least one replica URL and one attempt")
         self.replicas = [_Replica(u.rstrip("/")) for u in urls]
         self._attempts, self._backoff_s, self._max_backoff_s, self._down_s = attempts, backoff_s, max_backoff_s, down_s
-        self._timeout_s = timeout_s
+        self._timeout_s, self._key = timeout_s, api_key
         self._http: aiohttp.ClientSession | None = None
 
     @property
@@ -103,7 +105,8 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         if self._http is None:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-            headers = {"Content-Type": "application/json"}
+            key = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+            headers = {"Content-Type": "application/json", **key}
             self._http = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
         return self._http
 

@@ -23,7 +23,7 @@ from agl.types import JSON, Call
 from gateway.engines import EngineClient
 from gateway.render import Renderer, parse_reply
 from gateway.settings import GatewaySettings
-from gateway.types import Ask, Completion, ContextOverflow, Message, Params, RenderError
+from gateway.types import Ask, Completion, ContextOverflow, Message, OverBudget, Params, RenderError
 
 log = logging.getLogger(__name__)
 MAX_AGENT_LABELS = 100  # distinct agent names counted in /metrics; later ones count as "other"
@@ -86,6 +86,8 @@ class Metrics:
         Gauge("agl_paused", "1 while the gateway is paused", registry=r).set_function(lambda: gate.paused)
         self.rollouts = Gauge("agl_rollouts", "Rollouts by status", ["status"], registry=r)
         self.prefix = Counter("agl_prefix", "Prompts by how they extend the rollout's calls", ["kind"], registry=r)
+        self.sent = Counter("agl_rollout_bytes", "Request bodies charged to rollouts' storage budgets", registry=r)
+        self.over_budget = Counter("agl_over_budget", "Requests refused: the rollout's storage budget", registry=r)
 
 
 class Proxy:
@@ -101,6 +103,21 @@ class Proxy:
         self.started = time.time()
         self.seen: set[str] = set()  # rollouts called since this gateway started
         self.agents: set[str] = set()  # the agent labels in /metrics
+        self.sent: dict[str, int] = {}  # rollout id -> bytes its tokens have sent (`charge`)
+
+    async def charge(self, rollout_id: str, size: int) -> None:
+        """Counts a body a rollout's token sent against the rollout's storage budget, or refuses it (413) past
+        `rollout_max_bytes`. Starts from what the store holds of the rollout (after a restart, or a new attempt)."""
+        if rollout_id not in self.sent:
+            self.sent.setdefault(rollout_id, await asyncio.to_thread(self.store.stored_bytes, rollout_id))
+        if self.sent[rollout_id] + size > (budget := self.settings.rollout_max_bytes):
+            self.metrics.over_budget.inc()
+            raise OverBudget(
+                f"rollout {rollout_id} has sent {self.sent[rollout_id]} bytes; {size} more would pass its "
+                f"storage budget of {budget} (AGL_GATEWAY_ROLLOUT_MAX_BYTES)"
+            )
+        self.sent[rollout_id] += size
+        self.metrics.sent.inc(size)
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         rollout_id = ask.rollout.id
@@ -229,6 +246,7 @@ class Proxy:
         """The rollout ended or went back to the queue: its next call starts afresh."""
         self.renderer.forget(rollout_id)
         self.seen.discard(rollout_id)
+        self.sent.pop(rollout_id, None)
 
     def state(self) -> dict[str, Any]:
         gate = self.gate

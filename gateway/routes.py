@@ -66,7 +66,7 @@ class RewardIn(Strict):
     reward: float = Field(allow_inf_nan=False)
     final: bool = True
     call_seq: int | None = None
-    source: str = ""
+    source: str = Field("", max_length=255)
 
 
 class EventIn(Strict):
@@ -152,6 +152,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         """The route of a chat-like format: its messages, tools and sampling go through `proxy.chat`."""
 
         async def route(request: Request, rollout: Agent) -> Response:
+            await proxy.charge(rollout.id, len(await request.body()))
             req = await body(request, schema)
             (messages, tools, params), asked = req.parse(), ask(request, rollout, api, req)
             air = await air_penalty(asked, messages)
@@ -168,6 +169,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request, rollout: Agent) -> Response:
+        await proxy.charge(rollout.id, len(await request.body()))
         req = await body(request, wire.CompletionRequest)
         ids = await asyncio.to_thread(proxy.renderer.encode, req.prompt) if isinstance(req.prompt, str) else req.prompt
         return answer(req, await proxy.complete(ask(request, rollout, "completions", req), ids, req.params()))
@@ -179,9 +181,9 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     return router
 
 
-def rollout_routes(store: Store, auth: Auth) -> APIRouter:
+def rollout_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     """What a rollout's own tokens reach, besides the admin: its records, events and reward."""
-    router = APIRouter()
+    router, store = APIRouter(), proxy.store
     Scoped = Annotated[Rollout, Depends(auth.rollout)]
 
     @router.get("/api/rollouts/{rollout_id}")
@@ -199,12 +201,14 @@ def rollout_routes(store: Store, auth: Auth) -> APIRouter:
 
     @router.post("/api/rollouts/{rollout_id}/events")
     async def post_event(request: Request, rollout: Scoped) -> Any:
+        if (poster := getattr(request.state, "credential", "admin")) != "admin":
+            await proxy.charge(rollout.id, len(await request.body()))
         req = await body(request, EventIn)
-        poster = getattr(request.state, "credential", "admin")
         steering = req.kind in GRADER_EVENTS and rollout.has_grader and poster == "agent token"
         if poster != "admin" and (req.kind in SYSTEM_EVENTS or steering):
             raise AuthError(403, f"events of kind {req.kind!r} cannot be posted with the {poster}")
-        return _jsonable(await wrap_future(store.append_event(rollout.id, req.kind, req.data)))
+        event = _jsonable(await wrap_future(store.append_event(rollout.id, req.kind, req.data)))
+        return {k: v for k, v in event.items() if k != "data"}  # not echoed back: it can be megabytes
 
     @router.post("/api/rollouts/{rollout_id}/reward")
     async def post_reward(request: Request, rollout: Annotated[Rollout, Depends(auth.reward)]) -> Any:

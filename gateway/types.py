@@ -16,6 +16,10 @@ class RenderError(ValueError):
     """Messages, tools or a prompt the gateway cannot serve (the client's fault: a 400)."""
 
 
+class OverBudget(Exception):
+    """A rollout's tokens sent more than its storage budget (a 413)."""
+
+
 class ContextOverflow(RenderError):
     """The prompt plus the requested completion does not fit in the engine's context."""
 

@@ -5,6 +5,7 @@ server of its own): the CPU backends use it. `Collocated` is verl's hybrid-engin
 trainer's GPUs, whose weights move in GPU memory. Neither trains anything or knows the trainer's loop.
 """
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,12 @@ from typing import Any
 
 import httpx
 from omegaconf import DictConfig
+
+
+def engine_http(timeout_s: float) -> httpx.Client:
+    """A client for the embedded engine, with its key (`AGL_ENGINE_API_KEY`, as the engine reads it) if it has one."""
+    key = os.environ.get("AGL_ENGINE_API_KEY")
+    return httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else None)
 
 
 class EngineCallError(RuntimeError):
@@ -38,7 +45,7 @@ class DiskEngine:
 
     def __init__(self, url: str, weights_dir: Path, save: Callable[[Path], None]) -> None:
         self.url, self.weights, self.save = url.rstrip("/"), weights_dir, save
-        self.http = httpx.Client(timeout=600)
+        self.http = engine_http(600)
 
     def endpoints(self) -> list[str]:
         return [self.url]
@@ -79,7 +86,7 @@ class Collocated:
         engine_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
         engine_cfg.backend = "naive"  # collocated: weights move inside each GPU
         self.weights = CheckpointEngineManager(config=engine_cfg, actor_wg=wg, replicas=self.servers.get_replicas())
-        self.http = httpx.Client(timeout=600)
+        self.http = engine_http(600)
         self.version = 0
         self.sleep()
         self.wake()

@@ -385,10 +385,10 @@ class Trainer:
 
 
 async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
-    import httpx
     from verl.utils.tracking import Tracking
 
     from trainer.backend import Backend  # verl, Ray, torch: only once training starts
+    from trainer.engines import engine_http
 
     out = Path(cfg.trainer.default_local_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -399,7 +399,8 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
         if first.is_file() and cfg.trainer.resume_mode != "disable":
             model_path = first.read_text().strip()
         else:
-            model_path = httpx.get(f"{agl.engine}/model_info", timeout=30).json()["model_path"]
+            with engine_http(30) as http:
+                model_path = http.get(f"{agl.engine}/model_info").json()["model_path"]
             first.write_text(model_path)
         with open_dict(cfg):
             cfg.actor_rollout_ref.model.path = model_path

@@ -256,6 +256,18 @@ def test_events_and_rewards(store):
     assert counts(store) == before
 
 
+def test_stored_bytes_sums_a_rollouts_requests_and_events_on_every_database(store):
+    """The gateway's storage budget starts from this after a restart: the JSON size of the rollout's recorded
+    requests and events, all attempts, and of no other rollout."""
+    rid, other = _drive_to(store, Status.RUNNING), _drive_to(store, Status.RUNNING)
+    base = store.stored_bytes(rid)  # its lifecycle events
+    assert base > 0 and store.stored_bytes("missing") == 0
+    store.append_call(make_call(rid, request={"messages": ["e" * 1000]})).result()
+    store.append_event(rid, "note", {"x": "y" * 500}).result()
+    store.append_event(other, "note", {"x": "y" * 5000}).result()
+    assert 1500 < store.stored_bytes(rid) - base < 1600
+
+
 def test_model_versions_only_grow(store):
     assert store.latest_model() is None
     store.register_model(ModelVersion(0, "/ckpt/0", ["127.0.0.1:30000"])).result()

@@ -55,11 +55,13 @@ def stack(
     with ExitStack() as stack:
         engine = Engine(model, script=script)
         stack.callback(engine.close)
-        engine_url = stack.enter_context(serve(engine_app(engine)))
+        cfg = GatewaySettings(admin_key=admin, **settings)  # type: ignore[arg-type]
+        engine_url = stack.enter_context(serve(engine_app(engine, api_key=cfg.engine_key)))  # the same key
         store = stack.enter_context(Store(f"sqlite:///{tmp / 'gateway.db'}"))
-        info = httpx.get(engine_url + "/model_info").json()
-        cfg = GatewaySettings(admin_key=admin, engine_url=[engine_url], **settings)  # type: ignore[arg-type]
-        app = make_app(cfg, store, EngineClient([engine_url], attempts=2, backoff_s=0.05), info)
+        key = {"Authorization": f"Bearer {cfg.engine_key}"} if cfg.engine_key else {}
+        info = httpx.get(engine_url + "/model_info", headers=key).json()
+        cfg.engine_url = [engine_url]
+        app = make_app(cfg, store, EngineClient([engine_url], attempts=2, backoff_s=0.05, api_key=cfg.engine_key), info)
         url = stack.enter_context(serve(app, port))
         cfg.public_url = url
         client = stack.enter_context(httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}))
