@@ -153,10 +153,7 @@ class ChatRequest(_Request):
             content = c.reply.content if c.reply.content or not c.reply.tool_calls else None
             message: JSON = {"role": "assistant", "content": content}
             if c.reply.tool_calls:
-                message["tool_calls"] = [
-                    {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
-                    for t in c.reply.tool_calls
-                ]
+                message["tool_calls"] = [t.openai(t.arguments) for t in c.reply.tool_calls]
             if c.reply.reasoning:
                 message["reasoning_content"] = c.reply.reasoning
             logprobs = _logprobs(c) if self.logprobs else None
