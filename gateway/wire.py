@@ -315,11 +315,9 @@ class AnthropicRequest(_Request):
                     args = json.dumps(block.get("input", {}), ensure_ascii=False)
                     calls.append(ToolCall(str(block.get("name", "")), args, str(block.get("id", ""))))
                 elif kind == "tool_result":
-                    output = text_of(block.get("content"))
-                    result_of = str(block.get("tool_use_id", ""))
-                    messages.append(
-                        Message("tool", output, tool_call_id=result_of, is_error=block.get("is_error") is True)
-                    )
+                    output, result_of = text_of(block.get("content")), str(block.get("tool_use_id", ""))
+                    failed = block.get("is_error") is True
+                    messages.append(Message("tool", output, tool_call_id=result_of, is_error=failed))
                 elif kind != "thinking":
                     raise RenderError(f"unsupported content block type {kind!r}")
             if text or calls or role == "assistant":
