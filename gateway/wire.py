@@ -64,18 +64,18 @@ def text_of(content: Any) -> str:
         return content or ""
     if not isinstance(content, list):
         raise RenderError(f"message content must be a string or a list of parts, not {type(content).__name__}")
-    parts = []
-    for part in content:
-        if isinstance(part, str):
-            parts.append(part)
-        elif isinstance(part, dict) and isinstance(part.get("text"), str):
-            parts.append(part["text"])
-        elif isinstance(part, dict) and part.get("type") in ("tool_result", "output_text", "input_text"):
-            parts.append(text_of(part.get("content", part.get("text"))))
-        else:
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise RenderError(f"unsupported content part of type {kind!r}: only text is supported")
-    return "".join(parts)
+    return "".join(map(_part_text, content))
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and isinstance(part.get("text"), str):
+        return part["text"]
+    if isinstance(part, dict) and part.get("type") in ("tool_result", "output_text", "input_text"):
+        return text_of(part.get("content", part.get("text")))
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    raise RenderError(f"unsupported content part of type {kind!r}: only text is supported")
 
 
 def message_from_openai(raw: Any) -> Message:
