@@ -200,9 +200,7 @@ class Renderer:
 
     def reply_text(self, ids: Sequence[int]) -> str:
         """The visible text of a reply: without the end-of-turn token that closed it."""
-        if ids and ids[-1] in self.end_ids:
-            ids = ids[:-1]
-        return self.decode(ids)
+        return self.decode(ids[:-1] if ids and ids[-1] in self.end_ids else ids)
 
     def prompt(
         self, rollout_id: str, messages: Sequence[Message], tools: list[JSON], *, preserve: bool = True
