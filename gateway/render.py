@@ -248,8 +248,7 @@ class Renderer:
     ) -> None:
         """Keep the transcript a call produced: prompt, sampled reply, and the turn end the template
         adds when sampling stopped without one. `text`: the reply's `reply_text`, if known."""
-        ids = array("i", prompt.ids)
-        ids.extend(response_ids)
+        ids = prompt.ids + array("i", response_ids)
         if not response_ids or response_ids[-1] not in self.end_ids:
             ids.append(self.turn_end)
         verbatim = prompt.text + (self.reply_text(response_ids) if text is None else text) + self.turn_end_text
