@@ -235,8 +235,7 @@ class Renderer:
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
-        stripped = [replace(m, reasoning="") for m in history]
-        for variant in (history, stripped):
+        for variant in (history, [replace(m, reasoning="") for m in history]):
             head = self.render_text(variant, tools, generation_prompt=False)
             head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
             if full.startswith(head):
