@@ -115,7 +115,6 @@ def merge(
             draft = Draft(call.agent)
             drafts.append(draft)
             open_drafts.append(draft)
-            if overlong:
-                stats["overlong_samples"] += 1
+            stats["overlong_samples"] += overlong
         draft.add(call, prompt, response, logprobs)
     return drafts

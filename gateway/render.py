@@ -200,9 +200,7 @@ class Renderer:
 
     def reply_text(self, ids: Sequence[int]) -> str:
         """The visible text of a reply: without the end-of-turn token that closed it."""
-        if ids and ids[-1] in self.end_ids:
-            ids = ids[:-1]
-        return self.decode(ids)
+        return self.decode(ids[:-1] if ids and ids[-1] in self.end_ids else ids)
 
     def prompt(
         self, rollout_id: str, messages: Sequence[Message], tools: list[JSON], *, preserve: bool = True
@@ -237,8 +235,7 @@ class Renderer:
     def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
-        stripped = [replace(m, reasoning="") for m in history]
-        for variant in (history, stripped):
+        for variant in (history, [replace(m, reasoning="") for m in history]):
             head = self.render_text(variant, tools, generation_prompt=False)
             head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
             if full.startswith(head):
@@ -250,8 +247,7 @@ class Renderer:
     ) -> None:
         """Keep the transcript a call produced: prompt, sampled reply, and the turn end the template
         adds when sampling stopped without one. `text`: the reply's `reply_text`, if known."""
-        ids = array("i", prompt.ids)
-        ids.extend(response_ids)
+        ids = prompt.ids + array("i", response_ids)
         if not response_ids or response_ids[-1] not in self.end_ids:
             ids.append(self.turn_end)
         verbatim = prompt.text + (self.reply_text(response_ids) if text is None else text) + self.turn_end_text

@@ -36,6 +36,10 @@ class ToolCall:
         except ValueError:
             return self.arguments
 
+    def openai(self, arguments: Any) -> JSON:
+        """The call in OpenAI's shape: `arguments` as text on the wire, parsed for a chat template."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
+
 
 @dataclass(frozen=True)
 class Message:
@@ -52,10 +56,7 @@ class Message:
     def template_dict(self) -> JSON:
         out: JSON = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
         if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.parsed_arguments()}}
-                for c in self.tool_calls
-            ]
+            out["tool_calls"] = [c.openai(c.parsed_arguments()) for c in self.tool_calls]
         extra = {"reasoning_content": self.reasoning, "tool_call_id": self.tool_call_id, "name": self.name}
         return out | {k: v for k, v in extra.items() if v}
 

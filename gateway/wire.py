@@ -64,18 +64,18 @@ def text_of(content: Any) -> str:
         return content or ""
     if not isinstance(content, list):
         raise RenderError(f"message content must be a string or a list of parts, not {type(content).__name__}")
-    parts = []
-    for part in content:
-        if isinstance(part, str):
-            parts.append(part)
-        elif isinstance(part, dict) and isinstance(part.get("text"), str):
-            parts.append(part["text"])
-        elif isinstance(part, dict) and part.get("type") in ("tool_result", "output_text", "input_text"):
-            parts.append(text_of(part.get("content", part.get("text"))))
-        else:
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise RenderError(f"unsupported content part of type {kind!r}: only text is supported")
-    return "".join(parts)
+    return "".join(map(_part_text, content))
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and isinstance(part.get("text"), str):
+        return part["text"]
+    if isinstance(part, dict) and part.get("type") in ("tool_result", "output_text", "input_text"):
+        return text_of(part.get("content", part.get("text")))
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    raise RenderError(f"unsupported content part of type {kind!r}: only text is supported")
 
 
 def message_from_openai(raw: Any) -> Message:
@@ -153,10 +153,7 @@ class ChatRequest(_Request):
             content = c.reply.content if c.reply.content or not c.reply.tool_calls else None
             message: JSON = {"role": "assistant", "content": content}
             if c.reply.tool_calls:
-                message["tool_calls"] = [
-                    {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
-                    for t in c.reply.tool_calls
-                ]
+                message["tool_calls"] = [t.openai(t.arguments) for t in c.reply.tool_calls]
             if c.reply.reasoning:
                 message["reasoning_content"] = c.reply.reasoning
             logprobs = _logprobs(c) if self.logprobs else None
@@ -318,11 +315,9 @@ class AnthropicRequest(_Request):
                     args = json.dumps(block.get("input", {}), ensure_ascii=False)
                     calls.append(ToolCall(str(block.get("name", "")), args, str(block.get("id", ""))))
                 elif kind == "tool_result":
-                    output = text_of(block.get("content"))
-                    result_of = str(block.get("tool_use_id", ""))
-                    messages.append(
-                        Message("tool", output, tool_call_id=result_of, is_error=block.get("is_error") is True)
-                    )
+                    output, result_of = text_of(block.get("content")), str(block.get("tool_use_id", ""))
+                    failed = block.get("is_error") is True
+                    messages.append(Message("tool", output, tool_call_id=result_of, is_error=failed))
                 elif kind != "thinking":
                     raise RenderError(f"unsupported content block type {kind!r}")
             if text or calls or role == "assistant":
