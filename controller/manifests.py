@@ -56,12 +56,10 @@ def manifests(spec: Spec, creds: Credentials) -> tuple[JSON, JSON]:
     tokens = {"agent-token": creds.agent_token} | ({"grader-token": creds.grader_token} if creds.grader_token else {})
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": dict(meta), "type": "Opaque", "stringData": tokens}
     harness = _container("harness", spec.harness, creds.harness_env(), AGENT_KEYS, name, spec.workspace)
-    pod: JSON = {"restartPolicy": "Never", "volumes": [{"name": "workspace", "emptyDir": {}}]}
-    if spec.grader:
+    pod: JSON = {"restartPolicy": "Never", "volumes": [{"name": "workspace", "emptyDir": {}}], "containers": [harness]}
+    if spec.grader:  # the harness runs first, as the init container
         grader = _container("grader", spec.grader, creds.grader_env(), GRADER_KEYS, name, spec.workspace)
         pod |= {"initContainers": [harness], "containers": [grader]}
-    else:
-        pod |= {"containers": [harness]}
     pod |= {"serviceAccountName": spec.service_account} if spec.service_account else {}
     pod |= {"nodeSelector": spec.node_selector} if spec.node_selector else {}
     job_spec = {
