@@ -57,9 +57,8 @@ DEVICE = SimpleNamespace(
 class PlatformCPU(PlatformBase):
     device_name = vendor_name = "cpu"
     device_module = DEVICE  # type: ignore[assignment]
-    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = cudart = _nothing
     nvtx_range = contextlib.nullcontext  # type: ignore[assignment]
-    cudart = _nothing
 
     is_available = _returns(True)
     current_device = _returns("cpu")  # verl moves tensors `.to(get_device_id())`: the CPU, not an accelerator index
