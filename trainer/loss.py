@@ -49,9 +49,7 @@ def agl_policy_loss(
     }
 
 
-def agl_ppo_loss(
-    config: Any, model_output: Any, data: Any, dp_group: Any = None
-) -> tuple[torch.Tensor, dict[str, Any]]:
+def agl_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's `ppo_loss` (its actor's loss function) with our policy loss, and its KL-to-reference loss
     (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`) summed with the per-token
     `loss_weights` (0 off the trained tokens), per rollout as the policy loss is, where verl sums them unweighted."""
