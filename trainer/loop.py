@@ -335,13 +335,12 @@ class Trainer:
         (tmp / "state.json").write_text(json.dumps({k: getattr(self, k) for k in STATE}, default=dataclasses.asdict))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-        if name:
-            return path
-        (self.dir / "latest.tmp").write_text(path.name)
-        os.replace(self.dir / "latest.tmp", self.dir / "latest")
-        keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)  # the engine serves the newest
-        for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if not name:
+            (self.dir / "latest.tmp").write_text(path.name)
+            os.replace(self.dir / "latest.tmp", self.dir / "latest")
+            keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)  # the engine serves the newest
+            for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
         return path
 
     async def wait_for_gateway(self, timeout_s: float = 900) -> JSON:
