@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from adapters import AdapterSettings, Batch, build_batch
@@ -400,8 +400,7 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
         else:
             model_path = httpx.get(f"{agl.engine}/model_info", timeout=30).json()["model_path"]
             first.write_text(model_path)
-        with open_dict(cfg):
-            cfg.actor_rollout_ref.model.path = model_path
+        cfg.actor_rollout_ref.model.path = model_path  # verl's config has the key: no open_dict needed
     backend = Backend(cfg, agl)
     (out / "engines.txt").write_text(",".join(backend.engine.endpoints()) + "\n")  # for `agl gateway --engine-url`
     os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))
