@@ -13,8 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from verl.plugin.platform.platform_base import PlatformBase
-from verl.plugin.platform.platform_manager import PlatformRegistry
+from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "VERL_USE_EXTERNAL_MODULES": __name__}
 
