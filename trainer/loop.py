@@ -59,8 +59,6 @@ STATE = ("step", "version", "cursor", "history", "trained", "best", "groups")  #
 
 
 class Trainer:
-    """The loop; `run()` trains until `trainer.total_training_steps`."""
-
     def __init__(self, cfg: DictConfig, agl: AglConfig, backend: "Backend", gw: GatewayClient, tracker: Any) -> None:
         self.cfg, self.agl, self.backend, self.gw, self.tracker = cfg, agl, backend, gw, tracker
         self.name = str(cfg.trainer.experiment_name)
