@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf import DictConfig, MissingMandatoryValue, OmegaConf, open_dict
 from pydantic import Field, ValidationError
 
 from adapters import AdapterSettings

@@ -13,8 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from verl.plugin.platform.platform_base import PlatformBase
-from verl.plugin.platform.platform_manager import PlatformRegistry
+from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "VERL_USE_EXTERNAL_MODULES": __name__}
 
@@ -37,17 +36,14 @@ def _returns(value: Any) -> Callable[..., Any]:
 _nothing = _returns(None)
 
 
-# torch.<device> as verl uses it: torch.cpu's device-agnostic calls (its streams, events and synchronize do
-# nothing), torch's RNG calls, and no-ops for the memory calls the CPU has not.
+# torch.<device> as verl 0.9.1 calls it (`get_torch_device()`): torch.cpu's device-agnostic calls (its streams,
+# events and synchronize do nothing), torch's RNG state (checkpoints), and no-ops for the memory calls the CPU has not.
 DEVICE = SimpleNamespace(
     **{name: getattr(torch.cpu, name) for name in torch.cpu.__all__},
     get_device_name=_returns("cpu"),
     mem_get_info=_returns((0, 0)),
     get_rng_state=torch.get_rng_state,
     set_rng_state=torch.set_rng_state,
-    manual_seed=torch.manual_seed,
-    manual_seed_all=torch.manual_seed,
-    amp=torch.amp,
     **dict.fromkeys(
         ["memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"], _returns(0)
     ),
@@ -60,9 +56,8 @@ DEVICE = SimpleNamespace(
 class PlatformCPU(PlatformBase):
     device_name = vendor_name = "cpu"
     device_module = DEVICE  # type: ignore[assignment]
-    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = _nothing
+    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = cudart = _nothing
     nvtx_range = contextlib.nullcontext  # type: ignore[assignment]
-    cudart = _nothing
 
     is_available = _returns(True)
     current_device = _returns("cpu")  # verl moves tensors `.to(get_device_id())`: the CPU, not an accelerator index

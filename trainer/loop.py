@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from adapters import AdapterSettings, Batch, build_batch
@@ -59,8 +59,6 @@ STATE = ("step", "version", "cursor", "history", "trained", "best", "groups")  #
 
 
 class Trainer:
-    """The loop; `run()` trains until `trainer.total_training_steps`."""
-
     def __init__(self, cfg: DictConfig, agl: AglConfig, backend: "Backend", gw: GatewayClient, tracker: Any) -> None:
         self.cfg, self.agl, self.backend, self.gw, self.tracker = cfg, agl, backend, gw, tracker
         self.name = str(cfg.trainer.experiment_name)
@@ -335,13 +333,12 @@ class Trainer:
         (tmp / "state.json").write_text(json.dumps({k: getattr(self, k) for k in STATE}, default=dataclasses.asdict))
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-        if name:
-            return path
-        (self.dir / "latest.tmp").write_text(path.name)
-        os.replace(self.dir / "latest.tmp", self.dir / "latest")
-        keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)  # the engine serves the newest
-        for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        if not name:
+            (self.dir / "latest.tmp").write_text(path.name)
+            os.replace(self.dir / "latest.tmp", self.dir / "latest")
+            keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)  # the engine serves the newest
+            for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
         return path
 
     async def wait_for_gateway(self, timeout_s: float = 900) -> JSON:
@@ -402,8 +399,7 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
             with engine_http(30) as http:
                 model_path = http.get(f"{agl.engine}/model_info").json()["model_path"]
             first.write_text(model_path)
-        with open_dict(cfg):
-            cfg.actor_rollout_ref.model.path = model_path
+        cfg.actor_rollout_ref.model.path = model_path  # verl's config has the key: no open_dict needed
     backend = Backend(cfg, agl)
     (out / "engines.txt").write_text(",".join(backend.engine.endpoints()) + "\n")  # for `agl gateway --engine-url`
     os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))

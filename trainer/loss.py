@@ -49,9 +49,7 @@ def agl_policy_loss(
     }
 
 
-def agl_ppo_loss(
-    config: Any, model_output: Any, data: Any, dp_group: Any = None
-) -> tuple[torch.Tensor, dict[str, Any]]:
+def agl_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's `ppo_loss` (its actor's loss function) with our policy loss, and its KL-to-reference loss
     (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`) summed with the per-token
     `loss_weights` (0 off the trained tokens), per rollout as the policy loss is, where verl sums them unweighted."""
@@ -88,9 +86,9 @@ def agl_ppo_loss(
     return pg + extra * dp, metrics
 
 
-def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 0) -> DataProto:
+def to_dataproto(batch: Batch, *, temperature: float = 1.0) -> DataProto:
     """Samples as verl rows: prompt = the tokens before the first trained one (left-padded), response = the
-    rest (right-padded), `response_mask` = its trained tokens. Per response token: `rollout_log_probs`
+    rest (right-padded), padding 0, `response_mask` = its trained tokens. Per response token: `rollout_log_probs`
     (behaviour), `advantages`, `loss_weights`; per sample: `minibatch`."""
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
@@ -103,10 +101,10 @@ def to_dataproto(batch: Batch, *, temperature: float = 1.0, pad_token_id: int = 
     real = (at >= starts[:, None]) & (at < ends[:, None])
     at = at.clip(0, len(batch.input_ids) - 1)
 
-    def cells(values: np.ndarray, fill: int = 0, cols: slice = slice(P, None)) -> torch.Tensor:
-        return torch.from_numpy(np.where(real[:, cols], values[at[:, cols]], fill))
+    def cells(values: np.ndarray, cols: slice = slice(P, None)) -> torch.Tensor:
+        return torch.from_numpy(np.where(real[:, cols], values[at[:, cols]], 0))
 
-    input_ids = cells(batch.input_ids, pad_token_id, slice(None)).long()
+    input_ids = cells(batch.input_ids, slice(None)).long()
     attention = torch.from_numpy(real.astype(np.int64))
     tensors = {
         "prompts": input_ids[:, :P].contiguous(),
