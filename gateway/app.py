@@ -170,8 +170,8 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await engines.aclose()
+        async with engines:  # closed when the app stops
+            yield
 
     app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
     auth = Auth(settings.admin_key, store)

@@ -111,9 +111,6 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         return self._http
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
         if self._http is not None:
             await self._http.close()
 
