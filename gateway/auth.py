@@ -8,7 +8,6 @@ the reward of a rollout with a grader. It raises `AuthError`s; `gateway/app.py` 
 
 import asyncio
 import hmac
-from asyncio import wrap_future
 from collections import defaultdict
 
 from fastapi import Request
@@ -110,7 +109,7 @@ class Auth:
         if rollout.status is Status.QUEUED:
             started = self.store.transition(rollout.id, Status.RUNNING, reason="first model call")
             try:
-                rollout = await wrap_future(started)
+                rollout = await asyncio.wrap_future(started)
                 self.tokens.changed(rollout.id, rollout)
             except IllegalTransition:  # started (or ended) by someone else meanwhile
                 self.tokens.changed(rollout.id)
