@@ -76,8 +76,7 @@ class Auth:
     dependency on its thread pool, a round trip no harness call should pay."""
 
     def __init__(self, admin_key: str, store: Store) -> None:
-        self.admin_key, self.store = admin_key, store
-        self.tokens = Tokens(store)
+        self.admin_key, self.store, self.tokens = admin_key, store, Tokens(store)
 
     @staticmethod
     def presented(request: Request) -> str:
