@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -247,6 +246,6 @@ class Proxy:
         self.seen.discard(rollout_id)
         self.sent.pop(rollout_id, None)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JSON:
         gate = self.gate
         return {"paused": gate.paused, "version": self.version, "inflight": gate.inflight, "waiting": gate.waiting}
