@@ -161,17 +161,16 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
     from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
 
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info["tokenizer_path"])
-    latest = store.latest_model()
     if not settings.context_length and "max_context_length" not in info:
         log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
     context_length = settings.context_length or int(info.get("max_context_length", 32768))
     renderer = Renderer(tokenizer, tool_parser=settings.tool_parser, context_length=context_length)
-    proxy = Proxy(store, engines, renderer, settings, version=latest.version if latest else 0)
+    proxy = Proxy(store, engines, renderer, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await engines.aclose()
+        async with engines:  # closed when the app stops
+            yield
 
     app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
     auth = Auth(settings.admin_key, store)

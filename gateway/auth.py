@@ -8,7 +8,6 @@ the reward of a rollout with a grader. It raises `AuthError`s; `gateway/app.py` 
 
 import asyncio
 import hmac
-from asyncio import wrap_future
 from collections import defaultdict
 
 from fastapi import Request
@@ -77,8 +76,7 @@ class Auth:
     dependency on its thread pool, a round trip no harness call should pay."""
 
     def __init__(self, admin_key: str, store: Store) -> None:
-        self.admin_key, self.store = admin_key, store
-        self.tokens = Tokens(store)
+        self.admin_key, self.store, self.tokens = admin_key, store, Tokens(store)
 
     @staticmethod
     def presented(request: Request) -> str:
@@ -110,7 +108,7 @@ class Auth:
         if rollout.status is Status.QUEUED:
             started = self.store.transition(rollout.id, Status.RUNNING, reason="first model call")
             try:
-                rollout = await wrap_future(started)
+                rollout = await asyncio.wrap_future(started)
                 self.tokens.changed(rollout.id, rollout)
             except IllegalTransition:  # started (or ended) by someone else meanwhile
                 self.tokens.changed(rollout.id)

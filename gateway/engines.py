@@ -9,7 +9,6 @@ It does not tokenize, render, store calls or map errors to HTTP statuses, and im
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -111,9 +110,6 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         return self._http
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
         if self._http is not None:
             await self._http.close()
 
@@ -221,7 +217,7 @@ def _message(text: str, reason: str) -> str:
     """The error message of an sglang reply (`{"error": {"message"}}`, `{"message"}`) or its body, cut."""
     found = None
     with contextlib.suppress(ValueError, AttributeError):  # not JSON, or not an object
-        data = json.loads(text)
+        data = orjson.loads(text)
         inner = data.get("error")
         found = inner.get("message") if isinstance(inner, dict) else inner or data.get("message")
     return str(found or text or reason)[:BODY_CUT]

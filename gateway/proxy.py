@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -93,11 +92,10 @@ class Metrics:
 class Proxy:
     """Serves harness calls: gate, render, check, sample, record."""
 
-    def __init__(
-        self, store: Store, engines: EngineClient, renderer: Renderer, settings: GatewaySettings, version: int = 0
-    ) -> None:
+    def __init__(self, store: Store, engines: EngineClient, renderer: Renderer, settings: GatewaySettings) -> None:
         self.store, self.engines, self.renderer, self.settings = store, engines, renderer, settings
-        self.context_length, self.version = renderer.context_length, version  # the window (tokens); version served
+        latest = store.latest_model()
+        self.version = latest.version if latest else 0  # served: the latest registered until a resume names one
         self.gate = Gate()
         self.metrics = Metrics(self.gate)
         self.started = time.time()
@@ -161,14 +159,14 @@ class Proxy:
         self, ask: Ask, prompt: Sequence[int], params: Params, index: int, *, parse: bool
     ) -> tuple[Completion, list[int], str]:
         """One sampled, recorded reply: (completion, sampled IDs, their text before any stop string cut)."""
-        room = self.context_length - len(prompt)
+        room = self.renderer.context_length - len(prompt)
         max_tokens = params.max_tokens if params.max_tokens is not None else min(self.settings.default_max_tokens, room)
         if max_tokens > room and 0 < self.settings.fit_max_tokens <= room:
             self.store.append_event(ask.rollout.id, "max_tokens_lowered", {"asked": max_tokens, "to": room})
             max_tokens = room
         if max_tokens > room or room <= 0:
             raise ContextOverflow(
-                f"This model's maximum context length is {self.context_length} tokens. However, you requested "
+                f"This model's maximum context length is {self.renderer.context_length} tokens. However, you requested "
                 f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the completion)."
             )
         sampling: JSON = {"max_new_tokens": max_tokens, "temperature": params.temperature, "top_p": params.top_p}
@@ -248,6 +246,6 @@ class Proxy:
         self.seen.discard(rollout_id)
         self.sent.pop(rollout_id, None)
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JSON:
         gate = self.gate
         return {"paused": gate.paused, "version": self.version, "inflight": gate.inflight, "waiting": gate.waiting}

@@ -149,8 +149,6 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         return {"reward": failed * reward, "call_seq": mine[-1].seq} if mine else None
 
     def chat(api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]) -> Any:
-        """The route of a chat-like format: its messages, tools and sampling go through `proxy.chat`."""
-
         async def route(request: Request, rollout: Agent) -> Response:
             await proxy.charge(rollout.id, len(await request.body()))
             req = await body(request, schema)
