@@ -33,15 +33,10 @@ from gateway.proxy import HeldTooLong, Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
 from gateway.settings import GatewaySettings
-from gateway.types import ContextOverflow, OverBudget, RenderError
+from gateway.types import ContextOverflow, RenderError, TooLarge
 
 log = logging.getLogger(__name__)
 ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
-
-
-class BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"request body is larger than the limit of {limit} bytes")
 
 
 class Admission:
@@ -68,7 +63,7 @@ class Admission:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_body_bytes:
-                raise BodyTooLarge(self.max_body_bytes)  # from inside the app's read: answered below
+                raise TooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
             return message
 
         status, started = 0, time.monotonic()
@@ -83,7 +78,7 @@ class Admission:
                 raise RenderError("NUL characters are not allowed in paths or queries")
             length = dict(scope.get("headers") or []).get(b"content-length", b"0")
             if length.isdigit() and int(length) > self.max_body_bytes:
-                raise BodyTooLarge(self.max_body_bytes)
+                raise TooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
             await self.app(scope, limited, sending)
         except Exception as e:  # every error, refusals and bugs alike
             if status:
@@ -132,7 +127,7 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
             return e.status, str(e), "authentication_error" if e.status == 401 else "permission_error", None
         case ContextOverflow():
             return 400, str(e), "invalid_request_error", "context_length_exceeded"
-        case BodyTooLarge() | OverBudget():
+        case TooLarge():
             return 413, str(e), "request_too_large" if anthropic else "invalid_request_error", None
         case IllegalTransition():
             return 409, str(e), "invalid_request_error", None

@@ -95,7 +95,7 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             raise ValueError("an engine client needs at least one replica URL and one attempt")
         self.replicas = [_Replica(u.rstrip("/")) for u in urls]
         self._attempts, self._backoff_s, self._max_backoff_s, self._down_s = attempts, backoff_s, max_backoff_s, down_s
-        self._timeout_s, self._key = timeout_s, api_key
+        self._timeout_s, self._auth = timeout_s, {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http: aiohttp.ClientSession | None = None
 
     @property
@@ -104,8 +104,7 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         if self._http is None:
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             timeout = aiohttp.ClientTimeout(total=self._timeout_s)
-            key = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-            headers = {"Content-Type": "application/json", **key}
+            headers = {"Content-Type": "application/json"} | self._auth
             self._http = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
         return self._http
 

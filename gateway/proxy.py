@@ -22,7 +22,7 @@ from agl.types import JSON, Call
 from gateway.engines import EngineClient
 from gateway.render import Renderer, parse_reply
 from gateway.settings import GatewaySettings
-from gateway.types import Ask, Completion, ContextOverflow, Message, OverBudget, Params, RenderError
+from gateway.types import Ask, Completion, ContextOverflow, Message, Params, RenderError, TooLarge
 
 log = logging.getLogger(__name__)
 MAX_AGENT_LABELS = 100  # distinct agent names counted in /metrics; later ones count as "other"
@@ -85,7 +85,6 @@ class Metrics:
         Gauge("agl_paused", "1 while the gateway is paused", registry=r).set_function(lambda: gate.paused)
         self.rollouts = Gauge("agl_rollouts", "Rollouts by status", ["status"], registry=r)
         self.prefix = Counter("agl_prefix", "Prompts by how they extend the rollout's calls", ["kind"], registry=r)
-        self.sent = Counter("agl_rollout_bytes", "Request bodies charged to rollouts' storage budgets", registry=r)
         self.over_budget = Counter("agl_over_budget", "Requests refused: the rollout's storage budget", registry=r)
 
 
@@ -110,12 +109,11 @@ class Proxy:
             self.sent.setdefault(rollout_id, await asyncio.to_thread(self.store.stored_bytes, rollout_id))
         if self.sent[rollout_id] + size > (budget := self.settings.rollout_max_bytes):
             self.metrics.over_budget.inc()
-            raise OverBudget(
+            raise TooLarge(
                 f"rollout {rollout_id} has sent {self.sent[rollout_id]} bytes; {size} more would pass its "
                 f"storage budget of {budget} (AGL_GATEWAY_ROLLOUT_MAX_BYTES)"
             )
         self.sent[rollout_id] += size
-        self.metrics.sent.inc(size)
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         rollout_id = ask.rollout.id

@@ -16,8 +16,8 @@ class RenderError(ValueError):
     """Messages, tools or a prompt the gateway cannot serve (the client's fault: a 400)."""
 
 
-class OverBudget(Exception):
-    """A rollout's tokens sent more than its storage budget (a 413)."""
+class TooLarge(Exception):
+    """A request body over the size limit, or a rollout's bodies over its storage budget (a 413)."""
 
 
 class ContextOverflow(RenderError):
