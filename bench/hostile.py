@@ -2,10 +2,11 @@
 
 Everything runs as its own process on 127.0.0.1, as in `bench/soak.py`: the engine stand-in (instant
 `/generate`, the tiny model's tokenizer, a 65,536-token context) and `agl gateway` over a SQLite store.
-A prober makes a victim rollout's calls and `GET /healthz` back to back for the whole run, first alone (the
-baseline), then while each attack runs. Each attack is a request, or a few, that a harness holding one
-agent token (or none) can send. What each must get is written beside it; anything else is a defect, and so
-is a 5xx. The gateway runs with its defaults but a 2 s head timeout (30 s by default), to keep the run short.
+A prober (a process of its own) makes a victim rollout's calls and `GET /healthz` back to back for the whole
+run, first alone (the baseline), then while each attack runs. Each attack is a request, or a few, that a
+harness holding one agent token (or none) can send. What each must get is written beside it; anything else is
+a defect, and so is a 5xx. The gateway runs with its defaults but a 2 s head timeout (30 s by default), to
+keep the run short.
 
 Per attack: the statuses seen, whether it is a defect, and the longest probe during it. At the end: the
 probes' median and longest, the gateway's RSS before and after. A probe stalled over 250 ms is a defect.
@@ -18,8 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import queue
 import statistics
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,29 +36,42 @@ MB = 1 << 20
 
 
 class Prober:
-    """A victim rollout's calls and /healthz, back to back, from a thread of its own (so the attacker's own work
-    on its 30 MB bodies does not delay a probe); the latency of each (ms) goes to `current`."""
+    """A victim rollout's calls and /healthz, back to back, from a process of its own (the attacker's work on its
+    15-30 MB bodies holds this process's GIL for tens of ms: a thread here would time that too); `drain()` moves the
+    latency of each probe (ms) to `current`, and what was not a 200 to `failures`."""
 
     def __init__(self, url: str, token: str) -> None:
-        self.url, self.token = url, token
+        ctx = multiprocessing.get_context("spawn")
+        self.queue: multiprocessing.Queue[tuple[float, str]] = ctx.Queue()
+        self.stop = ctx.Event()
+        self.process = ctx.Process(target=_probe, args=(url, token, self.queue, self.stop), daemon=True)
         self.current: list[float] = []
         self.failures: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self.run()), daemon=True)
 
-    async def run(self) -> None:
+    def drain(self) -> None:
+        while True:
+            try:
+                latency, failure = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            self.current.append(latency)
+            self.failures += [failure] if failure else []
+
+
+def _probe(url: str, token: str, out: multiprocessing.Queue[tuple[float, str]], stop: Any) -> None:
+    async def run() -> None:
         body = {"model": "victim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        headers = {"Authorization": f"Bearer {self.token}"}
+        headers = {"Authorization": f"Bearer {token}"}
         async with session() as client:
-            while not self.stop.is_set():
+            while not stop.is_set():
                 for method, path, kw in (("POST", "/v1/chat/completions", {"json": body}), ("GET", "/healthz", {})):
                     t0 = time.perf_counter()
-                    async with client.request(method, self.url + path, headers=headers, **kw) as r:
+                    async with client.request(method, url + path, headers=headers, **kw) as r:
                         await r.read()
-                        if r.status != 200:
-                            self.failures.append(f"{path}: {r.status}")
-                    self.current.append((time.perf_counter() - t0) * 1000)
+                    out.put(((time.perf_counter() - t0) * 1000, "" if r.status == 200 else f"{path}: {r.status}"))
                 await asyncio.sleep(0.01)
+
+    asyncio.run(run())
 
 
 Client, JSON, Outcome = aiohttp.ClientSession, dict[str, Any], tuple[list[int], bool]  # statuses; whether it held
@@ -78,8 +93,8 @@ def chat(content: str, **extra: Any) -> dict[str, Any]:
 
 
 async def huge_prompt(client: Client, url: str, r: JSON) -> Outcome:
-    """30 MB of prompt (under the 32 MiB body limit): refused as a context overflow, untokenized."""
-    return [await post(client, url, r["agent_token"], chat("x" * 30 * MB))], True
+    """15 MB of prompt (under the 16 MiB body limit): refused as a context overflow, untokenized."""
+    return [await post(client, url, r["agent_token"], chat("x" * 15 * MB))], True
 
 
 async def huge_tools(client: Client, url: str, r: JSON) -> Outcome:
@@ -94,7 +109,7 @@ async def prompt_at_the_bound(client: Client, url: str, r: JSON) -> Outcome:
 
 
 async def huge_completion_prompt(client: Client, url: str, r: JSON) -> Outcome:
-    body = {"prompt": "x" * 30 * MB, "max_tokens": 2}
+    body = {"prompt": "x" * 15 * MB, "max_tokens": 2}
     return [await post(client, url, r["agent_token"], body, "/v1/completions")], True
 
 
@@ -207,13 +222,15 @@ async def slowloris(client: Client, url: str, r: JSON) -> Outcome:
 
 
 async def huge_events(client: Client, url: str, r: JSON) -> Outcome:
-    """30 MB events on one rollout until refused: the rollout's storage budget (`rollout_max_bytes`, 256 MiB)
-    refuses the ninth."""
-    path, event = f"/api/rollouts/{r['id']}/events", json.dumps({"kind": "note", "data": {"x": "z" * 30 * MB}})
-    statuses: list[int] = []
-    while len(statuses) < 12 and 413 not in statuses:
+    """A 30 MB event (over the body limit), then 15 MB events on one rollout until refused: the rollout's storage
+    budget (`rollout_max_bytes`, 256 MiB) refuses the eighteenth."""
+    path, event = f"/api/rollouts/{r['id']}/events", json.dumps({"kind": "note", "data": {"x": "z" * 15 * MB}})
+    statuses = [await post(client, url, r["agent_token"], {"kind": "note", "data": {"x": "z" * 30 * MB}}, path)]
+    for _ in range(24):
         statuses.append(await post(client, url, r["agent_token"], event.encode(), path))
-    return statuses, statuses == [200] * 8 + [413]
+        if statuses[-1] == 413:
+            break
+    return statuses, statuses == [413] + [200] * 17 + [413]
 
 
 # (attack, the statuses it must get)
@@ -241,22 +258,25 @@ async def main_async(baseline_s: float) -> dict[str, Any]:
         async with session() as client:
             victim = (await create(client, stack.url, 1, "hostile-victim"))[0]
             prober = Prober(stack.url, victim["agent_token"])
-            prober.thread.start()
+            prober.process.start()
             await asyncio.sleep(baseline_s)
+            prober.drain()
             baseline, prober.current = prober.current, []
             rss_before = rss_mb(pid, "VmRSS")
             rows = []
             for attack, wanted in ATTACKS:
                 attacker = (await create(client, stack.url, 1, f"hostile-{attack.__name__}"))[0]
+                prober.drain()
                 prober.current = []
                 started = time.perf_counter()
                 statuses, held = await attack(client, stack.url, attacker)
                 await asyncio.sleep(0.1)  # a probe that was held up ends
+                prober.drain()
                 worst = max(prober.current, default=0.0)
                 defect = not held or not set(statuses) <= wanted or any(s >= 500 for s in statuses)
                 rows.append((attack.__name__, sorted(set(statuses)), defect, worst, time.perf_counter() - started))
             prober.stop.set()
-            prober.thread.join(30)
+            prober.process.join(30)
             rss_after = rss_mb(pid, "VmRSS")
     median = statistics.median(baseline)
     print(f"baseline: {len(baseline)} probes, median {median:.1f} ms, longest {max(baseline):.1f} ms")

@@ -20,7 +20,7 @@ class GatewaySettings(BaseSettings):
     engine_timeout_s: float = Field(600.0, gt=0, description="Longest engine request (s), then retried.")
     tokenizer: str = Field("", description="Tokenizer folder; default: the engine's /model_info tokenizer_path.")
     public_url: str = Field("", description="URL harnesses reach the gateway at; default http://host:port.")
-    max_body_bytes: int = Field(32 * 2**20, description="Largest request body (bytes). 32 MiB fits any real context.")
+    max_body_bytes: int = Field(16 * 2**20, description="Largest request body (bytes): 4x a 1M-token conversation.")
     max_head_bytes: int = Field(64 * 2**10, gt=0, description="Largest request line plus headers (bytes).")
     head_timeout_s: float = Field(30.0, gt=0, description="A request's head must arrive within this (s): slowloris.")
     max_connections: int = Field(10_000, gt=0, description="Open connections before new requests get 503.")
