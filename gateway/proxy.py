@@ -18,7 +18,7 @@ from functools import partial
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agl.store import Store
-from agl.types import JSON, Call
+from agl.types import JSON, Call, Rollout
 from gateway.engines import EngineClient
 from gateway.render import Renderer, parse_reply
 from gateway.settings import GatewaySettings
@@ -102,18 +102,19 @@ class Proxy:
         self.agents: set[str] = set()  # the agent labels in /metrics
         self.sent: dict[str, int] = {}  # rollout id -> bytes its tokens have sent (`charge`)
 
-    async def charge(self, rollout_id: str, size: int) -> None:
+    async def charge(self, rollout: Rollout, size: int) -> None:
         """Counts a body a rollout's token sent against the rollout's storage budget, or refuses it (413) past
-        `rollout_max_bytes`. Starts from what the store holds of the rollout (after a restart, or a new attempt)."""
-        if rollout_id not in self.sent:
-            self.sent.setdefault(rollout_id, await asyncio.to_thread(self.store.stored_bytes, rollout_id))
-        if self.sent[rollout_id] + size > (budget := self.settings.rollout_max_bytes):
+        `rollout_max_bytes`. Starts from what the store holds of a rollout older than this gateway, or retried."""
+        if (rid := rollout.id) not in self.sent:
+            fresh = rollout.created_at >= self.started and rollout.attempt == 1
+            self.sent.setdefault(rid, 0 if fresh else await asyncio.to_thread(self.store.stored_bytes, rid))
+        if self.sent[rid] + size > (budget := self.settings.rollout_max_bytes):
             self.metrics.over_budget.inc()
             raise TooLarge(
-                f"rollout {rollout_id} has sent {self.sent[rollout_id]} bytes; {size} more would pass its "
+                f"rollout {rid} has sent {self.sent[rid]} bytes; {size} more would pass its "
                 f"storage budget of {budget} (AGL_GATEWAY_ROLLOUT_MAX_BYTES)"
             )
-        self.sent[rollout_id] += size
+        self.sent[rid] += size
 
     async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
         rollout_id = ask.rollout.id

@@ -150,7 +150,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
 
     def chat(api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]) -> Any:
         async def route(request: Request, rollout: Agent) -> Response:
-            await proxy.charge(rollout.id, len(await request.body()))
+            await proxy.charge(rollout, len(await request.body()))
             req = await body(request, schema)
             (messages, tools, params), asked = req.parse(), ask(request, rollout, api, req)
             air = await air_penalty(asked, messages)
@@ -167,7 +167,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request, rollout: Agent) -> Response:
-        await proxy.charge(rollout.id, len(await request.body()))
+        await proxy.charge(rollout, len(await request.body()))
         req = await body(request, wire.CompletionRequest)
         ids = await asyncio.to_thread(proxy.renderer.encode, req.prompt) if isinstance(req.prompt, str) else req.prompt
         return answer(req, await proxy.complete(ask(request, rollout, "completions", req), ids, req.params()))
@@ -200,7 +200,7 @@ def rollout_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     @router.post("/api/rollouts/{rollout_id}/events")
     async def post_event(request: Request, rollout: Scoped) -> Any:
         if (poster := getattr(request.state, "credential", "admin")) != "admin":
-            await proxy.charge(rollout.id, len(await request.body()))
+            await proxy.charge(rollout, len(await request.body()))
         req = await body(request, EventIn)
         steering = req.kind in GRADER_EVENTS and rollout.has_grader and poster == "agent token"
         if poster != "admin" and (req.kind in SYSTEM_EVENTS or steering):
