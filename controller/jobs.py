@@ -1,8 +1,9 @@
 """`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests; `list` and
-`cancel` a group's rollouts (a running controller stops a cancelled rollout's Job).
+`cancel` a group's rollouts (a running controller stops a cancelled rollout's Job); `gc` their Secrets.
 
 For `kubectl apply -f -`: each rollout has `metadata.spec` (a controller launches its retries) and
-`metadata.launch = "manifest"` (the applied Job is attempt 1). Validates the spec first; no cluster.
+`metadata.launch = "manifest"` (the applied Job is attempt 1). The Job reports its own end (`report.py`);
+no controller need run. Validates the spec first; only `gc` talks to the cluster.
 """
 
 import argparse
@@ -25,11 +26,11 @@ async def render(args: argparse.Namespace, spec: Spec, task: JSON) -> list[JSON]
     it started now; return their manifests, Secret before Job."""
     docs: list[JSON] = []
     metadata = {"spec": spec.model_dump(mode="json"), "launch": "manifest"}
-    ttl_s, grader = deadline_s(spec) + args.apply_within_s, bool(spec.grader) or None
+    ttl_s, grader = deadline_s(spec, reported=True) + args.apply_within_s, bool(spec.grader) or None
     async with GatewayClient(args.gateway, args.admin_key) as gw:
         for _ in range(args.count):
             made = await gw.create_rollout(task, args.group, grader=grader, metadata=metadata, token_ttl_s=ttl_s)
-            docs.extend(manifests(spec, Credentials.from_reply(made, 1, task)))
+            docs.extend(manifests(spec, Credentials.from_reply(made, 1, task), reported=True))
     return docs
 
 
@@ -47,6 +48,16 @@ async def manage(gateway: str, admin_key: str, group: str, *, cancel: bool) -> l
         return found
 
 
+async def gc(namespace: str, grace_s: float) -> list[str]:
+    """Delete the namespace's Secrets whose Job is gone, once `grace_s` old; their names."""
+    from controller.kube import KubeLauncher, config  # the one module that imports kubernetes
+
+    try:
+        return await KubeLauncher(namespace, secret_grace_s=grace_s).collect()
+    except config.ConfigException as e:
+        raise SystemExit(f"agl jobs gc: no Kubernetes cluster to use ({e}): set KUBECONFIG, or run in a pod") from e
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agl jobs", description=__doc__.split("\n")[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -61,7 +72,13 @@ def main(argv: list[str]) -> int:
     cmd.add_argument("--apply-within-s", type=float, default=3600, help="tokens expire this long after the deadline")
     sub.add_parser("list", parents=[common], help="the group's rollouts: id, status, attempt, reward")
     sub.add_parser("cancel", parents=[common], help="cancel the group's rollouts that have not ended")
+    cmd = sub.add_parser("gc", help="delete Secrets whose Job is gone (no controller runs to do it)")
+    cmd.add_argument("--namespace", default="default")
+    cmd.add_argument("--grace-s", type=float, default=300, help="spare Secrets younger than this: not yet applied")
     args = parser.parse_args(argv)
+    if args.command == "gc":
+        print("".join(f"deleted {name}\n" for name in asyncio.run(gc(args.namespace, args.grace_s))), end="")
+        return 0
     if not args.admin_key:
         parser.error("an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
     try:

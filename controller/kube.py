@@ -170,9 +170,16 @@ class KubeLauncher:
         await self._collect_secrets(jobs, secrets.items)
         return pods
 
-    async def _collect_secrets(self, jobs: dict[Key, JSON], secrets: list[Any]) -> None:
+    async def collect(self) -> list[str]:
+        """`agl jobs gc`: what `poll` does to Secrets, once, for a namespace with no controller; the names deleted."""
+        await asyncio.to_thread(self._relist)
+        found = await asyncio.to_thread(self.core.list_namespaced_secret, self.namespace, label_selector=ROLLOUT_LABEL)
+        return await self._collect_secrets(self.jobs, found.items)
+
+    async def _collect_secrets(self, jobs: dict[Key, JSON], secrets: list[Any]) -> list[str]:
         """Secrets applied by hand next to their Job get the Job as owner, as ours do, so that they go with it.
         One with no owner and no Job (gone unseen, or never applied) goes once `secret_grace_s` old: live tokens."""
+        deleted = []
         for secret in secrets:
             meta, key = secret.metadata, key_of(self._dict(secret))
             if meta.owner_references or key is None or key in self.released:
@@ -183,6 +190,8 @@ class KubeLauncher:
                 elif key not in jobs and time.time() - meta.creation_timestamp.timestamp() > self.secret_grace_s:
                     log.info("deleting Secret %s/%s: its Job is gone", self.namespace, meta.name)
                     await asyncio.to_thread(self.core.delete_namespaced_secret, meta.name, self.namespace)
+                    deleted.append(meta.name)
+        return deleted
 
     async def release(self, key: Key) -> None:
         self.ended.pop(key, None)

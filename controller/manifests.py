@@ -5,12 +5,16 @@ API-shaped dicts, built without `kubernetes` (tested without a cluster). A Job p
 the Job). A grader is the main container after the harness as init container, sharing an emptyDir
 at `spec.workspace`; each gets only its own token. Ends: Complete -> ran; DeadlineExceeded -> timed
 out; harness exit != 0 -> task; image pull, eviction, node loss, start errors, grader -> infra.
+A rendered Job (`reported`) ends on its own: harness and grader run under `TIMED`, which keeps their exit
+codes in the workspace, and a last container runs `controller/report.py` with the rollout's own token.
 """
 
 import math
+from pathlib import Path
 from typing import Any
 
 from agl.types import JSON, FailureKind, Status
+from controller import report
 from controller.launcher import OK, Credentials, Key, Outcome
 from controller.spec import Process, Spec
 
@@ -20,6 +24,11 @@ INFRA_POD = {"Evicted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated", "U
 INFRA_START = {"StartError", "ContainerCannotRun", "CreateContainerError"}
 AGENT_KEYS = {"OPENAI_API_KEY": "agent-token", "ANTHROPIC_API_KEY": "agent-token"}  # env name -> key in the Secret
 GRADER_KEYS = {"AGL_GRADER_TOKEN": "grader-token"}
+# sh -c TIMED agl OUT AFTER SECONDS COMMAND...: if AFTER is "" or a file holding 0, run COMMAND for at most
+# SECONDS; its exit code goes to OUT, and the container exits 0 so that the next one runs.
+TIMED = 'out=$1 after=$2; shift 2; if [ -n "$after" ]; then read c < "$after" && [ "$c" = 0 ] || exit 0; fi; '
+TIMED += 'timeout -k 10 "$@"; echo $? > "$out"'
+REPORT_S = 120  # a rendered Job's deadline beyond its harness's and grader's: `timeout -k` and the report
 
 
 def name_of(key: Key) -> str:
@@ -43,28 +52,45 @@ def _container(name: str, proc: Process, env: dict[str, str], keys: dict[str, st
     return out | ({"resources": {"requests": wanted, "limits": wanted}} if wanted else {})
 
 
-def deadline_s(spec: Spec) -> int:
-    """The Job's `activeDeadlineSeconds`: the harness's timeout and the grader's."""
-    return math.ceil(spec.harness.timeout_s + (spec.grader.timeout_s if spec.grader else 0))
+def deadline_s(spec: Spec, reported: bool = False) -> int:
+    """The Job's `activeDeadlineSeconds`: the harness's timeout and the grader's (and the report's)."""
+    return math.ceil(spec.harness.timeout_s + (spec.grader.timeout_s if spec.grader else 0)) + REPORT_S * reported
 
 
-def manifests(spec: Spec, creds: Credentials) -> tuple[JSON, JSON]:
+def _timed(proc: Process, out: str, after: str = "") -> Process:
+    return proc.model_copy(
+        update={"command": ["sh", "-c", TIMED, "agl", out, after, str(proc.timeout_s), *proc.command]}
+    )
+
+
+def manifests(spec: Spec, creds: Credentials, *, reported: bool = False) -> tuple[JSON, JSON]:
     """The Secret and the Job of one attempt (the Secret's owner is set after the Job exists)."""
     name = name_of((creds.rollout_id, creds.attempt))
     labels = spec.labels | {ROLLOUT_LABEL: creds.rollout_id, ATTEMPT_LABEL: str(creds.attempt)}
     meta = {"name": name, "namespace": spec.namespace, "labels": labels}
     tokens = {"agent-token": creds.agent_token} | ({"grader-token": creds.grader_token} if creds.grader_token else {})
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": dict(meta), "type": "Opaque", "stringData": tokens}
-    harness = _container("harness", spec.harness, creds.harness_env(), AGENT_KEYS, name, spec.workspace)
+    ws, harness_proc, grader_proc = spec.workspace, spec.harness, spec.grader
+    if reported:
+        harness_proc = _timed(spec.harness, f"{ws}/.agl-harness")
+        grader_proc = spec.grader and _timed(spec.grader, f"{ws}/.agl-grader", f"{ws}/.agl-harness")
+    harness = _container("harness", harness_proc, creds.harness_env(), AGENT_KEYS, name, ws)
     pod: JSON = {"restartPolicy": "Never", "volumes": [{"name": "workspace", "emptyDir": {}}], "containers": [harness]}
-    if spec.grader:  # the harness runs first, as the init container
-        grader = _container("grader", spec.grader, creds.grader_env(), GRADER_KEYS, name, spec.workspace)
+    if grader_proc:  # the harness runs first, as the init container
+        grader = _container("grader", grader_proc, creds.grader_env(), GRADER_KEYS, name, ws)
         pod |= {"initContainers": [harness], "containers": [grader]}
+    if reported:  # the others run first; the token of whoever posts the reward reports the end
+        source = Path(report.__file__).read_text()
+        graded = "graded" if spec.grader else "ungraded"
+        reporter = Process(command=["python3", "-c", source, ws, graded], image=spec.report_image)
+        token = {"AGL_TOKEN": "grader-token" if spec.grader else "agent-token"}
+        last = _container("report", reporter, creds.common_env(), token, name, ws)
+        pod |= {"initContainers": pod.get("initContainers", []) + pod["containers"], "containers": [last]}
     pod |= {"serviceAccountName": spec.service_account} if spec.service_account else {}
     pod |= {"nodeSelector": spec.node_selector} if spec.node_selector else {}
     job_spec = {
         "backoffLimit": 0,
-        "activeDeadlineSeconds": deadline_s(spec),
+        "activeDeadlineSeconds": deadline_s(spec, reported),
         "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
         "template": {"metadata": {"labels": labels}, "spec": pod},
     }

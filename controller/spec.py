@@ -52,6 +52,7 @@ class Spec(Strict):
     ttl_after_finished_s: int = Field(3600, ge=0, description="Kubernetes keeps a finished Job this long (s).")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on Jobs and their Pods.")
     service_account: str | None = None
+    report_image: str = Field("python:3.11-slim", description="Rendered Jobs: the reporter's image (with python3).")
     node_selector: dict[str, str] = Field(default_factory=dict)
 
 

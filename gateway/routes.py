@@ -180,7 +180,7 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
 
 
 def rollout_routes(proxy: Proxy, auth: Auth) -> APIRouter:
-    """What a rollout's own tokens reach, besides the admin: its records, events and reward."""
+    """What a rollout's own tokens reach, besides the admin: its records, events, reward and end."""
     router, store = APIRouter(), proxy.store
     Scoped = Annotated[Rollout, Depends(auth.rollout)]
 
@@ -214,6 +214,22 @@ def rollout_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         source = req.source or getattr(request.state, "credential", "admin")
         done = store.set_reward(rollout.id, req.reward, source=source, final=req.final, call_seq=req.call_seq)
         return _jsonable(await wrap_future(done))
+
+    @router.post("/api/rollouts/{rollout_id}/status")
+    async def post_status(request: Request, rollout: Annotated[Rollout, Depends(auth.reward)]) -> Any:
+        """The admin moves a rollout anywhere `TRANSITIONS` allows; its token (the one that posts its reward)
+        may only start or end it: an applied Job reports its own end (`controller/report.py`)."""
+        req = await body(request, StatusIn)
+        if hasattr(request.state, "credential") and req.status in (Status.QUEUED, Status.CANCELLED):
+            raise AuthError(403, f"the {request.state.credential} cannot move its rollout to {req.status.value}")
+        try:
+            done = store.transition(rollout.id, req.status, **req.model_dump(exclude={"status"}))
+            rollout = await wrap_future(done)
+        finally:
+            auth.tokens.changed(rollout.id)
+        if rollout.status.terminal or rollout.status is Status.QUEUED:
+            proxy.forget(rollout.id)
+        return _jsonable(rollout)
 
     return router
 
@@ -263,17 +279,6 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
         else:
             found = await asyncio.to_thread(store.list_rollouts, status=status, group=group, limit=limit, offset=offset)
         return [_jsonable(r) for r in found]
-
-    @router.post("/api/rollouts/{rollout_id}/status")
-    async def post_status(request: Request, rollout_id: str) -> Any:
-        req = await body(request, StatusIn)
-        try:
-            rollout = await wrap_future(store.transition(rollout_id, req.status, **req.model_dump(exclude={"status"})))
-        finally:
-            auth.tokens.changed(rollout_id)
-        if rollout.status.terminal or rollout.status is Status.QUEUED:
-            proxy.forget(rollout_id)
-        return _jsonable(rollout)
 
     @router.post("/api/models")
     async def register_model(request: Request) -> Any:

@@ -18,9 +18,10 @@ def test_list_and_cancel_a_group_of_rendered_rollouts(gateway, tmp_path: Path, c
     assert jobs.main(["render", "--spec", str(tmp_path / "spec.yaml"), "--count", "3", *common]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs] == ["Secret", "Job"] * 3
-    # the tokens expire an hour (--apply-within-s) after the Job's deadline (the harness's default 3600 s) from now
+    # the tokens expire an hour (--apply-within-s) after the Job's deadline from now: the harness's default 3600 s
+    # and the report's 120 s
     expiry = int(docs[0]["stringData"]["agent-token"].split(".")[0])
-    assert abs(expiry - (time.time() + 3600 + 3600)) < 60
+    assert abs(expiry - (time.time() + 3600 + 120 + 3600)) < 60
     other = gateway.rollout(group="batch-2")["id"]
     ids = [r["id"] for r in gateway.admin.get("/api/rollouts", params={"group": "batch-1"}).json()]
     for rid, status in [(ids[0], "running"), (ids[1], "running"), (ids[1], "failed")]:  # one runs, one has ended

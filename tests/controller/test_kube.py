@@ -351,3 +351,51 @@ def test_a_controller_started_before_its_gateway_then_beside_a_wrong_key_recover
         thread.join(30)
         launcher.close()
     assert not thread.is_alive()
+
+
+def test_applied_jobs_end_on_their_own_and_gc_takes_their_secrets(
+    gateway, tmp_path: Path, namespace: str, capsys
+) -> None:
+    """`kubectl apply` with no controller anywhere: each Job reports its own end with the rollout's token, and
+    once the TTL controller has taken the Jobs, `agl jobs gc` deletes the Secrets they left (#24)."""
+    from kubernetes import client
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    quick = {"ttl_after_finished_s": 1}
+    specs = {
+        ("succeeded", None, 0.5): graded_spec(tmp_path, namespace) | quick,
+        ("succeeded", None, 1.0): harness_spec(tmp_path) | {"namespace": namespace} | quick,
+        ("failed", "task", 1.0): harness_spec(tmp_path, env={"HARNESS_EXIT": "3"}) | {"namespace": namespace} | quick,
+        ("timed_out", "task", None): harness_spec(tmp_path, env={"HARNESS_SLEEP_1": "60"}, timeout_s=3)
+        | {"namespace": namespace}
+        | quick,
+        ("failed", "infra", None): graded_spec(tmp_path, namespace) | quick | {"grader": {"command": ["false"]}},
+    }
+    rendered, ids = [], {}
+    for i, (want, spec) in enumerate(specs.items()):
+        (tmp_path / f"spec{i}.json").write_text(json.dumps(spec))
+        argv = ["render", "--spec", str(tmp_path / f"spec{i}.json"), "--group", f"g{i}"]
+        assert jobs.main([*argv, "--gateway", gateway.url, "--admin-key", ADMIN]) == 0
+        rendered.append(capsys.readouterr().out)
+        (ids[want],) = [r["id"] for r in gateway.admin.get("/api/rollouts", params={"group": f"g{i}"}).json()]
+    applied = subprocess.run(
+        [kubectl, "apply", "-f", "-"], input="---\n".join(rendered), capture_output=True, text=True
+    )
+    assert applied.returncode == 0, applied.stderr
+    for want, rid in ids.items():
+        done = wait_status(gateway, rid, timeout=90)
+        assert (done["status"], done["failure_kind"], done["reward"]) == want, reasons(gateway, rid)
+        assert done["attempt"] == 1
+    assert any("grader exited with 1" in r for r in reasons(gateway, ids["failed", "infra", None]))
+    batch, core = client.BatchV1Api(), client.CoreV1Api()
+    deadline = time.monotonic() + 60
+    while batch.list_namespaced_job(namespace).items:  # the TTL controller takes them; their Secrets stay
+        assert time.monotonic() < deadline, "finished Jobs outlived their TTL"
+        time.sleep(0.5)
+    labelled = {"label_selector": "agl.dev/rollout"}
+    assert len(core.list_namespaced_secret(namespace, **labelled).items) == len(ids)
+    assert jobs.main(["gc", "--namespace", namespace, "--grace-s", "0"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(ids)
+    assert not core.list_namespaced_secret(namespace, **labelled).items

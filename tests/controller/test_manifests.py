@@ -119,3 +119,20 @@ def test_rendered_manifests_pass_strict_validation(tmp_path: Path) -> None:
     for version in ("1.25.0", "1.37.0"):  # its oldest schema; 1.20 is checked by kubectl apply
         done = subprocess.run([tool, "--strict", "-k", version, str(path)], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_rendered_job_reports_its_own_end_with_the_graders_token() -> None:
+    spec = parse_spec({"harness": {"command": ["run", "x"], "timeout_s": 60}, "grader": {"command": ["grade"]}})
+    _, job = manifests(spec, CREDS, reported=True)
+    pod = job["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["initContainers"]] == ["harness", "grader"]
+    (last,) = pod["containers"]
+    assert last["name"] == "report" and last["image"] == "python:3.11-slim" and last["command"][:2] == ["python3", "-c"]
+    assert _env(last)["AGL_TOKEN"] == {"secretKeyRef": {"name": job["metadata"]["name"], "key": "grader-token"}}
+    assert "OPENAI_API_KEY" not in _env(last) and "AGL_GRADER_TOKEN" not in _env(last)
+    harness = pod["initContainers"][0]["command"]
+    assert harness[:2] == ["sh", "-c"] and harness[-5:] == ["/workspace/.agl-harness", "", "60.0", "run", "x"]
+    assert job["spec"]["activeDeadlineSeconds"] == 60 + 3600 + 120  # the grader's default timeout, the report's
+    ungraded = parse_spec({"harness": {"command": ["run"]}})
+    (last,) = manifests(ungraded, CREDS, reported=True)[1]["spec"]["template"]["spec"]["containers"]
+    assert _env(last)["AGL_TOKEN"]["secretKeyRef"]["key"] == "agent-token"

@@ -485,7 +485,7 @@ def test_tokens_are_scoped_to_their_rollout(free: Stack):
         httpx.post(f"{free.url}/api/rollouts/{b['id']}/events", headers=agent_a, json={"kind": "x"}),
         httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_a, json={"reward": 1}),
         httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_b, json={"reward": 1}),  # has a grader
-        httpx.post(f"{free.url}/api/rollouts/{a['id']}/status", headers=agent_a, json={"status": "succeeded"}),
+        httpx.post(f"{free.url}/api/rollouts/{b['id']}/status", headers=agent_b, json={"status": "running"}),
         httpx.get(f"{free.url}/api/rollouts", headers=agent_a),
         httpx.post(f"{free.url}/api/pause", headers=agent_a),
         httpx.post(
@@ -513,6 +513,29 @@ def test_tokens_are_scoped_to_their_rollout(free: Stack):
     for headers in ({}, {"Authorization": "Bearer nope"}, {"x-api-key": ADMIN + "x"}):
         assert httpx.get(f"{free.url}/api/rollouts", headers=headers).status_code in (401, 403)
         assert httpx.post(f"{free.url}/api/rollouts", headers=headers, json={"group": "g"}).status_code in (401, 403)
+
+
+def test_a_rollouts_token_may_start_and_end_it_but_not_retry_or_cancel_it(free: Stack):
+    """What an applied Job's reporter (`controller/report.py`) does: the token that posts the reward posts the end."""
+    a, b = free.rollout(), free.rollout(grader=True)
+    agent_a, grader_b = {"Authorization": f"Bearer {a['agent_token']}"}, {"x-api-key": b["grader_token"]}
+
+    def post(rollout: dict, headers: dict, **body: object) -> httpx.Response:
+        return httpx.post(f"{free.url}/api/rollouts/{rollout['id']}/status", headers=headers, json=body)
+
+    assert post(a, agent_a, status="cancelled").status_code == 403
+    assert post(a, agent_a, status="succeeded").status_code == 409  # queued: it must start first
+    assert post(a, agent_a, status="running", attempt=1).json()["status"] == "running"
+    assert post(a, agent_a, status="queued", failure_kind="infra").status_code == 403  # no retries of its own
+    assert post(a, agent_a, status="running", attempt=2).status_code == 409  # a stale attempt's report
+    ended = post(a, agent_a, status="failed", failure_kind="task", reason="harness exited with 3")
+    assert (ended.json()["status"], ended.json()["failure_kind"]) == ("failed", "task")
+    assert post(a, agent_a, status="succeeded").status_code == 403  # the token died with its rollout
+    assert post(b, {"x-api-key": b["agent_token"]}, status="running").status_code == 403  # the grader's to post
+    assert post(b, grader_b, status="running").status_code == 200
+    assert post(b, grader_b, status="timed_out").json()["status"] == "timed_out"
+    reasons = [e["data"].get("reason") for e in free.admin.get(f"/api/rollouts/{a['id']}/events").json()]
+    assert "harness exited with 3" in reasons
 
 
 def test_token_dies_with_its_rollout(free: Stack):
