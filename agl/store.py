@@ -1,7 +1,9 @@
 """The durable store: rollouts, calls, events and model versions (DESIGN.md section 2).
 
 Owns the schema (SQLAlchemy Core; changed only by the Alembic migrations in `agl/migrations/`), the rollout
-state machine and the token arrays' layout (little-endian int32 IDs, float32 logprobs). One writer thread
+state machine and the token arrays' layout (little-endian int32 IDs, float32 logprobs), and the calls' chains:
+a call is stored as the extension of its agent's previous call, so a rollout's bytes grow with its new tokens
+(reads return whole calls). One writer thread
 commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves once committed
 (an acknowledged write is durable), and a failing write changes nothing: the rest of its group commits without
 it. Reads run on the caller's thread. It does not authenticate anyone (it keeps only token hashes), speak
@@ -11,6 +13,7 @@ HTTP, or decide policy such as when to retry: the gateway and the controller do.
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
 import math
 import queue
@@ -20,7 +23,8 @@ import threading
 import time
 import uuid
 from array import array
-from collections.abc import Callable, Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -99,6 +103,7 @@ calls = sa.Table(
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("temperature", sa.Float, nullable=True),  # NULL: recorded before 0002 (unknown)
+    sa.Column("base", sa.JSON(none_as_null=True), nullable=True),  # what it extends (`_Chains`); NULL: stored whole
     sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
 )
 
@@ -125,6 +130,7 @@ models = sa.Table(
 )
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+MAX_CHAINS = 4096  # rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each)
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
 # The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without rebuilding their key.
@@ -163,14 +169,106 @@ def _rollout(row: Any) -> Rollout:
     return Rollout.from_dict({**values, "group": values["group_id"], "has_grader": has_grader})
 
 
-def _call(row: Any) -> Call:
-    values = dict(row._mapping)
-    try:
-        for name, typecode in ARRAYS.items():
-            values[name] = array(typecode, np.frombuffer(values[name], "<" + typecode).astype(typecode).tobytes())
-    except ValueError as e:
-        raise StoreError(f"corrupt token array: {e}") from e
-    return Call(**values)
+def _calls(rows: Iterable[Any]) -> Iterator[Call]:
+    """Whole calls from their rows, in (rollout, seq) order: each chained one after the call it extends."""
+    last: dict[
+        tuple[str, str], tuple[np.ndarray, JSON, int]
+    ] = {}  # (rollout, agent) -> prompt + response, request, seq
+    for row in rows:
+        values = dict(row._mapping)
+        base = values.pop("base")
+        try:
+            found = {name: np.frombuffer(values[name], "<" + code).astype(code) for name, code in ARRAYS.items()}
+        except ValueError as e:
+            raise StoreError(f"corrupt token array: {e}") from e
+        key = values["rollout_id"], values["agent"]
+        if base is not None:
+            if key not in last or last[key][2] != base["seq"]:
+                raise StoreError(f"call {values['seq']} of rollout {key[0]} extends call {base['seq']}, not read")
+            ids, request, _ = last[key]
+            found["prompt_ids"] = np.concatenate([ids[: base["prompt_from"]], found["prompt_ids"]])
+            values["request"] = _unchain(values["request"], request, base)
+        last[key] = np.concatenate([found["prompt_ids"], found["response_ids"]]), values["request"], values["seq"]
+        yield Call(**values | {name: array(ARRAYS[name], a.tobytes()) for name, a in found.items()})
+
+
+# --------------------------------------------------------------------------- chains
+# A call whose agent called before in the same attempt (and this writer remembers it) is stored as its extension:
+# `base` = {"seq": that call's seq, "prompt_from": k, "same": [keys], "from": {key: n}}. The prompt is the first k
+# IDs of that call's prompt and response, then its own `prompt_ids`; a request key in `same` (stored as null)
+# has that call's value; one in `from`, a list, that call's first n items, then its own.
+
+
+def _fingerprint(value: Any) -> bytes:
+    return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class _Link:
+    """What the writer keeps of an agent's last call: its IDs and its request's fingerprints (key -> value's, or
+    for a list each item's), not the request itself: a long conversation's request is megabytes of objects."""
+
+    attempt: int
+    seq: int
+    ids: np.ndarray  # prompt + response
+    keys: dict[str, Any]
+
+
+class _Chains:
+    """The writer thread's links: `committed` (its calls are stored) and `pending` (in the open transaction)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.committed: OrderedDict[str, dict[str, _Link]] = OrderedDict()  # rollout -> agent -> link
+        self.pending: dict[tuple[str, str], _Link] = {}
+
+    def get(self, rollout_id: str, agent: str) -> _Link | None:
+        return self.pending.get((rollout_id, agent)) or self.committed.get(rollout_id, {}).get(agent)
+
+    def commit(self, outcomes: list[Any]) -> None:
+        for (rollout_id, agent), link in self.pending.items():
+            self.committed.setdefault(rollout_id, {})[agent] = link
+            self.committed.move_to_end(rollout_id)
+        for ended in (o.id for o in outcomes if isinstance(o, Rollout) and o.status is not Status.RUNNING):
+            self.committed.pop(ended, None)  # ended, or a new attempt: nothing will extend its calls
+        while len(self.committed) > self.size:
+            self.committed.popitem(last=False)
+        self.pending.clear()
+
+
+def _chain(call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains) -> tuple[JSON, JSON | None]:
+    """The call's prompt IDs and request as stored (its `base`'s extension, if it has one), and `base`."""
+    keys = {
+        k: [_fingerprint(x) for x in v] if isinstance(v, list) else _fingerprint(v) for k, v in call.request.items()
+    }
+    link = chains.get(call.rollout_id, call.agent)
+    chains.pending[call.rollout_id, call.agent] = _Link(
+        call.attempt, call.seq, np.concatenate([prompt, response]), keys
+    )
+    if link is None or link.attempt != call.attempt:
+        return {"prompt_ids": prompt.tobytes(), "request": call.request}, None
+    n = min(len(prompt), len(link.ids))
+    start = int(np.argmin(prompt[:n] == link.ids[:n])) if (prompt[:n] != link.ids[:n]).any() else n
+    base: JSON = {"seq": link.seq, "prompt_from": start, "same": [], "from": {}}
+    request = dict(call.request)
+    for key, value in call.request.items():
+        old = link.keys.get(key)
+        if old == keys[key]:
+            base["same"].append(key)
+            request[key] = None
+        elif isinstance(old, list) and old and keys[key][: len(old)] == old:
+            base["from"][key] = len(old)
+            request[key] = value[len(old) :]
+    return {"prompt_ids": prompt[start:].tobytes(), "request": request}, base
+
+
+def _unchain(stored: JSON, previous: JSON, base: JSON) -> JSON:
+    """A chained call's whole request from its stored one and that of the call it extends."""
+    same, extended = set(base["same"]), base["from"]
+    return {
+        k: previous[k] if k in same else previous[k][: extended[k]] + v if k in extended else v
+        for k, v in stored.items()
+    }
 
 
 # --------------------------------------------------------------------------- write operations
@@ -244,8 +342,8 @@ def _op_transition(
     return _update_rollout(conn, row, values)
 
 
-def _encode_call(call: Call, limit: int) -> dict[str, bytes]:
-    """A call's token arrays, validated and encoded; `InvalidData` names what is wrong."""
+def _encode_call(call: Call, limit: int) -> dict[str, np.ndarray]:
+    """A call's token arrays, validated, little-endian; `InvalidData` names what is wrong."""
     where, found = f"rollout {call.rollout_id}", {}
     for name, typecode in ARRAYS.items():
         dtype = np.dtype("<" + typecode)
@@ -262,13 +360,13 @@ def _encode_call(call: Call, limit: int) -> dict[str, bytes]:
         raise InvalidData(f"{where}: logprobs must be finite and at most 0")
     if (prompt < 0).any() or (response < 0).any():
         raise InvalidData(f"{where}: negative token id")
-    return {name: values.tobytes() for name, values in found.items()}
+    return found
 
 
-_CALL_COLUMNS = [c.name for c in calls.columns if c.name != "id"]
+_CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base")]
 
 
-def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]:
+def _op_append_calls(conn: Connection, run: list[tuple[Call, int]], chains: _Chains) -> list[Any]:
     """Record a run of calls, one query per table (calls are most writes); each as recorded, or what kept it out."""
     rows = {row.id: row for row in conn.execute(_RUN_ROWS, {"ids": list({call.rollout_id for call, _ in run})})}
     outcomes: list[Any] = []
@@ -289,7 +387,9 @@ def _op_append_calls(conn: Connection, run: list[tuple[Call, int]]) -> list[Any]
         seq = next_seq.get(row.id, row.n_calls)
         next_seq[row.id] = seq + 1
         recorded = replace(call, attempt=row.attempt, seq=seq, created_at=now)
-        inserts.append({name: getattr(recorded, name) for name in _CALL_COLUMNS} | arrays)
+        stored, base = _chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains)
+        values = {name: getattr(recorded, name) for name in _CALL_COLUMNS} | {"base": base}
+        inserts.append(values | {name: a.tobytes() for name, a in arrays.items()} | stored)
         outcomes.append(recorded)
     if inserts:
         conn.execute(_INSERT_CALLS, inserts)
@@ -373,12 +473,12 @@ def _migrate(engine: Engine) -> None:
 # --------------------------------------------------------------------------- the store
 
 
-def _run(conn: Connection, group: list[_Write]) -> list[Any]:
+def _run(conn: Connection, group: list[_Write], chains: _Chains) -> list[Any]:
     """Each write's result (a run of call appends: one query per table); raises if a write does."""
     outcomes: list[Any] = []
     for op, writes in itertools.groupby(group, key=lambda write: write[0]):
         if op is _op_append_calls:
-            outcomes += op(conn, [args[0] for _, args, _ in writes])
+            outcomes += op(conn, [args[0] for _, args, _ in writes], chains)
         else:
             outcomes += [op(conn, *args) for _, args, _ in writes]
     return outcomes
@@ -400,6 +500,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         self._read_engine = _make_engine(self.url, self.settings, writer=False)
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: stop
         self._conn: Connection | None = None
+        self._chains = _Chains(MAX_CHAINS)  # the writer thread's only
         self._closed = False
         self._closing = threading.Lock()  # no write is queued behind the stop signal
         self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
@@ -467,8 +568,10 @@ class Store(contextlib.AbstractContextManager["Store"]):
             if self._conn is None:  # the writer's own connection, kept between groups
                 self._conn = self._write_engine.connect()
             with self._conn.begin():
-                outcomes = _run(self._conn, group)
+                outcomes = _run(self._conn, group, self._chains)
+            self._chains.commit(outcomes)
         except Exception as e:  # noqa: BLE001 - undone; retried alone, or handed to its caller
+            self._chains.pending.clear()
             fresh = not isinstance(e, StoreError)  # the database's or the connection's fault, not a refused write
             if fresh:
                 with contextlib.suppress(Exception):
@@ -604,14 +707,18 @@ class Store(contextlib.AbstractContextManager["Store"]):
         """The calls of many rollouts at once, in order; by default only each one's last attempt."""
         result: dict[str, list[Call]] = {rid: [] for rid in rollout_ids}
         query = sa.select(calls).where(calls.c.rollout_id.in_(list(result))).order_by(calls.c.rollout_id, calls.c.seq)
-        for row in self._read(query if all_attempts else query.join(rollouts, _CURRENT_ATTEMPT)):
-            result[row.rollout_id].append(_call(row))
+        for call in _calls(self._read(query if all_attempts else query.join(rollouts, _CURRENT_ATTEMPT))):
+            result[call.rollout_id].append(call)
         return result
 
     def last_calls(self, rollout_id: str, n: int = 1) -> list[Call]:
-        """The last `n` calls of the rollout's current attempt, in order."""
-        query = sa.select(calls).join(rollouts, _CURRENT_ATTEMPT).where(calls.c.rollout_id == rollout_id)
-        return [_call(row) for row in reversed(self._read(query.order_by(calls.c.seq.desc()).limit(n)))]
+        """The last `n` calls of the rollout's current attempt, in order (read whole: they are chained)."""
+        return self.calls_for([rollout_id])[rollout_id][-n:] if n > 0 else []
+
+    def last_seq(self, rollout_id: str, agent: str) -> int | None:
+        """The seq of the agent's last call in the rollout's current attempt (None: it made none)."""
+        query = sa.select(sa.func.max(calls.c.seq)).join(rollouts, _CURRENT_ATTEMPT)
+        return self._read(query.where(calls.c.rollout_id == rollout_id, calls.c.agent == agent))[0][0]
 
     def events(self, rollout_id: str, *, after: int = 0) -> list[Event]:
         query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)

@@ -144,9 +144,8 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         results = [m for m in messages[start + 1 :] if m.role == "tool"]
         if not (failed := sum(m.is_error or bool(pattern and pattern.search(m.content)) for m in results)):
             return None
-        recent = await asyncio.to_thread(proxy.store.last_calls, a.rollout.id, 16)
-        mine = [c for c in recent if c.agent == a.agent and c.attempt == a.rollout.attempt]
-        return {"reward": failed * reward, "call_seq": mine[-1].seq} if mine else None
+        seq = await asyncio.to_thread(proxy.store.last_seq, a.rollout.id, a.agent)
+        return {"reward": failed * reward, "call_seq": seq} if seq is not None else None
 
     def chat(api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]) -> Any:
         async def route(request: Request, rollout: Agent) -> Response:

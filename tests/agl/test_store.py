@@ -227,6 +227,85 @@ def test_calls_for_many_rollouts_at_once(store):
     assert all([c.seq for c in cs] == list(range(len(cs))) for cs in got.values())
 
 
+def conversation_call(rid: str, prompt: list[int], response: list[int], request: dict, agent: str = "a") -> Call:
+    lp = array("f", [-0.25] * len(response))
+    return Call(rid, array("i", prompt), array("i", response), lp, agent=agent, request=request)
+
+
+def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries_and_reopening(db_url):
+    """Each call is stored as the extension of its agent's last one (`base`); reads must return exactly what was
+    appended, whatever the chain: two agents interleaved, n > 1 choices of one prompt, a prompt that rewrites the
+    history, a request key that changes or goes, a retried attempt, and a new Store that remembers no chain."""
+    import random
+
+    rng = random.Random(7)
+    appended: list[Call] = []
+    with Store(db_url) as store:
+        rid = _drive_to(store, Status.RUNNING)
+        history = {"a": [1, 2, 3], "b": [9, 9]}
+        messages: dict[str, list] = {"a": [{"role": "system", "content": "s"}], "b": []}
+        for turn in range(40):
+            agent = "b" if turn % 5 == 4 else "a"
+            messages[agent].append({"role": "user", "content": f"turn {turn}", "n": [turn, {"x": None}]})
+            if turn == 17:  # the harness rewrites history: a prompt that extends nothing
+                history[agent], messages[agent] = [7] * 5, messages[agent][-2:]
+            request = {"messages": list(messages[agent]), "tools": [{"name": "t"}], "max_tokens": 8 + turn % 2}
+            if turn == 23:
+                del request["tools"]
+            prompt = history[agent] + [rng.randrange(50_000) for _ in range(rng.randrange(0, 6))]
+            for _ in range(2 if turn % 7 == 3 else 1):  # n > 1: choices of one prompt
+                response = [rng.randrange(50_000) for _ in range(rng.randrange(1, 5))]
+                appended.append(store.append_call(conversation_call(rid, prompt, response, request, agent)).result())
+            history[agent] = prompt + response
+            messages[agent].append({"role": "assistant", "content": str(response)})
+            if turn == 29:
+                store.transition(rid, Status.QUEUED, failure_kind=FailureKind.INFRA).result()
+                store.transition(rid, Status.RUNNING).result()
+        with store._read_engine.connect() as conn:
+            bases = [row.base for row in conn.execute(sa.select(calls.c.base).order_by(calls.c.seq))]
+
+    def same(got: list[Call], want: list[Call]) -> None:
+        assert [(c.seq, c.attempt, c.agent) for c in got] == [(c.seq, c.attempt, c.agent) for c in want]
+        for g, w in zip(got, want, strict=True):
+            assert (list(g.prompt_ids), list(g.response_ids), g.request) == (
+                list(w.prompt_ids),
+                list(w.response_ids),
+                w.request,
+            )
+            assert list(g.request) == list(w.request)  # in the order the harness sent its keys
+
+    assert sum(b is None for b in bases) == 4  # a's first, b's first, and both agents' first after the retry
+    assert any(b and b["prompt_from"] == 0 for b in bases)  # the rewritten history: chained, nothing shared
+    with Store(db_url) as store:
+        same(store.calls_for([rid], all_attempts=True)[rid], appended)
+        same(store.calls_for([rid])[rid], [c for c in appended if c.attempt == 2])
+        same(store.last_calls(rid, 3), appended[-3:])
+        more = store.append_call(conversation_call(rid, [*appended[-1].prompt_ids, 5], [6], {"k": 1})).result()
+        same(store.calls_for([rid])[rid][-1:], [more])  # stored whole: this Store remembers no chain
+        with store._read_engine.connect() as conn:
+            assert conn.execute(sa.select(calls.c.base).where(calls.c.seq == more.seq)).scalar() is None
+
+
+def test_a_growing_conversation_stores_its_new_tokens_not_its_whole_prompt(store):
+    rid = _drive_to(store, Status.RUNNING)
+    prompt, messages = list(range(2_000)), [{"role": "system", "content": "x" * 8_000}]
+    for turn in range(30):
+        messages.append({"role": "user", "content": f"tool output {turn} " * 100})
+        prompt += list(range(turn * 1000, turn * 1000 + 500))
+        call = store.append_call(conversation_call(rid, prompt, [1] * 64, {"messages": list(messages)})).result()
+        prompt = list(call.prompt_ids) + list(call.response_ids)
+        messages.append({"role": "assistant", "content": "ok"})
+    with store._read_engine.connect() as conn:
+        sizes = conn.execute(
+            sa.select(sa.func.length(calls.c.prompt_ids), sa.func.length(sa.cast(calls.c.request, sa.Text))).order_by(
+                calls.c.seq
+            )
+        ).all()
+    assert sizes[0][0] == 4 * 2_500 and all(ids == 4 * 500 for ids, _ in sizes[1:])  # the reply is in response_ids
+    assert all(request < 2_000 for _, request in sizes[1:])  # the new messages, not 30 turns of them
+    assert len(store.calls_for([rid])[rid][-1].request["messages"]) == 60
+
+
 # ------------------------------------------------------------------ events, rewards, models
 
 
