@@ -126,6 +126,38 @@ class Renderer:
         # Decoding is the Rust tokenizer's, unless the wrapper would add its clean-up pass.
         fast = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self._decoder: Any = self._backend if fast else tokenizer
+        self.stable = self._renders_each_message_once()
+
+    def _renders_each_message_once(self) -> bool:
+        """Whether the template renders a conversation as its history's rendering, then the new messages' (ChatML
+        does; a template that strips earlier turns' reasoning does not): then an extension renders only its new
+        messages (`_after`), not the whole conversation again. Checked on a sample with tools and reasoning."""
+        call = ToolCall("f", '{"a": 1}', "c1")
+        sample = [Message("system", "s"), Message("user", "u"), Message("assistant", "a", (call,), "r")]
+        sample += [Message("tool", "out", tool_call_id="c1"), Message("assistant", "b", reasoning="r2")]
+        sample += [Message("user", "v"), Message("assistant", "c"), Message("user", "w")]
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        for conversation, offered in itertools.product((sample, sample[1:]), (tools, [])):
+            try:
+                whole = self.render_text(conversation, offered, generation_prompt=True)
+                for k in (i for i, m in enumerate(conversation) if m.role == "assistant"):
+                    head = self.render_text(conversation[: k + 1], offered, generation_prompt=False)
+                    head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
+                    if head + self._after(conversation[:1], conversation[k + 1 :], offered)[0] != whole:
+                        return False
+            except RenderError:
+                return False
+        return True
+
+    def _after(
+        self, first: Sequence[Message], new: Sequence[Message], tools: list[JSON]
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The text `new` adds after a history that starts with `first` (and its marker spans), where the
+        template is `stable`: the rendering of `first` + `new` past that of `first` alone, from its turn end."""
+        head = self.render_text(first, tools, generation_prompt=False)
+        cut = head.rfind(self.turn_end_text) + len(self.turn_end_text)
+        text, literal = self.render_prompt([*first, *new], tools)
+        return text[cut:], [(a - cut, b - cut) for a, b in literal if a >= cut]
 
     def render_text(self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool) -> str:
         try:
@@ -210,12 +242,15 @@ class Renderer:
             raise RenderError("messages must not be empty")
         tools_key = json.dumps(tools, sort_keys=True)
         self.check_length(len(tools_key) + sum(len(m.content) for m in messages))  # before rendering: at least this
-        full, literal = self.render_prompt(messages, tools)
         digests = list(itertools.accumulate(messages, _digest, initial=0))[1:]  # [i]: of messages[:i + 1]
         transcripts = self.transcripts.get(rollout_id, [])
         for t in reversed(transcripts):
             if t.tools_key != tools_key or t.digest not in digests[:-1]:
                 continue
+            if preserve and self.stable:  # the new messages rendered alone: the history's text is the transcript's
+                added, spans = self._after(messages[:1], messages[digests.index(t.digest) + 1 :], tools)
+                return Prompt(t.ids + array("i", self.encode(added, spans)), True, "", digests, tools_key)
+            full, literal = self.render_prompt(messages, tools)
             length, digest = t.verbatim
             if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
                 head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
@@ -227,6 +262,7 @@ class Renderer:
                 length = len(head)
             tail = [(a - length, b - length) for a, b in literal if a >= length]  # the head is the transcript's
             return Prompt(t.ids + array("i", self.encode(full[length:], tail)), True, "", digests, tools_key, full)
+        full, literal = self.render_prompt(messages, tools)
         rewritten = any(t.first == digests[0] for t in transcripts)  # same start: the harness edited its context
         kind = "" if not transcripts else "context_rewritten" if rewritten else "new_chain"
         ids = array("i", self._encode_first(full) if not literal else self.encode(full, literal))
