@@ -11,6 +11,7 @@ or know wire formats.
 from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
 
 import functools
+import inspect
 import itertools
 import json
 import re
@@ -83,7 +84,7 @@ class Transcript:
     digest: int  # of the messages it covers, the returned reply included
     first: int  # of its first message, to tell a rewritten context from a new conversation
     ids: array[int]
-    tools_key: str
+    tools_key: str  # of the tools and template variables it was rendered with
     verbatim: tuple[int, int]  # (length, hash) of the prompt text + the reply as sampled + turn end
 
 
@@ -93,7 +94,7 @@ class Prompt:
     extended: bool  # built on an earlier call's sampled tokens
     mismatch: str  # "" when extended or first; else the class of the break
     digests: list[int] = field(default_factory=list)  # [i] identifies messages[:i + 1]
-    tools_key: str = ""  # the tools, canonical
+    tools_key: str = ""  # the tools and template variables, canonical
     text: str = ""  # as rendered
 
 
@@ -126,22 +127,32 @@ class Renderer:
         # Decoding is the Rust tokenizer's, unless the wrapper would add its clean-up pass.
         fast = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self._decoder: Any = self._backend if fast else tokenizer
+        self.thinking_switch = "enable_thinking" in str(tokenizer.chat_template or "")  # Qwen3's on/off
+        self._arguments = set(inspect.signature(tokenizer.apply_chat_template).parameters)  # not template variables
 
-    def render_text(self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool) -> str:
+    def render_text(
+        self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool, template: JSON | None = None
+    ) -> str:
+        """The template's text; `template`: its variables beyond messages and tools (`enable_thinking`)."""
+        if taken := sorted(self._arguments.intersection(template or {})):  # a whole template, continue_final_message
+            raise RenderError(f"chat template variables cannot set the renderer's own arguments {taken}")
         try:
             text = self.tokenizer.apply_chat_template(
                 [m.template_dict() for m in messages],
                 tools=tools or None,
                 add_generation_prompt=generation_prompt,
                 tokenize=False,
+                **(template or {}),
             )
         except Exception as e:
             raise RenderError(f"the chat template could not render these messages: {e}") from e
         return str(text)
 
-    def render_prompt(self, messages: Sequence[Message], tools: list[JSON]) -> tuple[str, list[tuple[int, int]]]:
-        """The prompt's text, and the spans of it that are marker text from inside messages or tools. Each such
-        text is swapped for a unique stand-in while the template renders, then put back."""
+    def render_prompt(
+        self, messages: Sequence[Message], tools: list[JSON], template: JSON | None = None
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The prompt's text, and the spans of it that are marker text from inside messages, tools or template
+        variables. Each such text is swapped for a unique stand-in while the template renders, then put back."""
         found: list[str] = []
         if (markers := self._markers) is not None:
             mark = self._stand_in
@@ -152,7 +163,8 @@ class Renderer:
 
             messages = [m.map_text(lambda text: markers.sub(stand_in, text)) for m in messages]
             tools = json.loads(markers.sub(stand_in, json.dumps(tools))) if tools else tools
-        text = self.render_text(messages, tools, generation_prompt=True)
+            template = json.loads(markers.sub(stand_in, json.dumps(template))) if template else template
+        text = self.render_text(messages, tools, generation_prompt=True, template=template)
         if not found:
             return text, []
         parts, spans, at, n = [], [], 0, 0
@@ -203,14 +215,21 @@ class Renderer:
         return self.decode(ids[:-1] if ids and ids[-1] in self.end_ids else ids)
 
     def prompt(
-        self, rollout_id: str, messages: Sequence[Message], tools: list[JSON], *, preserve: bool = True
+        self,
+        rollout_id: str,
+        messages: Sequence[Message],
+        tools: list[JSON],
+        *,
+        preserve: bool = True,
+        template: JSON | None = None,
     ) -> Prompt:
-        """Input IDs for `messages`; extends the rollout's matching transcript when there is one."""
+        """Input IDs for `messages`; extends the rollout's matching transcript when there is one: one rendered
+        with the same tools and `template` variables (others may render the same messages differently)."""
         if not messages:
             raise RenderError("messages must not be empty")
-        tools_key = json.dumps(tools, sort_keys=True)
+        tools_key = json.dumps([tools, template or {}], sort_keys=True)
         self.check_length(len(tools_key) + sum(len(m.content) for m in messages))  # before rendering: at least this
-        full, literal = self.render_prompt(messages, tools)
+        full, literal = self.render_prompt(messages, tools, template)
         digests = list(itertools.accumulate(messages, _digest, initial=0))[1:]  # [i]: of messages[:i + 1]
         transcripts = self.transcripts.get(rollout_id, [])
         for t in reversed(transcripts):
@@ -218,7 +237,7 @@ class Renderer:
                 continue
             length, digest = t.verbatim
             if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
-                head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
+                head = self._head(full, messages[: digests.index(t.digest) + 1], tools, template)
                 if head is None or not preserve:  # the whole prompt tokenized afresh
                     ids = array("i", self.encode(full, literal))
                     same = head is not None and ids[: len(t.ids)] == t.ids
@@ -232,11 +251,11 @@ class Renderer:
         ids = array("i", self._encode_first(full) if not literal else self.encode(full, literal))
         return Prompt(ids, False, kind, digests, tools_key, full)
 
-    def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
+    def _head(self, full: str, history: Sequence[Message], tools: list[JSON], template: JSON | None) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
         for variant in (history, [replace(m, reasoning="") for m in history]):
-            head = self.render_text(variant, tools, generation_prompt=False)
+            head = self.render_text(variant, tools, generation_prompt=False, template=template)
             head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
             if full.startswith(head):
                 return head
