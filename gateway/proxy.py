@@ -127,7 +127,7 @@ class Proxy:
         # seconds at megabytes. A short one is not worth two thread switches, each a wait for a busy core.
         preserve = self.settings.prefix_preserving
         render = partial(self.renderer.prompt, rollout_id, messages, tools, preserve=preserve, template=params.template)
-        size = sum(len(m.content) for m in messages) + (len(json.dumps(tools)) if tools else 0)
+        size = sum(len(m.content) for m in messages) + len(json.dumps([tools, params.template]))
         prompt = render() if size < INLINE_CHARS else await asyncio.to_thread(render)
         out = await self._serve(ask, prompt.ids, params, parse=True)
         self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()  # recorded

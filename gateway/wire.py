@@ -59,9 +59,9 @@ class _Request(BaseModel):
     @staticmethod
     def _thinking(params: Params, name: str, on: bool | None, switch: bool) -> None:
         """Thinking asked on or off (None: asked in a way not known) as the template's `enable_thinking`, where it
-        has that `switch` (`chat_template_kwargs` set it first); else the field `name` is not honoured."""
+        has that `switch`; else the field `name` is not honoured."""
         if switch and on is not None:
-            params.template.setdefault("enable_thinking", on)
+            params.template["enable_thinking"] = on
         else:
             params.not_honoured.append(name)
 

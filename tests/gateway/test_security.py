@@ -129,7 +129,7 @@ def test_events_that_steer_the_reward_or_forge_agl_s_records_are_reserved(s: Sta
     assert [post(graded["id"], graded["agent_token"], k) for k in ("flag", "swe_patch", "note")] == [403, 403, 200]
     assert [post(graded["id"], graded["grader_token"], k) for k in ("flag", "swe_patch")] == [200, 200]
     assert post(plain["id"], plain["agent_token"], "flag") == 200  # no grader: the harness reports
-    for kind in ("lifecycle", "launch", "tokens", "reward", "error"):
+    for kind in ("lifecycle", "launch", "tokens", "reward", "error", "not_honoured"):
         assert post(graded["id"], graded["grader_token"], kind) == 403
         assert post(plain["id"], plain["agent_token"], kind) == 403
     assert post(plain["id"], ADMIN, "launch") == 200
