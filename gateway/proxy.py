@@ -2,8 +2,9 @@
 
 Owns the pause gate (`pause()` returns once no call is in flight: each call is served under one
 model version), the context-length check, sampling, stop strings (engines see only token IDs),
-the `/metrics` counters, and recording each call before its reply goes out, so every answered
-call is durable and a retry of a reply cut off by a crash gets the recorded one, not a new sample.
+the `/metrics` counters, a rollout's `not_honoured` events (request fields the model could not be
+shown), and recording each call before its reply goes out, so every answered call is durable and
+a retry of a reply cut off by a crash gets the recorded one, not a new sample.
 It does not parse wire formats, authenticate or render templates (`wire.py`, `auth.py`, `render.py`).
 """
 
@@ -25,7 +26,7 @@ from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, ContextOverflow, Message, Params, RenderError, TooLarge
 
 log = logging.getLogger(__name__)
-MAX_AGENT_LABELS = 100  # distinct agent names counted in /metrics; later ones count as "other"
+MAX_LABELS = 100  # distinct values a label takes from harnesses (agents, tool types); later ones count as "other"
 INLINE_CHARS = 16_000  # prompts shorter than this render on the event loop (a few ms at most)
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # of call latency (seconds)
 
@@ -86,6 +87,8 @@ class Metrics:
         self.rollouts = Gauge("agl_rollouts", "Rollouts by status", ["status"], registry=r)
         self.prefix = Counter("agl_prefix", "Prompts by how they extend the rollout's calls", ["kind"], registry=r)
         self.over_budget = Counter("agl_over_budget", "Requests refused: the rollout's storage budget", registry=r)
+        about = "Rollouts that asked for what no prompt shows, by request field"
+        self.not_honoured = Counter("agl_not_honoured", about, ["field"], registry=r)
 
 
 class Proxy:
@@ -100,6 +103,8 @@ class Proxy:
         self.started = time.time()
         self.seen: set[str] = set()  # rollouts called since this gateway started
         self.agents: set[str] = set()  # the agent labels in /metrics
+        self.fields: set[str] = set()  # the field labels of agl_not_honoured
+        self.not_honoured: dict[str, set[str]] = {}  # rollout id -> the fields its `not_honoured` events named
         self.sent: dict[str, int] = {}  # rollout id -> bytes its tokens have sent (`charge`)
 
     async def charge(self, rollout: Rollout, size: int) -> None:
@@ -120,13 +125,20 @@ class Proxy:
         rollout_id = ask.rollout.id
         # A long prompt is rendered and tokenized off the event loop (the tokenizer releases the GIL): it takes
         # seconds at megabytes. A short one is not worth two thread switches, each a wait for a busy core.
-        render = partial(self.renderer.prompt, rollout_id, messages, tools, preserve=self.settings.prefix_preserving)
-        size = sum(len(m.content) for m in messages) + (len(json.dumps(tools)) if tools else 0)
+        preserve = self.settings.prefix_preserving
+        render = partial(self.renderer.prompt, rollout_id, messages, tools, preserve=preserve, template=params.template)
+        size = sum(len(m.content) for m in messages) + len(json.dumps([tools, params.template]))
         prompt = render() if size < INLINE_CHARS else await asyncio.to_thread(render)
         out = await self._serve(ask, prompt.ids, params, parse=True)
         self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()  # recorded
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
             self.store.append_event(rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent})
+        # Once the call is recorded, as the mismatch: a refused request stores nothing but its error event.
+        if fresh := sorted(set(params.not_honoured) - self.not_honoured.get(rollout_id, set())):
+            self.not_honoured.setdefault(rollout_id, set()).update(fresh)
+            self.store.append_event(rollout_id, "not_honoured", {"fields": fresh})
+            for name in fresh:
+                self.metrics.not_honoured.labels(self._label(self.fields, name)).inc()
         first, ids, sampled_text = out[0]
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.
@@ -209,12 +221,18 @@ class Proxy:
         return completion, ids, sampled_text
 
     def _count(self, ask: Ask, prompt_tokens: int, response_tokens: int, latency_s: float) -> None:
-        agent = ask.agent if ask.agent in self.agents or len(self.agents) < MAX_AGENT_LABELS else "other"
-        self.agents.add(agent)  # harnesses name agents: the label's values are capped
-        self.metrics.calls.labels(agent, ask.api).inc()
+        self.metrics.calls.labels(self._label(self.agents, ask.agent), ask.api).inc()
         self.metrics.tokens.labels("prompt").inc(prompt_tokens)
         self.metrics.tokens.labels("response").inc(response_tokens)
         self.metrics.latency.observe(latency_s)
+
+    @staticmethod
+    def _label(values: set[str], value: str) -> str:
+        """`value` as a metric label: harnesses name agents and tool types, so a label's values are capped."""
+        if value not in values and len(values) >= MAX_LABELS:
+            return "other"
+        values.add(value)
+        return value
 
     def _completion(self, call: Call, parse: bool) -> Completion:
         """The reply of a recorded call; `parse`: split off its reasoning, and its tool calls if tools were offered
@@ -244,6 +262,7 @@ class Proxy:
         self.renderer.forget(rollout_id)
         self.seen.discard(rollout_id)
         self.sent.pop(rollout_id, None)
+        self.not_honoured.pop(rollout_id, None)
 
     def state(self) -> JSON:
         gate = self.gate

@@ -11,6 +11,7 @@ or know wire formats.
 from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
 
 import functools
+import inspect
 import itertools
 import json
 import re
@@ -83,7 +84,7 @@ class Transcript:
     digest: int  # of the messages it covers, the returned reply included
     first: int  # of its first message, to tell a rewritten context from a new conversation
     ids: array[int]
-    tools_key: str
+    tools_key: str  # of the tools and template variables it was rendered with
     verbatim: tuple[int, int]  # (length, hash) of the prompt text + the reply as sampled + turn end
 
 
@@ -93,7 +94,7 @@ class Prompt:
     extended: bool  # built on an earlier call's sampled tokens
     mismatch: str  # "" when extended or first; else the class of the break
     digests: list[int] = field(default_factory=list)  # [i] identifies messages[:i + 1]
-    tools_key: str = ""  # the tools, canonical
+    tools_key: str = ""  # the tools and template variables, canonical
     text: str = ""  # as rendered
 
 
@@ -126,12 +127,20 @@ class Renderer:
         # Decoding is the Rust tokenizer's, unless the wrapper would add its clean-up pass.
         fast = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
         self._decoder: Any = self._backend if fast else tokenizer
-        self.stable = self._renders_each_message_once()
+        self.thinking_switch = "enable_thinking" in str(tokenizer.chat_template or "")  # Qwen3's on/off
+        self._arguments = set(inspect.signature(tokenizer.apply_chat_template).parameters)  # not template variables
+        self._stable: dict[str, bool] = {}  # template variables (JSON) -> `stable`
 
-    def _renders_each_message_once(self) -> bool:
-        """Whether the template renders a conversation as its history's rendering, then the new messages' (ChatML
-        does; a template that strips earlier turns' reasoning does not): then an extension renders only its new
-        messages (`_after`), not the whole conversation again. Checked on a sample with tools and reasoning."""
+    def stable(self, template: JSON | None = None) -> bool:
+        """Whether the template, with these variables, renders a conversation as its history's rendering, then the
+        new messages' (ChatML does; a template that strips earlier turns' reasoning does not): then an extension
+        renders only its new messages (`_after`), not the whole conversation again. Checked once on a sample."""
+        key = json.dumps(template or {}, sort_keys=True)
+        if key not in self._stable:
+            self._stable[key] = self._renders_each_message_once(template)
+        return self._stable[key]
+
+    def _renders_each_message_once(self, template: JSON | None) -> bool:
         call = ToolCall("f", '{"a": 1}', "c1")
         sample = [Message("system", "s"), Message("user", "u"), Message("assistant", "a", (call,), "r")]
         sample += [Message("tool", "out", tool_call_id="c1"), Message("assistant", "b", reasoning="r2")]
@@ -139,41 +148,49 @@ class Renderer:
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         for conversation, offered in itertools.product((sample, sample[1:]), (tools, [])):
             try:
-                whole = self.render_text(conversation, offered, generation_prompt=True)
+                whole = self.render_text(conversation, offered, generation_prompt=True, template=template)
                 for k in (i for i, m in enumerate(conversation) if m.role == "assistant"):
-                    head = self.render_text(conversation[: k + 1], offered, generation_prompt=False)
+                    head = self.render_text(conversation[: k + 1], offered, generation_prompt=False, template=template)
                     head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
-                    if head + self._after(conversation[:1], conversation[k + 1 :], offered)[0] != whole:
+                    if head + self._after(conversation[:1], conversation[k + 1 :], offered, template)[0] != whole:
                         return False
             except RenderError:
                 return False
         return True
 
     def _after(
-        self, first: Sequence[Message], new: Sequence[Message], tools: list[JSON]
+        self, first: Sequence[Message], new: Sequence[Message], tools: list[JSON], template: JSON | None
     ) -> tuple[str, list[tuple[int, int]]]:
         """The text `new` adds after a history that starts with `first` (and its marker spans), where the
         template is `stable`: the rendering of `first` + `new` past that of `first` alone, from its turn end."""
-        head = self.render_text(first, tools, generation_prompt=False)
+        head = self.render_text(first, tools, generation_prompt=False, template=template)
         cut = head.rfind(self.turn_end_text) + len(self.turn_end_text)
-        text, literal = self.render_prompt([*first, *new], tools)
+        text, literal = self.render_prompt([*first, *new], tools, template)
         return text[cut:], [(a - cut, b - cut) for a, b in literal if a >= cut]
 
-    def render_text(self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool) -> str:
+    def render_text(
+        self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool, template: JSON | None = None
+    ) -> str:
+        """The template's text; `template`: its variables beyond messages and tools (`enable_thinking`)."""
+        if taken := sorted(self._arguments.intersection(template or {})):  # a whole template, continue_final_message
+            raise RenderError(f"chat template variables cannot set the renderer's own arguments {taken}")
         try:
             text = self.tokenizer.apply_chat_template(
                 [m.template_dict() for m in messages],
                 tools=tools or None,
                 add_generation_prompt=generation_prompt,
                 tokenize=False,
+                **(template or {}),
             )
         except Exception as e:
             raise RenderError(f"the chat template could not render these messages: {e}") from e
         return str(text)
 
-    def render_prompt(self, messages: Sequence[Message], tools: list[JSON]) -> tuple[str, list[tuple[int, int]]]:
-        """The prompt's text, and the spans of it that are marker text from inside messages or tools. Each such
-        text is swapped for a unique stand-in while the template renders, then put back."""
+    def render_prompt(
+        self, messages: Sequence[Message], tools: list[JSON], template: JSON | None = None
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The prompt's text, and the spans of it that are marker text from inside messages, tools or template
+        variables. Each such text is swapped for a unique stand-in while the template renders, then put back."""
         found: list[str] = []
         if (markers := self._markers) is not None:
             mark = self._stand_in
@@ -184,7 +201,8 @@ class Renderer:
 
             messages = [m.map_text(lambda text: markers.sub(stand_in, text)) for m in messages]
             tools = json.loads(markers.sub(stand_in, json.dumps(tools))) if tools else tools
-        text = self.render_text(messages, tools, generation_prompt=True)
+            template = json.loads(markers.sub(stand_in, json.dumps(template))) if template else template
+        text = self.render_text(messages, tools, generation_prompt=True, template=template)
         if not found:
             return text, []
         parts, spans, at, n = [], [], 0, 0
@@ -235,25 +253,33 @@ class Renderer:
         return self.decode(ids[:-1] if ids and ids[-1] in self.end_ids else ids)
 
     def prompt(
-        self, rollout_id: str, messages: Sequence[Message], tools: list[JSON], *, preserve: bool = True
+        self,
+        rollout_id: str,
+        messages: Sequence[Message],
+        tools: list[JSON],
+        *,
+        preserve: bool = True,
+        template: JSON | None = None,
     ) -> Prompt:
-        """Input IDs for `messages`; extends the rollout's matching transcript when there is one."""
+        """Input IDs for `messages`; extends the rollout's matching transcript when there is one: one rendered
+        with the same tools and `template` variables (others may render the same messages differently)."""
         if not messages:
             raise RenderError("messages must not be empty")
-        tools_key = json.dumps(tools, sort_keys=True)
+        tools_key = json.dumps([tools, template or {}], sort_keys=True)
         self.check_length(len(tools_key) + sum(len(m.content) for m in messages))  # before rendering: at least this
         digests = list(itertools.accumulate(messages, _digest, initial=0))[1:]  # [i]: of messages[:i + 1]
         transcripts = self.transcripts.get(rollout_id, [])
         for t in reversed(transcripts):
             if t.tools_key != tools_key or t.digest not in digests[:-1]:
                 continue
-            if preserve and self.stable:  # the new messages rendered alone: the history's text is the transcript's
-                added, spans = self._after(messages[:1], messages[digests.index(t.digest) + 1 :], tools)
+            if preserve and self.stable(template):  # only the new messages rendered: the history is the transcript
+                new = messages[digests.index(t.digest) + 1 :]
+                added, spans = self._after(messages[:1], new, tools, template)
                 return Prompt(t.ids + array("i", self.encode(added, spans)), True, "", digests, tools_key)
-            full, literal = self.render_prompt(messages, tools)
+            full, literal = self.render_prompt(messages, tools, template)
             length, digest = t.verbatim
             if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
-                head = self._head(full, messages[: digests.index(t.digest) + 1], tools)
+                head = self._head(full, messages[: digests.index(t.digest) + 1], tools, template)
                 if head is None or not preserve:  # the whole prompt tokenized afresh
                     ids = array("i", self.encode(full, literal))
                     same = head is not None and ids[: len(t.ids)] == t.ids
@@ -262,17 +288,17 @@ class Renderer:
                 length = len(head)
             tail = [(a - length, b - length) for a, b in literal if a >= length]  # the head is the transcript's
             return Prompt(t.ids + array("i", self.encode(full[length:], tail)), True, "", digests, tools_key, full)
-        full, literal = self.render_prompt(messages, tools)
+        full, literal = self.render_prompt(messages, tools, template)
         rewritten = any(t.first == digests[0] for t in transcripts)  # same start: the harness edited its context
         kind = "" if not transcripts else "context_rewritten" if rewritten else "new_chain"
         ids = array("i", self._encode_first(full) if not literal else self.encode(full, literal))
         return Prompt(ids, False, kind, digests, tools_key, full)
 
-    def _head(self, full: str, history: Sequence[Message], tools: list[JSON]) -> str | None:
+    def _head(self, full: str, history: Sequence[Message], tools: list[JSON], template: JSON | None) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
         for variant in (history, [replace(m, reasoning="") for m in history]):
-            head = self.render_text(variant, tools, generation_prompt=False)
+            head = self.render_text(variant, tools, generation_prompt=False, template=template)
             head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
             if full.startswith(head):
                 return head

@@ -111,7 +111,9 @@ def _jsonable(record: Any) -> JSON:
     return {k: v.tolist() if k in ARRAYS else v for k, v in dataclasses.asdict(record).items()}
 
 
-SYSTEM_EVENTS = {"lifecycle", "tokens", "error", "prefix_mismatch", "max_tokens_lowered", "launch", "reward"}  # agl's
+# agl's own event kinds, which no token may post: the gateway's, and those of agl's launchers and reward posts
+SYSTEM_EVENTS = {"lifecycle", "tokens", "error", "prefix_mismatch", "max_tokens_lowered", "not_honoured"}
+SYSTEM_EVENTS |= {"launch", "reward"}
 GRADER_EVENTS = {"flag", "swe_patch"}  # they steer the reward: on a rollout with a grader, not the agent's to post
 
 
@@ -151,7 +153,8 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         async def route(request: Request, rollout: Agent) -> Response:
             await proxy.charge(rollout, len(await request.body()))
             req = await body(request, schema)
-            (messages, tools, params), asked = req.parse(), ask(request, rollout, api, req)
+            messages, tools, params = req.parse(proxy.renderer.thinking_switch)
+            asked = ask(request, rollout, api, req)
             air = await air_penalty(asked, messages)
             reply = answer(req, await proxy.chat(asked, messages, tools, params))
             if air:  # once the call is recorded: a refused request changes nothing stored

@@ -83,7 +83,8 @@ class Ask:
 
 @dataclass
 class Params:
-    """Sampling parameters after each wire format's names are mapped."""
+    """Sampling parameters after each wire format's names are mapped; what the chat template gets besides the
+    messages and tools; and the request's fields that change what the model would see but cannot be honoured."""
 
     n: int = 1  # choices, each one recorded call
     max_tokens: int | None = None
@@ -92,6 +93,8 @@ class Params:
     top_k: int = -1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    template: JSON = field(default_factory=dict)  # the template's variables: `enable_thinking`, chat_template_kwargs
+    not_honoured: list[str] = field(default_factory=list)  # e.g. "thinking.budget_tokens", "tools.web_search"
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Wire formats: OpenAI Chat Completions, Completions and Responses, and Anthropic Messages.
 
 Owns a pydantic request schema per format (unknown fields ignored, as the real APIs do) that maps
-a request to normalized messages, tools and sampling (`parse`) and the recorded completions to the
-format's reply and stream (`reply`, `events`); and the error objects. Streams are made after the
-call is recorded: a harness never sees unstored text. It does not sample, record or authenticate.
+a request to normalized messages, tools, sampling and chat template variables, and names the set
+fields that would change what the model sees but cannot be honoured (`parse`); maps the recorded
+completions to the format's reply and stream (`reply`, `events`); and the error objects. Streams
+are made after the call is recorded: a harness never sees unstored text. It does not sample,
+record or authenticate.
 """
 
 import itertools
@@ -53,6 +55,15 @@ class _Request(BaseModel):
     def _params(self, max_tokens: int | None, stop: str | list[str] | None = None, n: int = 1) -> Params:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         return Params(n, max_tokens, self.temperature, self.top_p, self.top_k, stops, self.seed)
+
+    @staticmethod
+    def _thinking(params: Params, name: str, on: bool | None, switch: bool) -> None:
+        """Thinking asked on or off (None: asked in a way not known) as the template's `enable_thinking`, where it
+        has that `switch`; else the field `name` is not honoured."""
+        if switch and on is not None:
+            params.template["enable_thinking"] = on
+        else:
+            params.not_honoured.append(name)
 
 
 # ---------------------------------------------------------------------------- OpenAI messages and tools
@@ -141,11 +152,22 @@ class ChatRequest(_Request):
     stream_options: JSON | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    chat_template_kwargs: JSON | None = None  # the template's variables, as vLLM and sglang take them
+    response_format: JSON | None = None
+    reasoning_effort: Any = None
 
-    def parse(self) -> tuple[list[Message], list[JSON], Params]:
+    def parse(self, thinking_switch: bool = False) -> tuple[list[Message], list[JSON], Params]:
         messages = [message_from_openai(m) for m in self.messages]
         tools = [] if self.tool_choice == "none" else validate_tools(self.tools)
-        return messages, tools, self._params(self.max_completion_tokens or self.max_tokens, self.stop, self.n)
+        params = self._params(self.max_completion_tokens or self.max_tokens, self.stop, self.n)
+        params.template = dict(self.chat_template_kwargs or {})
+        asked = {  # no template shows these (thinking: `chat_template_kwargs`, e.g. {"enable_thinking": false})
+            "tool_choice": self.tool_choice not in (None, "auto", "none"),
+            "response_format": self.response_format not in (None, {"type": "text"}),
+            "reasoning_effort": self.reasoning_effort is not None,
+        }
+        params.not_honoured += [name for name, unmet in asked.items() if unmet]
+        return messages, tools, params
 
     def reply(self, completions: list[Completion]) -> JSON:
         choices = []
@@ -205,13 +227,35 @@ class CompletionRequest(_Request):
 # ---------------------------------------------------------------------------- OpenAI Responses
 
 
+def _functions(tools: list[JSON], not_honoured: list[str]) -> list[JSON]:
+    """Responses tools in the chat shape: function tools, and those a `namespace` tool groups (Codex's), each
+    under its own name, as a call of it comes back; other types (built-in: `web_search`, ...) are not honoured."""
+    out = []
+    for t in tools:
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "function":
+            fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
+            out.append({"type": "function", "function": fn})
+        elif kind == "namespace" and isinstance(t.get("tools"), list):
+            out += _functions(t["tools"], not_honoured)
+        elif kind is None or kind == "namespace":
+            raise RenderError("each tool must be an object with a `type`; a namespace tool needs a list of `tools`")
+        else:
+            not_honoured.append(f"tools.{str(kind)[:64]}")
+    return out
+
+
 class ResponsesRequest(_Request):
     input: str | list[JSON]
     instructions: str | None = None
     tools: list[JSON] | None = None
     max_output_tokens: int | None = Field(None, ge=1)
+    reasoning: JSON | None = None
+    tool_choice: Any = None
+    text: JSON | None = None
+    previous_response_id: str | None = None
 
-    def parse(self) -> tuple[list[Message], list[JSON], Params]:
+    def parse(self, thinking_switch: bool = False) -> tuple[list[Message], list[JSON], Params]:
         messages = [Message("system", self.instructions)] if self.instructions else []
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         for item in items:
@@ -226,12 +270,19 @@ class ResponsesRequest(_Request):
                 messages.append(Message("tool", text_of(item.get("output")), tool_call_id=str(item.get("call_id", ""))))
             elif kind != "reasoning":
                 raise RenderError(f"unsupported input item type {kind!r}")
-        tools = [
-            {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
-            for t in self.tools or []
-            if t.get("type") == "function"
-        ]
-        return messages, validate_tools(tools), self._params(self.max_output_tokens)
+        params = self._params(self.max_output_tokens)
+        tools = [] if self.tool_choice == "none" else _functions(self.tools or [], params.not_honoured)
+        if self.reasoning is not None:  # effort "none" or "minimal": off, else on; no template switch sets a level
+            effort = self.reasoning.get("effort")
+            self._thinking(params, "reasoning", effort not in ("none", "minimal"), thinking_switch)
+            params.not_honoured += ["reasoning.effort"] if effort not in (None, "none") else []
+        asked = {
+            "tool_choice": self.tool_choice not in (None, "auto", "none"),
+            "text.format": (self.text or {}).get("format") not in (None, {"type": "text"}),
+            "previous_response_id": self.previous_response_id is not None,  # no response is stored to continue
+        }
+        params.not_honoured += [name for name, unmet in asked.items() if unmet]
+        return messages, validate_tools(tools), params
 
     def reply(self, completions: list[Completion]) -> JSON:
         (c,) = completions
@@ -296,8 +347,10 @@ class AnthropicRequest(_Request):
     tools: list[JSON] | None = None
     max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
+    thinking: JSON | None = None
+    tool_choice: JSON | None = None
 
-    def parse(self) -> tuple[list[Message], list[JSON], Params]:
+    def parse(self, thinking_switch: bool = False) -> tuple[list[Message], list[JSON], Params]:
         messages = [Message("system", text_of(self.system))] if self.system else []
         for raw in self.messages:
             role, content = raw.get("role"), raw.get("content")
@@ -322,11 +375,20 @@ class AnthropicRequest(_Request):
                     raise RenderError(f"unsupported content block type {kind!r}")
             if text or calls or role == "assistant":
                 messages.append(Message(role, "".join(text), tuple(calls)))
-        tools = []
+        params, tools = self._params(self.max_tokens, self.stop_sequences), []
         for t in self.tools or []:  # in the OpenAI shape the templates take
+            if t.get("type", "custom") != "custom":  # a server or schema-less tool: `web_search_20250305`, `bash_...`
+                params.not_honoured.append(f"tools.{str(t['type'])[:64]}")
+                continue
             fn = {"name": t.get("name"), "description": t.get("description", "")}
             tools.append({"type": "function", "function": fn | {"parameters": t.get("input_schema", {})}})
-        return messages, validate_tools(tools), self._params(self.max_tokens, self.stop_sequences)
+        if self.thinking is not None:  # no template switch sets a budget
+            on = {"enabled": True, "adaptive": True, "disabled": False}.get(str(self.thinking.get("type")))
+            self._thinking(params, "thinking", on, thinking_switch)
+            params.not_honoured += ["thinking.budget_tokens"] if "budget_tokens" in self.thinking else []
+        choice = (self.tool_choice or {}).get("type")
+        params.not_honoured += ["tool_choice"] if choice not in (None, "auto", "none") else []
+        return messages, [] if choice == "none" else validate_tools(tools), params
 
     def reply(self, completions: list[Completion]) -> JSON:
         (c,) = completions

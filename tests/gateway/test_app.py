@@ -14,8 +14,10 @@ import httpx
 import openai
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from agl.types import Status
+from tests.gateway.qwen import SWITCH
 from tests.gateway.stack import ADMIN, Stack, stack
 
 TOOL = {
@@ -34,6 +36,20 @@ def free(tiny_path: Path, tmp_path: Path):
     """The tiny model sampling freely."""
     with stack(tiny_path, tmp_path) as s:
         yield s
+
+
+@pytest.fixture
+def thinking(tiny_path: Path, tmp_path: Path):
+    """The tiny model sampling freely; the gateway's chat template has Qwen3's `enable_thinking` switch."""
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    tok.chat_template = tok.chat_template.replace("assistant\n{% endif -%}", f"assistant\n{SWITCH}{{% endif -%}}")
+    tok.save_pretrained(tmp_path / "tokenizer")
+    with stack(tiny_path, tmp_path, tokenizer=str(tmp_path / "tokenizer")) as s:
+        yield s
+
+
+def not_honoured(s: Stack, rollout_id: str) -> list[dict]:
+    return [e["data"] for e in s.admin.get(f"/api/rollouts/{rollout_id}/events").json() if e["kind"] == "not_honoured"]
 
 
 def scripted(tiny_path: Path, tmp_path: Path, texts: list[str], **settings: object):
@@ -222,6 +238,70 @@ def test_responses_api(tiny_path: Path, tmp_path: Path):
         assert events[-1].type == "response.completed"
         assert events[-1].response.output_text == "Listed."
         assert len(check_fidelity(s, r["id"])) == 2
+
+
+def test_codex_namespace_tools_are_offered_as_the_functions_they_group(tiny_path: Path, tmp_path: Path):
+    """Codex groups tools in `namespace` tools: each nested function is rendered, and a call of it comes back
+    under its own name. A built-in tool (`web_search`) no prompt can show is named in a `not_honoured` event."""
+    with scripted(tiny_path, tmp_path, [CALL_TEXT]) as s:
+        r = s.rollout()
+        bash = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
+        group = {"type": "namespace", "name": "shell", "description": "commands", "tools": [bash]}
+        body = {"model": "codex", "input": "list files", "tools": [group, {"type": "web_search"}]}
+        headers = {"Authorization": f"Bearer {r['agent_token']}"}
+        reply = httpx.post(s.url + "/v1/responses", headers=headers, json=body)
+        (fc,) = [item for item in reply.json()["output"] if item["type"] == "function_call"]
+        assert (fc["name"], json.loads(fc["arguments"])) == ("bash", {"cmd": "ls -la"})
+        (call,) = check_fidelity(s, r["id"])
+        assert '"name": "bash"' in decoded(s, call["prompt_ids"])
+        assert not_honoured(s, r["id"]) == [{"fields": ["tools.web_search"]}]
+        for tools in ([{"type": "namespace", "name": "shell", "tools": "bash"}], ["web_search"], [{"name": "bash"}]):
+            refused = httpx.post(s.url + "/v1/responses", headers=headers, json=body | {"tools": tools})
+            assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_thinking_and_template_variables_reach_the_template(thinking: Stack):
+    """Chat's `chat_template_kwargs`, Anthropic's `thinking` and Responses' `reasoning` set the template's
+    `enable_thinking` (off: an empty think block after the generation prompt); a budget has no switch."""
+    r = thinking.rollout()
+    chat = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+    claude = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+    user, empty = [{"role": "user", "content": "hi"}], "<think>\n\n</think>\n\n"
+
+    def last_prompt_ends() -> str:
+        call = thinking.admin.get(f"/api/rollouts/{r['id']}/calls").json()[-1]
+        return decoded(thinking, call["prompt_ids"]).rpartition("<|im_start|>assistant\n")[2]
+
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    chat.chat.completions.create(model="m", messages=user, max_tokens=4, extra_body=off)
+    assert last_prompt_ends() == empty
+    chat.chat.completions.create(model="m", messages=user, max_tokens=4)
+    assert last_prompt_ends() == ""
+    claude.messages.create(model="c", max_tokens=4, messages=user, thinking={"type": "disabled"})
+    assert last_prompt_ends() == empty
+    claude.messages.create(model="c", max_tokens=8, messages=user, thinking={"type": "enabled", "budget_tokens": 4})
+    assert last_prompt_ends() == ""
+    chat.responses.create(model="codex", input="hi", max_output_tokens=4, reasoning={"effort": "none"})
+    assert last_prompt_ends() == empty
+    assert not_honoured(thinking, r["id"]) == [{"fields": ["thinking.budget_tokens"]}]
+
+
+def test_what_no_prompt_shows_is_named_once_per_rollout_and_counted(free: Stack):
+    """On a template without a thinking switch, Anthropic's `thinking` is not honoured: a `not_honoured`
+    event names it once per rollout, and /metrics counts it. A refused request names nothing."""
+    r = free.rollout()
+    claude = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0)
+    user, think = [{"role": "user", "content": "hi"}], {"type": "enabled", "budget_tokens": 4}
+    for _ in range(2):
+        claude.messages.create(model="c", max_tokens=8, messages=user, thinking=think)
+    body = {"max_tokens": 10**6, "messages": user, "tool_choice": {"type": "any"}}  # too long a completion
+    refused = httpx.post(free.url + "/v1/messages", headers={"x-api-key": r["agent_token"]}, json=body)
+    assert refused.status_code == 400
+    claude.messages.create(model="c", max_tokens=8, messages=user, thinking=think, tool_choice={"type": "auto"})
+    assert not_honoured(free, r["id"]) == [{"fields": ["thinking", "thinking.budget_tokens"]}]
+    metrics = free.admin.get("/metrics").text
+    assert 'agl_not_honoured_total{field="thinking"} 1.0' in metrics
+    assert 'field="tool_choice"' not in metrics
 
 
 # ------------------------------------------------------------------ AIR

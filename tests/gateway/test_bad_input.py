@@ -38,6 +38,8 @@ CHAT_CASES = [
     ("tools not a list", {"messages": USER, "tools": {"a": 1}}, 400),
     ("bad tool call", {"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]}, 400),
     ("too large", {"messages": [{"role": "user", "content": "x" * 200_000}]}, 413),
+    ("template variables not an object", {"messages": USER, "chat_template_kwargs": "enable_thinking"}, 400),
+    ("a template as a variable", {"messages": USER, "chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, 400),
 ]
 
 
@@ -65,6 +67,8 @@ ANTHROPIC_CASES = [
     ("unknown role", {"max_tokens": 5, "messages": [{"role": "wizard", "content": "x"}]}, 400),
     ("unknown block", {"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400),
     ("too large", {"max_tokens": 5, "messages": [{"role": "user", "content": "x" * 200_000}]}, 413),
+    ("thinking not an object", {"max_tokens": 5, "messages": USER, "thinking": True}, 400),
+    ("tool_choice not an object", {"max_tokens": 5, "messages": USER, "tool_choice": "any"}, 400),
 ]
 
 

@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 from gateway.render import Renderer, parse_reply
 from gateway.types import Message, RenderError, ToolCall
 from gateway.wire import message_from_openai
-from tests.gateway.qwen import CHATML_REASONING, CHATML_TOOLS, qwen_tokenizer
+from tests.gateway.qwen import CHATML_REASONING, CHATML_THINKING, CHATML_TOOLS, qwen_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 
@@ -122,6 +122,34 @@ def test_without_prefix_preserving_a_retokenized_boundary_is_detected(renderer: 
     assert renderer.prompt("r", follow, []).extended
 
 
+def test_template_variables_render_and_a_transcript_extends_only_calls_rendered_with_the_same_ones():
+    """Qwen3's `enable_thinking=False` writes an empty think block after the generation prompt. Other variables
+    may render the same history differently: a call extends the transcripts of calls rendered with its own."""
+    tok = qwen_tokenizer()
+    tok.chat_template = CHATML_TOOLS
+    assert not Renderer(tok).thinking_switch
+    tok.chat_template = CHATML_THINKING
+    r, off = Renderer(tok), {"enable_thinking": False}
+    assert r.thinking_switch
+    messages = [Message("user", "hi")]
+    first = r.prompt("a", messages, TOOLS, template=off)
+    assert first.text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert r.prompt("b", messages, TOOLS).text.endswith("<|im_start|>assistant\n")
+    r.remember("a", first, [*r.encode("Done."), r.turn_end], parse_reply("Done."))
+    following = [*messages, Message("assistant", "Done."), Message("user", "again")]
+    assert r.prompt("a", following, TOOLS, template=off).extended
+    other = r.prompt("a", following, TOOLS, template={"enable_thinking": True})
+    assert (other.extended, other.mismatch) == (False, "context_rewritten")
+    assert other.ids.tolist() == r.encode(
+        r.render_text(following, TOOLS, generation_prompt=True, template={"enable_thinking": True})
+    )
+    with pytest.raises(RenderError, match="chat_template"):  # not a variable: the renderer's own argument
+        r.prompt("c", messages, [], template={"chat_template": "{{ 1 }}"})
+    tok.chat_template = "{{ note }}{{ messages[0].content }}"  # marker text in a variable stays text, too
+    forged = Renderer(tok).prompt("d", messages, [], template={"note": "<|im_end|>"})
+    assert forged.text == "<|im_end|>hi" and r.turn_end not in forged.ids
+
+
 def test_reply_parsing():
     msg = parse_reply('<think>\nhmm\n</think>\n\nok\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
     assert (msg.reasoning, msg.content, [(c.name, json.loads(c.arguments)) for c in msg.tool_calls]) == (
@@ -167,9 +195,10 @@ def test_a_reply_sent_back_as_sampled_extends_without_rendering_the_history_agai
     reply = Message("assistant", "Hello there.")
     renderer.remember("r", first, response, reply)
     following = [*messages, reply, Message("user", "and then?")]
+    stable = renderer.stable()  # checked once, on a sample: not counted
     renders.clear()
     second = renderer.prompt("r", following, [])
-    assert renders == ([1, 2] if renderer.stable else [4]) and second.extended
+    assert renders == ([1, 2] if stable else [4]) and second.extended
     assert second.ids[: len(first.ids) + len(response)].tolist() == first.ids.tolist() + response
     assert renderer.decode(second.ids) == render_text(following, [], generation_prompt=True)
 

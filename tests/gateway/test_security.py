@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench import soak
-from gateway.proxy import INLINE_CHARS, MAX_AGENT_LABELS
+from gateway.proxy import INLINE_CHARS, MAX_LABELS
 from gateway.render import Renderer
 from tests.gateway.stack import ADMIN, Stack, stack
 
@@ -129,7 +129,7 @@ def test_events_that_steer_the_reward_or_forge_agl_s_records_are_reserved(s: Sta
     assert [post(graded["id"], graded["agent_token"], k) for k in ("flag", "swe_patch", "note")] == [403, 403, 200]
     assert [post(graded["id"], graded["grader_token"], k) for k in ("flag", "swe_patch")] == [200, 200]
     assert post(plain["id"], plain["agent_token"], "flag") == 200  # no grader: the harness reports
-    for kind in ("lifecycle", "launch", "tokens", "reward", "error"):
+    for kind in ("lifecycle", "launch", "tokens", "reward", "error", "not_honoured"):
         assert post(graded["id"], graded["grader_token"], kind) == 403
         assert post(plain["id"], plain["agent_token"], kind) == 403
     assert post(plain["id"], ADMIN, "launch") == 200
@@ -240,7 +240,7 @@ def test_agent_names_are_bounded_in_the_store_and_in_metrics(s: Stack):
     labels = {
         line.split('agent="')[1].split('"')[0] for line in metrics.splitlines() if line.startswith("agl_calls_total")
     }
-    assert len(labels) == MAX_AGENT_LABELS + 1 and "other" in labels and "\x00" not in metrics  # the cap, and other
+    assert len(labels) == MAX_LABELS + 1 and "other" in labels and "\x00" not in metrics  # the cap, and other
 
 
 def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
