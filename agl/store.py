@@ -171,9 +171,8 @@ def _rollout(row: Any) -> Rollout:
 
 def _calls(rows: Iterable[Any]) -> Iterator[Call]:
     """Whole calls from their rows, in (rollout, seq) order: each chained one after the call it extends."""
-    last: dict[
-        tuple[str, str], tuple[np.ndarray, JSON, int]
-    ] = {}  # (rollout, agent) -> prompt + response, request, seq
+    # (rollout, agent) -> its last call read: prompt + response, request, seq
+    last: dict[tuple[str, str], tuple[np.ndarray, JSON, int]] = {}
     for row in rows:
         values = dict(row._mapping)
         base = values.pop("base")
@@ -248,7 +247,8 @@ def _chain(call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains
     if link is None or link.attempt != call.attempt:
         return {"prompt_ids": prompt.tobytes(), "request": call.request}, None
     n = min(len(prompt), len(link.ids))
-    start = int(np.argmin(prompt[:n] == link.ids[:n])) if (prompt[:n] != link.ids[:n]).any() else n
+    differ = np.flatnonzero(prompt[:n] != link.ids[:n])
+    start = int(differ[0]) if len(differ) else n
     base: JSON = {"seq": link.seq, "prompt_from": start, "same": [], "from": {}}
     request = dict(call.request)
     for key, value in call.request.items():
