@@ -150,21 +150,24 @@ class Renderer:
             try:
                 whole = self.render_text(conversation, offered, generation_prompt=True, template=template)
                 for k in (i for i, m in enumerate(conversation) if m.role == "assistant"):
-                    head = self.render_text(conversation[: k + 1], offered, generation_prompt=False, template=template)
-                    head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
+                    head = self._history(conversation[: k + 1], offered, template)
                     if head + self._after(conversation[:1], conversation[k + 1 :], offered, template)[0] != whole:
                         return False
             except RenderError:
                 return False
         return True
 
+    def _history(self, history: Sequence[Message], tools: list[JSON], template: JSON | None) -> str:
+        """The template's text of `history`, through its last turn end (what a later message is rendered after)."""
+        text = self.render_text(history, tools, generation_prompt=False, template=template)
+        return text[: text.rfind(self.turn_end_text) + len(self.turn_end_text)]
+
     def _after(
         self, first: Sequence[Message], new: Sequence[Message], tools: list[JSON], template: JSON | None
     ) -> tuple[str, list[tuple[int, int]]]:
         """The text `new` adds after a history that starts with `first` (and its marker spans), where the
         template is `stable`: the rendering of `first` + `new` past that of `first` alone, from its turn end."""
-        head = self.render_text(first, tools, generation_prompt=False, template=template)
-        cut = head.rfind(self.turn_end_text) + len(self.turn_end_text)
+        cut = len(self._history(first, tools, template))
         text, literal = self.render_prompt([*first, *new], tools, template)
         return text[cut:], [(a - cut, b - cut) for a, b in literal if a >= cut]
 
@@ -298,8 +301,7 @@ class Renderer:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
         for variant in (history, [replace(m, reasoning="") for m in history]):
-            head = self.render_text(variant, tools, generation_prompt=False, template=template)
-            head = head[: head.rfind(self.turn_end_text) + len(self.turn_end_text)]
+            head = self._history(variant, tools, template)
             if full.startswith(head):
                 return head
         return None
