@@ -22,8 +22,8 @@ def call(path: str, body: dict | None = None) -> dict:
         return dict(json.load(reply))
 
 
-def end(harness: str, grader: str, graded: bool) -> tuple[str, str | None, str]:
-    """(status, failure kind, reason) from the exit codes; "" where none was written."""
+def end(harness: str, grader: str, graded: bool, reward: float | None) -> tuple[str, str | None, str]:
+    """(status, failure kind, reason) from the exit codes ("" where none was written) and the final reward."""
     if harness in ("124", "137"):  # `timeout` ended it (137: it ignored SIGTERM)
         return "timed_out", None, f"the harness ran past its timeout (exit {harness})"
     if harness in ("", "126", "127"):
@@ -32,7 +32,7 @@ def end(harness: str, grader: str, graded: bool) -> tuple[str, str | None, str]:
         return "failed", "task", f"harness exited with {harness}"
     if graded and grader != "0":
         return "failed", "infra", f"grader exited with {grader or 'unknown'}"
-    if call("")["reward"] is None:
+    if reward is None:
         return "failed", "task", "the run ended without a final reward"
     return "succeeded", None, "reported by its Job"
 
@@ -43,8 +43,9 @@ def main(workspace: str, graded: bool) -> int:
     attempt = int(os.environ["AGL_ATTEMPT"])
     for _ in range(12):  # a minute for a gateway that is restarting
         try:
-            status, kind, reason = end(harness, grader, graded)
-            if call("")["status"] == "queued":  # its harness never called the model
+            rollout = call("")
+            status, kind, reason = end(harness, grader, graded, rollout["reward"])
+            if rollout["status"] == "queued":  # its harness never called the model
                 call("/status", {"status": "running", "attempt": attempt, "reason": "reported by its Job"})
             call("/status", {"status": status, "failure_kind": kind, "reason": reason, "attempt": attempt})
             return 0
