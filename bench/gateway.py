@@ -86,7 +86,13 @@ def stand_in_app(tokenizer: str) -> Any:
 
     @app.get("/model_info")
     async def model_info() -> dict:
+        # max_context_length: what gateways before #43 read (bench/gateway_ab.py runs one); sglang has none
         return {"model_path": tokenizer, "tokenizer_path": tokenizer, "max_context_length": 65_536}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {"id": tokenizer, "object": "model", "owned_by": "sglang", "max_model_len": 65_536}
+        return {"object": "list", "data": [card]}
 
     return app
 

@@ -224,6 +224,14 @@ class Engine:
 
         return self.command(run)
 
+    def set_weight_version(self, version: str) -> Future[Any]:
+        """Name the weights served `version`, without loading any, once no request is in flight."""
+
+        def run() -> None:
+            self.weight_version = version
+
+        return self.command(run)
+
     def close(self) -> None:
         self._queue.put(_STOP)
         self._thread.join()

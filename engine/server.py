@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agl.settings import from_flags, problems, usage_error
@@ -76,7 +76,16 @@ class SamplingParams(BaseModel):
     max_new_tokens: int = Field(default=128, ge=0)
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=-1, ge=-1)  # -1 or 0: no top-k
+    top_k: int = -1  # -1: no top-k
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, top_k: int) -> int:
+        """As sglang's `SamplingParams.verify` (sglang/srt/sampling/sampling_params.py): 0 is refused."""
+        if top_k < 1 and top_k != -1:
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+        return top_k
+
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     sampling_seed: int | None = None
@@ -90,6 +99,13 @@ class GenerateRequest(BaseModel):
     return_logprob: bool = False
     stream: bool = False
     rid: str | None = None
+
+
+class WeightVersionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    new_version: str
+    abort_all_requests: bool = True
 
 
 class UpdateWeightsRequest(BaseModel):
@@ -197,6 +213,14 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
             return JSONResponse({"success": False, "message": f"failed to load {req.model_path}: {e}"}, 400)
         return JSONResponse({"success": True, "message": "weights updated", "num_paused_requests": 0})
 
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> dict[str, Any]:
+        """As sglang's: names the weights served, without loading any (no request may be in flight)."""
+        req = await parse(request, WeightVersionRequest)
+        await asyncio.wrap_future(engine.set_weight_version(req.new_version))
+        message = f"Weight version updated to {req.new_version}"
+        return {"success": True, "message": message, "new_version": req.new_version}
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
         await asyncio.wrap_future(engine.command(engine.prefixes.clear))  # once no request is in flight
@@ -213,11 +237,25 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
             "tokenizer_path": engine.tokenizer_path,
             "is_generation": True,
             "weight_version": engine.weight_version,
-            "max_context_length": engine.max_context,
             "vocab_size": engine.vocab_size,
             "eos_token_ids": sorted(engine.eos_ids),
             "released": engine.model is None,
         }
+
+    @app.get("/v1/models")
+    async def models_list() -> dict[str, Any]:
+        """As sglang's: one model card, whose `max_model_len` is the context the engine serves (the gateway
+        reads it there) and whose `owned_by` names the engine ("agl": it honours `sampling_seed`)."""
+        card = {
+            "id": engine.model_path,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "agl",
+            "root": engine.model_path,
+            "parent": None,
+            "max_model_len": engine.max_context,
+        }
+        return {"object": "list", "data": [card]}
 
     return app
 

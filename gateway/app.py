@@ -25,10 +25,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agl.settings import from_flags, problems, usage_error
 from agl.store import IllegalTransition, InvalidData, NotFound, Store, StoreError
-from agl.types import JSON
 from gateway import wire
 from gateway.auth import Auth, AuthError
-from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable
+from gateway.engines import EngineAborted, EngineClient, EngineError, EngineInfo, EngineRejected, EngineUnavailable
 from gateway.proxy import HeldTooLong, Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
@@ -141,6 +140,9 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
             return 404, str(e), "not_found_error", None
         case HeldTooLong():
             return 503, str(e), busy, None
+        case EngineAborted():  # nothing was recorded: a retry samples afresh
+            log.warning("request %s: %s", path, e)
+            return 503, "the model engine aborted the generation; retry the call", busy, None
         case EngineUnavailable():  # the details (engine addresses) go to the log, not to harnesses
             log.error("request %s failed: %s", path, e)
             return 503, "the model engine is unavailable; retry shortly", busy, None
@@ -151,16 +153,20 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
     return 500, "internal error", "api_error", None
 
 
-def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, info: JSON) -> FastAPI:
-    """The gateway's ASGI app over an open store and engine client, given the engine's /model_info."""
+def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, info: EngineInfo) -> FastAPI:
+    """The gateway's ASGI app over an open store and engine client, given what the engine says of itself."""
     from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
 
-    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info["tokenizer_path"])
-    if not settings.context_length and "max_context_length" not in info:
+    tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info.tokenizer_path)
+    context_length = settings.context_length or info.context_length
+    if not context_length:
         log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
-    context_length = settings.context_length or int(info.get("max_context_length", 32768))
+        context_length = 32768
     renderer = Renderer(tokenizer, tool_parser=settings.tool_parser, context_length=context_length)
-    proxy = Proxy(store, engines, renderer, settings)
+    honours_seed = settings.seed_honoured
+    if honours_seed is None:
+        honours_seed = info.owned_by == "agl"  # the embedded engine; sglang only with settings it cannot report
+    proxy = Proxy(store, engines, renderer, settings, honours_seed=honours_seed)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -196,7 +202,7 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
     return app
 
 
-async def engine_info(engines: EngineClient, wait_s: float = 600) -> JSON:
+async def engine_info(engines: EngineClient, wait_s: float = 600) -> EngineInfo:
     deadline = asyncio.get_running_loop().time() + wait_s
     while True:
         try:

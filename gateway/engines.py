@@ -40,6 +40,11 @@ class EngineRejected(EngineError):
     """The engine answered 4xx: the request itself is wrong (permanent: do not retry it)."""
 
 
+class EngineAborted(EngineUnavailable):
+    """The engine aborted the generation (sglang: a 200 whose finish reason is `abort`, with the partial output,
+    as when a request is aborted to update weights): nothing to record; the harness may retry the call."""
+
+
 class _ServerError(Exception):
     """A 5xx reply: the replica's fault, retried."""
 
@@ -58,8 +63,19 @@ class Generation:
 
     output_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" (an abort raises `EngineAborted`)
     replica: str
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the gateway learns of its engine at start: `/model_info`, and the model card of `/v1/models`."""
+
+    model_path: str
+    tokenizer_path: str
+    weight_version: str
+    context_length: int | None  # the card's `max_model_len`; sglang's `/model_info` has none
+    owned_by: str  # the card's `owned_by`: "sglang", or "agl" for the embedded engine
 
 
 @dataclass
@@ -123,25 +139,39 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         replica, reply = await self.call("POST", "/generate", body, rollout_id=rollout_id)
         try:
             meta = reply["meta_info"]
+            reason = meta["finish_reason"]  # sglang: {"type": "stop" | "length" | "abort", ...}
+            if not isinstance(reason, dict):
+                reason = {"type": reason}
+            finish = str(reason["type"])
+            if finish == "abort":
+                message = str(reason.get("message", ""))[:BODY_CUT]
+                raise EngineAborted(f"{replica.url} aborted the generation: {message}")
             output_ids = [int(t) for t in reply["output_ids"]]
             pairs = meta["output_token_logprobs"]
             logprobs = [float(p[0]) for p in pairs]
-            finish = meta.get("finish_reason") or "abort"
-            finish = str(finish["type"] if isinstance(finish, dict) else finish)
             if [int(p[1]) for p in pairs] != output_ids:
                 raise ValueError("output_token_logprobs do not match output_ids")
-            return Generation(output_ids, logprobs, finish, replica.url)
-        except (KeyError, TypeError, ValueError, IndexError) as e:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise EngineError(f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}") from e
+        return Generation(output_ids=output_ids, logprobs=logprobs, finish_reason=finish, replica=replica.url)
 
-    async def model_info(self) -> dict[str, Any]:
-        """`model_path`, `tokenizer_path`, `weight_version`, ... of the first replica that answers, and
-        `max_context_length`: the embedded engine's own, else sglang's `context_length` (`/server_info`)."""
-        info = dict((await self.call("GET", "/model_info"))[1])
-        if "max_context_length" not in info:
-            context = (await self.call("GET", "/server_info"))[1].get("context_length")
-            info |= {"max_context_length": context} if context else {}
-        return info
+    async def model_info(self) -> EngineInfo:
+        """What the first replica that answers says of itself. The context length comes from `/v1/models`:
+        sglang's `/model_info` has none, and its `/server_info` answers 500 on every server verl launches."""
+        _, info = await self.call("GET", "/model_info")
+        _, models = await self.call("GET", "/v1/models")
+        try:
+            card = models["data"][0]
+            context = card.get("max_model_len")
+            return EngineInfo(
+                model_path=str(info["model_path"]),
+                tokenizer_path=str(info.get("tokenizer_path") or info["model_path"]),
+                weight_version=str(info.get("weight_version")),
+                context_length=int(context) if context else None,
+                owned_by=str(card.get("owned_by", "")),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise EngineError(f"malformed /model_info or /v1/models reply: {info!r:.200} {models!r:.200}") from e
 
     # ------------------------------------------------------------------ plumbing
 

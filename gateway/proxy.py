@@ -94,8 +94,11 @@ class Metrics:
 class Proxy:
     """Serves harness calls: gate, render, check, sample, record."""
 
-    def __init__(self, store: Store, engines: EngineClient, renderer: Renderer, settings: GatewaySettings) -> None:
+    def __init__(
+        self, store: Store, engines: EngineClient, renderer: Renderer, settings: GatewaySettings, *, honours_seed: bool
+    ) -> None:
         self.store, self.engines, self.renderer, self.settings = store, engines, renderer, settings
+        self.honours_seed = honours_seed  # the engines use a request's seed (sglang: only in deterministic mode)
         latest = store.latest_model()
         self.version = latest.version if latest else 0  # served: the latest registered until a resume names one
         self.gate = Gate()
@@ -133,12 +136,7 @@ class Proxy:
         self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()  # recorded
         if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
             self.store.append_event(rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent})
-        # Once the call is recorded, as the mismatch: a refused request stores nothing but its error event.
-        if fresh := sorted(set(params.not_honoured) - self.not_honoured.get(rollout_id, set())):
-            self.not_honoured.setdefault(rollout_id, set()).update(fresh)
-            self.store.append_event(rollout_id, "not_honoured", {"fields": fresh})
-            for name in fresh:
-                self.metrics.not_honoured.labels(self._label(self.fields, name)).inc()
+        self._not_honoured(ask, params)
         first, ids, sampled_text = out[0]
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.
@@ -150,7 +148,24 @@ class Proxy:
             raise RenderError("the prompt must not be empty")
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
-        return [c for c, _, _ in await self._serve(ask, prompt_ids, params, parse=False)]
+        out = await self._serve(ask, prompt_ids, params, parse=False)
+        self._not_honoured(ask, params)
+        return [c for c, _, _ in out]
+
+    def _not_honoured(self, ask: Ask, params: Params) -> None:
+        """Names, once per rollout, the request's fields the model could not be shown or the engine does not
+        honour, in a `not_honoured` event. Once the call is recorded: a refused request stores only its error."""
+        rollout_id = ask.rollout.id
+        asked = set(params.not_honoured)
+        if params.seed is not None and not self.honours_seed:
+            asked.add("seed")
+        fresh = sorted(asked - self.not_honoured.get(rollout_id, set()))
+        if not fresh:
+            return
+        self.not_honoured.setdefault(rollout_id, set()).update(fresh)
+        self.store.append_event(rollout_id, "not_honoured", {"fields": fresh})
+        for name in fresh:
+            self.metrics.not_honoured.labels(self._label(self.fields, name)).inc()
 
     async def _serve(
         self, ask: Ask, prompt: Sequence[int], params: Params, *, parse: bool
@@ -180,11 +195,18 @@ class Proxy:
                 f"This model's maximum context length is {self.renderer.context_length} tokens. However, you requested "
                 f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the messages, {max_tokens} in the completion)."
             )
-        sampling: JSON = {"max_new_tokens": max_tokens, "temperature": params.temperature, "top_p": params.top_p}
-        sampling |= {"top_k": params.top_k, "stop_token_ids": sorted(self.renderer.end_ids)}
-        if params.seed is not None:
+        sampling: JSON = {
+            "max_new_tokens": max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+            "stop_token_ids": sorted(self.renderer.end_ids),
+        }
+        if params.seed is not None and self.honours_seed:
             sampling["sampling_seed"] = params.seed + index
         sampling |= ask.rollout.metadata.get("sampling") or {}  # set by whoever made the rollout (greedy validation)
+        if sampling["top_k"] == 0:  # "no top-k" in OpenAI-style APIs; sglang refuses 0 and spells it -1
+            sampling["top_k"] = -1
         started = time.monotonic()
         await self.gate.enter(self.settings.max_hold_s)
         try:

@@ -27,7 +27,16 @@ class GatewaySettings(BaseSettings):
     rollout_max_bytes: int = Field(2**28, gt=0, description="Request bodies a rollout's tokens may send (bytes).")
     token_ttl_s: float = Field(7 * 86400, ge=0, description="Tokens expire this long after issue (s); 0: never.")
     max_hold_s: float = Field(600.0, description="Longest a call waits during a pause before a 503 (seconds).")
-    context_length: int = Field(0, description="Context window (tokens); 0: the engine's max_context_length.")
+    context_length: int = Field(
+        0, description="Context window (tokens); 0: the engine's (its /v1/models max_model_len)."
+    )
+    seed_honoured: bool | None = Field(
+        None,
+        description="Whether the engines honour a request's seed. Default: yes for the embedded engine, no for "
+        "sglang, which uses a seed only when started with --enable-deterministic-inference and "
+        "--sampling-backend pytorch (then set this). A seed that is not honoured is not sent, and is named in "
+        "the rollout's not_honoured event.",
+    )
     default_max_tokens: int = Field(4096, description="Completion budget when a request gives none (tokens).")
     fit_max_tokens: int = Field(0, ge=0, description="Cut a max_tokens to the room left if >= this (0: off).")
     access_log: bool = Field(False, description="Log each request: method, path, status, latency, rollout (no token).")

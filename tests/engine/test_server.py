@@ -25,6 +25,7 @@ from engine.batcher import Engine
 from engine.server import EngineSettings, create_app
 from gateway.engines import EngineClient, EngineRejected, EngineUnavailable
 from tests.gateway.conftest import serve
+from tests.sglang import SglangStandIn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 PROMPTS = [[7, 8, 9], list(range(20, 45)), [3] * 11, list(range(100, 160, 3)), [5]]
@@ -159,10 +160,10 @@ async def test_update_weights_from_disk_changes_outputs_and_version(url: str, ti
         before = await client.generate(PROMPTS[1], greedy(16))
         await client.call("POST", "/update_weights_from_disk", load(tmp_path / "changed", 5))
         after = await client.generate(PROMPTS[1], greedy(16))
-        info = await client.model_info()
+        _, info = await client.call("GET", "/model_info")
         await client.call("POST", "/update_weights_from_disk", load(tiny_path, 6))
         back = await client.generate(PROMPTS[1], greedy(16))
-        back_info = await client.model_info()
+        _, back_info = await client.call("GET", "/model_info")
         with pytest.raises(EngineRejected, match="failed to load"):
             await client.call("POST", "/update_weights_from_disk", load(tmp_path / "missing", 7))
     assert after.output_ids != before.output_ids and info["weight_version"] == "5"
@@ -174,7 +175,7 @@ async def test_release_makes_generate_a_clear_error_until_resume(url: str) -> No
     async with EngineClient([url], attempts=1) as client:
         before = await client.generate(PROMPTS[2], greedy(8))
         await client.call("POST", "/release_memory_occupation", {})
-        assert (await client.model_info())["released"] is True
+        assert (await client.call("GET", "/model_info"))[1]["released"] is True
         with pytest.raises(EngineUnavailable, match="memory is released"):
             await client.generate(PROMPTS[2], greedy(8))
         await client.call("POST", "/resume_memory_occupation", {})
@@ -192,6 +193,7 @@ async def test_release_makes_generate_a_clear_error_until_resume(url: str) -> No
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": 40000}}, "exceed the context"),
         ({"input_ids": [1], "sampling_params": {"temperature": -0.5}}, "temperature"),
         ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
+        ({"input_ids": [1], "sampling_params": {"top_k": 0}}, "top_k must be -1 (disable) or at least 1"),
         ({"input_ids": [1], "sampling_params": {"n": 2}}, "n: Extra inputs"),
         ({"input_ids": "hello"}, "input_ids"),
     ],
@@ -204,6 +206,28 @@ async def test_bad_input_is_400_and_the_server_keeps_serving(url: str, body: Any
         assert resp.status_code == 400 and message in resp.json()["error"]["message"]
         ok = await http.post("/generate", json={"input_ids": [1], "sampling_params": greedy(2)})
         assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 2
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"top_k": 0}, {"top_k": -2}, {"top_p": 0}, {"top_p": 1.5}, {"temperature": -0.5}, {"max_new_tokens": -1}],
+)
+async def test_what_sglang_refuses_the_embedded_engine_refuses(url: str, tiny_path: Path, params: Any) -> None:
+    """A config that works on the CPU must work on sglang: the stand-in's checks are sglang's own."""
+    assert SglangStandIn(tiny_path).check([1, 2], params) is not None
+    async with httpx.AsyncClient(base_url=url) as http:
+        resp = await http.post("/generate", json={"input_ids": [1, 2], "sampling_params": params})
+    assert resp.status_code == 400, resp.text
+
+
+async def test_v1_models_and_the_weight_version_as_sglang_serves_them(url: str, engine: Engine) -> None:
+    async with httpx.AsyncClient(base_url=url) as http:
+        card = (await http.get("/v1/models")).json()["data"][0]
+        renamed = await http.post("/update_weight_version", json={"new_version": "12"})
+        info = (await http.get("/model_info")).json()
+        await http.post("/update_weight_version", json={"new_version": engine.weight_version})
+    assert card["max_model_len"] == engine.max_context and card["owned_by"] == "agl"
+    assert renamed.json()["success"] is True and info["weight_version"] == "12"
 
 
 async def test_a_client_that_disconnects_aborts_its_request(url: str, engine: Engine) -> None:

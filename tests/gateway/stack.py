@@ -1,12 +1,14 @@
-"""A real stack on 127.0.0.1 for gateway tests: embedded engine (tiny model), store, gateway.
+"""A real stack on 127.0.0.1 for gateway tests: an engine, a store and a gateway.
 
-The engine runs the tiny random model, optionally in scripted mode (completion texts given in
-order, with the model's real teacher-forced logprobs), which is what lets real harnesses reach
-a deterministic end. Everything is real: uvicorn servers, HTTP, SQLite.
+The engine is the embedded one running the tiny random model, optionally in scripted mode (completion
+texts given in order, with the model's real teacher-forced logprobs), which is what lets real harnesses
+reach a deterministic end; or the scripted sglang stand-in (tests/sglang.py), which answers as sglang
+0.5.13 does. Everything else is real: uvicorn servers, HTTP, SQLite.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -18,9 +20,10 @@ from agl.store import Store
 from engine.batcher import Engine
 from engine.server import create_app as engine_app
 from gateway.app import make_app
-from gateway.engines import EngineClient
+from gateway.engines import EngineClient, EngineInfo
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import serve
+from tests.sglang import SglangStandIn
 
 ADMIN = "admin-secret"
 
@@ -29,7 +32,7 @@ ADMIN = "admin-secret"
 class Stack:
     url: str  # the gateway
     engine_url: str
-    engine: Engine
+    engine: Engine | None  # the embedded engine, when it is the one served
     store: Store
     admin: httpx.Client
 
@@ -48,21 +51,47 @@ class Stack:
         return reply.json()
 
 
+def read_engine_info(url: str, key: str = "") -> EngineInfo:
+    """What the engine at `url` says of itself, read as the gateway reads it at start."""
+
+    async def read() -> EngineInfo:
+        async with EngineClient([url], api_key=key) as engines:
+            return await engines.model_info()
+
+    return asyncio.run(read())
+
+
+@contextmanager
+def gateway(engine_url: str, tmp: Path, port: int = 0, admin: str = ADMIN, **settings: object) -> Iterator[Stack]:
+    """A store and a gateway in front of the engine at `engine_url`; the Stack's `engine` is not set."""
+    with ExitStack() as stack:
+        cfg = GatewaySettings(admin_key=admin, engine_url=[engine_url], **settings)  # type: ignore[arg-type]
+        store = stack.enter_context(Store(f"sqlite:///{tmp / 'gateway.db'}"))
+        info = read_engine_info(engine_url, cfg.engine_key)
+        engines = EngineClient([engine_url], attempts=2, backoff_s=0.05, api_key=cfg.engine_key)
+        url = stack.enter_context(serve(make_app(cfg, store, engines, info), port))
+        cfg.public_url = url
+        client = stack.enter_context(httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}))
+        yield Stack(url, engine_url, None, store, client)
+
+
 @contextmanager
 def stack(
     model: Path, tmp: Path, script: list[str] | None = None, port: int = 0, admin: str = ADMIN, **settings: object
 ) -> Iterator[Stack]:
+    """The embedded engine (the tiny model, scripted if `script` is given) behind a gateway."""
     with ExitStack() as stack:
         engine = Engine(model, script=script)
         stack.callback(engine.close)
-        cfg = GatewaySettings(admin_key=admin, **settings)  # type: ignore[arg-type]
-        engine_url = stack.enter_context(serve(engine_app(engine, api_key=cfg.engine_key)))  # the same key
-        store = stack.enter_context(Store(f"sqlite:///{tmp / 'gateway.db'}"))
-        key = {"Authorization": f"Bearer {cfg.engine_key}"} if cfg.engine_key else {}
-        info = httpx.get(engine_url + "/model_info", headers=key).json()
-        cfg.engine_url = [engine_url]
-        app = make_app(cfg, store, EngineClient([engine_url], attempts=2, backoff_s=0.05, api_key=cfg.engine_key), info)
-        url = stack.enter_context(serve(app, port))
-        cfg.public_url = url
-        client = stack.enter_context(httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}))
-        yield Stack(url, engine_url, engine, store, client)
+        key = str(settings.get("engine_key", ""))
+        engine_url = stack.enter_context(serve(engine_app(engine, api_key=key)))  # the gateway's engine key
+        s = stack.enter_context(gateway(engine_url, tmp, port, admin, **settings))
+        s.engine = engine
+        yield s
+
+
+@contextmanager
+def sglang_stack(sglang: SglangStandIn, tmp: Path, **settings: object) -> Iterator[Stack]:
+    """The scripted sglang stand-in (tests/sglang.py) behind a gateway; the Stack's `engine` is not set."""
+    with serve(sglang.app()) as engine_url, gateway(engine_url, tmp, **settings) as s:
+        yield s

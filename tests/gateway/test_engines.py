@@ -11,14 +11,24 @@ import struct
 import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from gateway.engines import EngineClient, EngineError, EngineRejected, EngineUnavailable, TransportError
+from gateway.engines import (
+    EngineAborted,
+    EngineClient,
+    EngineError,
+    EngineRejected,
+    EngineUnavailable,
+    TransportError,
+)
 from tests.gateway.conftest import serve
+from tests.sglang import Reply, SglangStandIn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -318,20 +328,30 @@ async def test_a_single_dead_replica_is_unavailable_after_all_attempts() -> None
 async def test_model_info_fails_over(stand_ins: list[tuple[str, StandIn]]) -> None:
     (url, s) = stand_ins[0]
     s.script = [(200, {"model_path": "/m", "tokenizer_path": "/t", "weight_version": "2"}, 0.0)]
-    s.script.append((200, {"context_length": None}, 0.0))  # sglang's server args: none set
+    s.script.append((200, {"object": "list", "data": [{"id": "/m", "owned_by": "sglang"}]}, 0.0))
     async with client([dead_url(), url], attempts=2) as engines:
         info = await engines.model_info()
-    assert info["tokenizer_path"] == "/t" and "max_context_length" not in info
+    assert info.tokenizer_path == "/t" and info.weight_version == "2"
+    assert info.context_length is None and info.owned_by == "sglang"
 
 
-async def test_sglangs_context_length_comes_from_its_server_args(stand_ins: list[tuple[str, StandIn]]) -> None:
-    """sglang's /model_info has no context length; the one it serves is its `context_length` server arg."""
-    (url, s) = stand_ins[0]
-    s.script = [(200, {"model_path": "/m", "tokenizer_path": "/t"}, 0.0), (200, {"context_length": 8192}, 0.0)]
-    async with client([url]) as engines:
-        info = await engines.model_info()
-    assert info["max_context_length"] == 8192 and s.paths() == ["/model_info", "/server_info"]
-    s.requests.clear()
-    s.script = [(200, {"model_path": "/m", "max_context_length": 4096}, 0.0)]  # the embedded engine says it itself
-    async with client([url]) as engines:
-        assert (await engines.model_info())["max_context_length"] == 4096 and s.paths() == ["/model_info"]
+async def test_the_context_length_comes_from_v1_models_not_server_info(tiny_path: Path) -> None:
+    """On servers verl launches, sglang's `/server_info` answers 500 (tests/sglang.py says why); its
+    `/v1/models` card carries `max_model_len`. The gateway starts in front of such a server."""
+    sglang = SglangStandIn(tiny_path, context_len=4096)
+    with serve(sglang.app()) as url:
+        assert httpx.get(url + "/server_info").status_code == 500
+        async with client([url], attempts=1) as engines:
+            info = await engines.model_info()
+    assert info.context_length == 4096 and info.owned_by == "sglang" and info.tokenizer_path == str(tiny_path)
+    assert "/server_info" not in sglang.log.paths()[1:]
+
+
+async def test_an_aborted_generation_raises_and_returns_nothing(tiny_path: Path) -> None:
+    """sglang answers an abort with a 200, `finish_reason {"type": "abort"}` and the partial output."""
+    sglang = SglangStandIn(tiny_path, [Reply("one two three four", abort_after=2)])
+    with serve(sglang.app()) as url:
+        async with client([url], attempts=1) as engines:
+            with pytest.raises(EngineAborted, match="aborted"):
+                await engines.generate([1, 2, 3], {"max_new_tokens": 16})
+    assert sglang.log.paths() == ["/generate"]  # not retried: the harness retries the call

@@ -29,6 +29,7 @@ from gateway.engines import EngineClient
 from gateway.settings import GatewaySettings
 from tests.conftest import _postgres_database
 from tests.gateway.conftest import serve
+from tests.gateway.stack import read_engine_info
 
 ADMIN = "fuzz-admin"
 EXAMPLES = int(os.environ.get("AGL_FUZZ_EXAMPLES", "25"))  # per operation: about 450 requests in all
@@ -63,7 +64,7 @@ def gateway(request: pytest.FixtureRequest, tiny_path: Path, tmp_path_factory: p
     else:
         db = _postgres_database()  # the same inputs must be refused alike on both databases
     with serve(stand_in_app(str(tiny_path))) as engine, Store(next(db)) as store:
-        info = httpx.get(engine + "/model_info").json()
+        info = read_engine_info(engine)
         cfg = GatewaySettings(admin_key=ADMIN, engine_url=[engine], max_body_bytes=200_000)
         with serve(make_app(cfg, store, EngineClient([engine], attempts=1), info)) as url:
             yield url
