@@ -26,8 +26,15 @@ class EngineCallError(RuntimeError):
 
 
 def _post(client: httpx.Client, url: str, body: dict[str, Any] | None = None) -> None:
+    """A command that succeeds with a 200, whose body is `{"success": true, ...}` or, for sglang's memory
+    commands, `null` (sglang/srt/entrypoints/http_server.py: those routes return nothing)."""
     reply = client.post(url, json=body or {})
-    if reply.status_code != 200 or reply.json().get("success") is False:
+    try:
+        answer = reply.json()
+    except ValueError:  # not JSON: only the status tells
+        answer = None
+    refused = isinstance(answer, dict) and answer.get("success") is False
+    if reply.status_code != 200 or refused:
         raise EngineCallError(f"{url}: {reply.status_code} {reply.text[:300]}")
 
 
@@ -41,11 +48,17 @@ def set_weight_version(client: httpx.Client, url: str, version: int) -> None:
 
 class DiskEngine:
     """One engine at `url` that loads pushed weights from a Hugging Face folder. A push without a checkpoint
-    has `save` write them to `weights_dir/v{version}/model`, keeping the previous version's (maybe loading)."""
+    has `save` write them to `weights_dir/v{version}/model`, keeping the previous version's (maybe loading).
+
+    The weights load on `wake`, after the engine's memory is back: sglang loads `/update_weights_from_disk`
+    at once, even while its memory is released (sglang/srt/managers/tokenizer_manager.py)."""
 
     def __init__(self, url: str, weights_dir: Path, save: Callable[[Path], None]) -> None:
-        self.url, self.weights, self.save = url.rstrip("/"), weights_dir, save
+        self.url = url.rstrip("/")
+        self.weights = weights_dir
+        self.save = save
         self.http = engine_http(600)
+        self.pushed: dict[str, str] | None = None  # the `/update_weights_from_disk` body `wake` sends
 
     def endpoints(self) -> list[str]:
         return [self.url]
@@ -54,18 +67,21 @@ class DiskEngine:
         _post(self.http, self.url + "/release_memory_occupation")
 
     def push(self, path: Path | None, version: int) -> None:
-        """Serve the weights saved at `path/model` (else saved now) as `version`; loaded on wake."""
+        """Serve the weights saved at `path/model` (else saved now) as `version`, from the next `wake`."""
         if path is None:
             path = self.weights / f"v{version}"
             self.save(path / "model")
             for old in self.weights.glob("v*"):
                 if old != path and old.name != f"v{version - 1}":
                     shutil.rmtree(old, ignore_errors=True)
-        body = {"model_path": str(path / "model"), "weight_version": str(version)}
-        _post(self.http, self.url + "/update_weights_from_disk", body)
+        self.pushed = {"model_path": str(path / "model"), "weight_version": str(version)}
 
     def wake(self) -> None:
+        """Memory back, then the pushed weights loaded."""
         _post(self.http, self.url + "/resume_memory_occupation")
+        if self.pushed is not None:
+            _post(self.http, self.url + "/update_weights_from_disk", self.pushed)
+            self.pushed = None
 
     def close(self) -> None:
         self.http.close()

@@ -354,25 +354,28 @@ class Trainer:
                 await asyncio.sleep(2)
 
     async def restore(self) -> None:
-        """Continue from the latest checkpoint (weights pushed again), adopting groups launched after it."""
+        """Continue from the latest checkpoint, adopting groups launched after it. Whenever a version was served
+        before, the engines get the trainer's weights again, as a new version if updates after the checkpoint
+        (or with no checkpoint, every update) were lost: what they serve is then what the trainer holds."""
         registered = (await self.wait_for_gateway()).get("latest_model")  # only this trainer registers versions
         latest = self.dir / "latest"
+        checkpoint = None
         if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
-            path = self.dir / latest.read_text().strip()
-            state = json.loads((path / "state.json").read_text())
+            checkpoint = self.dir / latest.read_text().strip()
+            state = json.loads((checkpoint / "state.json").read_text())
             for key in STATE:
                 setattr(self, key, state.get(key))
             self.groups = [Group(**g) for g in state["groups"]]
-            if registered and registered["version"] > self.version:  # updates after the checkpoint were lost:
-                self.version = registered["version"] + 1  # its weights are served again, as a new version
             self.bar.update(self.step)
-            await asyncio.to_thread(self.backend.load, path)
-            self.backend.engine.sleep()
-            self.backend.engine.push(path, self.version)
+        if registered and registered["version"] > self.version:  # updates after the checkpoint were lost:
+            self.version = registered["version"] + 1  # the trainer's weights are served again, as a new version
+        if checkpoint is not None or registered:
+            self.backend.engine.sleep()  # first: sglang holds its share of the GPUs' memory until it sleeps
+            if checkpoint is not None:
+                await asyncio.to_thread(self.backend.load, checkpoint)
+            await asyncio.to_thread(self.backend.engine.push, checkpoint, self.version)
             self.backend.engine.wake()
-            log.info("resumed from %s: step %d, version %d", path, self.step, self.version)
-        else:
-            self.version = registered["version"] + 1 if registered else 0
+            log.info("resumed from %s: step %d, version %d", checkpoint or "the base weights", self.step, self.version)
         if not registered or registered["version"] < self.version:
             await self.gw.register_model(self.version, endpoints=self.backend.engine.endpoints())
         await self.gw.resume(self.version)

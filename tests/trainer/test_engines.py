@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 from engine.batcher import Engine
 from engine.server import create_app
 from tests.gateway.conftest import serve, tiny_path  # noqa: F401  (session fixture)
+from tests.sglang import SglangStandIn
 from trainer.engines import DiskEngine, EngineCallError, set_weight_version
 
 
@@ -33,12 +34,40 @@ def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(tiny_path: Path, tm
                 assert httpx.get(url + "/model_info").json()["weight_version"] == str(version)
             assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2", "v3"]  # the previous one stays
             disk.push(tmp_path / "weights" / "v2", 4)  # a checkpoint's folder: loaded as it is
+            disk.wake()
             assert httpx.get(url + "/model_info").json()["model_path"].endswith("v2/model")
+            disk.push(tmp_path / "nothing here", 5)
             with pytest.raises(EngineCallError, match="update_weights_from_disk"):
-                disk.push(tmp_path / "nothing here", 5)
+                disk.wake()
             disk.close()
     finally:
         engine.close()
+
+
+def test_disk_engine_on_sglang_loads_only_once_awake_and_takes_null_replies(
+    tiny_path: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """sglang's memory commands answer 200 with `null`, and it loads weights from disk at once, even while its
+    memory is released (tests/sglang.py): the engine must be awake before the load."""
+    sglang = SglangStandIn(tiny_path)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with serve(sglang.app()) as url:
+        assert httpx.post(url + "/release_memory_occupation").text == "null"
+        httpx.post(url + "/resume_memory_occupation")
+        sglang.log.requests.clear()
+        disk = DiskEngine(url, tmp_path / "weights", model.save_pretrained)
+        disk.sleep()
+        disk.push(None, 1)
+        disk.wake()
+        disk.close()
+    assert sglang.log.paths() == [
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/update_weights_from_disk",
+    ]
+    assert sglang.log.loaded_while_released == [] and sglang.weight_version == "1"
+    assert sglang.model_path == str(tmp_path / "weights" / "v1" / "model")
 
 
 def sglang_stand_in(accept: bool = True) -> FastAPI:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -27,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from agl.types import Mode
 from tests.controller.conftest import controller, script
 from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
-from tests.gateway.stack import Stack, stack
+from tests.gateway.stack import ADMIN, Stack, stack
 from trainer.config import ConfigError, load_config
 from trainer.loop import train
 
@@ -301,3 +302,80 @@ def test_the_guard_stops_or_restores_the_best_weights_when_validation_falls(
 def test_a_temperature_no_call_was_sampled_at_fails_naming_the_field(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
     with stack(tiny_path, tmp_path) as gw, pytest.raises(ConfigError, match=r"agl.temperature=0.5 .*sampled at 1.0"):
         run_loop(gw, tmp_path, "agl.mode=sync", "agl.temperature=0.5")
+
+
+class DiskBackend:
+    """What `Trainer.restore` uses of the backend, with the real `DiskEngine` over the real embedded engine. The
+    trainer's weights are a transformers model: verl's workers are not needed to check what restore does."""
+
+    def __init__(self, engine_url: str, model: Path, weights: Path) -> None:
+        from trainer.engines import DiskEngine
+
+        self.url = engine_url
+        self.model = AutoModelForCausalLM.from_pretrained(model)
+        self.engine = DiskEngine(engine_url, weights, self.model.save_pretrained)
+        self.released_at_load: list[bool] = []
+
+    def load(self, path: Path) -> None:
+        self.released_at_load.append(httpx.get(self.url + "/model_info").json()["released"])
+        self.model = AutoModelForCausalLM.from_pretrained(path / "model")
+
+
+def restore(gw: Stack, tmp_path: Path, backend: DiskBackend) -> None:
+    from agl.client import GatewayClient
+    from trainer.loop import Trainer
+
+    (tmp_path / "tasks.jsonl").write_text('{"q": "count"}\n')
+    cfg, agl = load_config(DEMO, [*gw.train_overrides(tmp_path / "run"), f"agl.tasks={tmp_path / 'tasks.jsonl'}"])
+
+    async def run() -> None:
+        async with GatewayClient(gw.url, ADMIN) as client:
+            await Trainer(cfg, agl, backend, client, tracker=None).restore()  # type: ignore[arg-type]
+
+    try:
+        asyncio.run(run())
+    finally:
+        backend.engine.close()
+
+
+def perturbed(model: Path, out: Path) -> Path:
+    changed = AutoModelForCausalLM.from_pretrained(model)
+    with torch.no_grad():
+        for p in changed.parameters():
+            p.add_(0.5)
+    changed.save_pretrained(out)
+    return out
+
+
+def test_a_restart_without_a_checkpoint_serves_the_trainers_weights_as_a_new_version(
+    tiny_path: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The engine served version 3 (trained weights) when the trainer died before any checkpoint: the new
+    trainer holds the base weights, so the engine must serve those, named 4, as the gateway does."""
+    with stack(tiny_path, tmp_path) as gw:
+        gw.admin.post("/api/models", json={"version": 3}).raise_for_status()
+        trained = perturbed(tiny_path, tmp_path / "trained")
+        load = {"model_path": str(trained), "weight_version": "3"}
+        httpx.post(gw.engine_url + "/update_weights_from_disk", json=load).raise_for_status()
+        restore(gw, tmp_path, DiskBackend(gw.engine_url, tiny_path, tmp_path / "run" / "weights"))
+        info = httpx.get(gw.engine_url + "/model_info").json()
+        state = gw.admin.get("/api/state").json()
+    assert info["weight_version"] == "4" and state["version"] == 4 and state["latest_model"]["version"] == 4
+    assert info["model_path"] == str(tmp_path / "run" / "weights" / "v4" / "model")
+
+
+def test_a_checkpoint_is_loaded_only_once_the_engine_sleeps(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+    """On GPUs, sglang holds its share of the memory until it sleeps: loading before would not fit."""
+    with stack(tiny_path, tmp_path) as gw:
+        gw.admin.post("/api/models", json={"version": 2}).raise_for_status()
+        checkpoint = tmp_path / "run" / "step_2"
+        perturbed(tiny_path, checkpoint / "model")
+        state = {"step": 2, "version": 2, "cursor": 0, "history": [], "trained": [], "best": None, "groups": []}
+        (checkpoint / "state.json").write_text(json.dumps(state))
+        (tmp_path / "run" / "latest").write_text("step_2")
+        backend = DiskBackend(gw.engine_url, tiny_path, tmp_path / "run" / "weights")
+        restore(gw, tmp_path, backend)
+        info = httpx.get(gw.engine_url + "/model_info").json()
+    assert backend.released_at_load == [True]
+    assert info["weight_version"] == "2" and info["model_path"] == str(checkpoint / "model") and not info["released"]
