@@ -23,20 +23,44 @@ def canonical(name: str) -> str:
 
 
 def main() -> int:
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["gpu"]
-    pins = {canonical(name): version for name, version in (spec.split("==") for spec in extra if "==" in spec)}
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]["gpu"]
+    pins = {
+        canonical(name): version
+        for name, version in (spec.split("==") for spec in extra if "==" in spec)
+    }
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gpu.txt"
-        command = [sys.executable, "-m", "uv", "pip", "compile", "pyproject.toml", "--extra", "gpu", *PLATFORM]
-        done = subprocess.run([*command, "--index-url", "https://pypi.org/simple", "-q", "-o", str(out)], cwd=ROOT)
+        command = [
+            sys.executable,
+            "-m",
+            "uv",
+            "pip",
+            "compile",
+            "pyproject.toml",
+            "--extra",
+            "gpu",
+            *PLATFORM,
+        ]
+        done = subprocess.run(
+            [*command, "--index-url", "https://pypi.org/simple", "-q", "-o", str(out)], cwd=ROOT
+        )
         if done.returncode != 0:
             print("gpu-deps: the gpu extra does not resolve (uv's message above)")
             return 1
-        resolved = {canonical(n): v for n, v in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", out.read_text(), re.M)}
-    wrong = {name: resolved.get(name) for name, version in pins.items() if resolved.get(name) != version}
+        resolved = {
+            canonical(n): v
+            for n, v in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", out.read_text(), re.M)
+        }
+    wrong = {
+        name: resolved.get(name) for name, version in pins.items() if resolved.get(name) != version
+    }
     for name, got in wrong.items():
         print(f"gpu-deps: {name} resolved to {got}, pinned {pins[name]}")
-    print(f"gpu_deps_resolved={len(resolved)} gpu_deps_pins={len(pins)} gpu_deps_wrong={len(wrong)}")
+    print(
+        f"gpu_deps_resolved={len(resolved)} gpu_deps_pins={len(pins)} gpu_deps_wrong={len(wrong)}"
+    )
     return 1 if wrong else 0
 
 

@@ -15,11 +15,15 @@ from adapters.settings import AdapterError, AdapterSettings
 
 
 class Estimator(Protocol):
-    def __call__(self, rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings) -> np.ndarray:
+    def __call__(
+        self, rewards: np.ndarray, group: np.ndarray, settings: AdapterSettings
+    ) -> np.ndarray:
         """Advantages (float64) of rollouts with `rewards`; `group[i]` is rollout i's group number."""
 
 
-def _group_stats(rewards: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _group_stats(
+    rewards: np.ndarray, group: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per rollout: its group's size, mean and unbiased std (as torch.std); mean 0, std 1 for singletons."""
     count = np.bincount(group).astype(np.float64)
     mean = np.bincount(group, weights=rewards) / count
@@ -63,7 +67,9 @@ def rollout_advantages(
         raise AdapterError(f"unknown estimator {settings.estimator!r}; known: {sorted(ESTIMATORS)}")
     names, group = np.unique(np.asarray(groups, dtype=object), return_inverse=True)
     distinct = np.unique(np.column_stack([group, rewards]), axis=0)  # (group, reward) pairs
-    degenerate = np.bincount(distinct[:, 0].astype(np.intp), minlength=len(names)) < 2  # one reward value: no signal
+    degenerate = (
+        np.bincount(distinct[:, 0].astype(np.intp), minlength=len(names)) < 2
+    )  # one reward value: no signal
     stats["groups"] += len(names)
     stats["groups_degenerate"] += int(degenerate.sum())
     kept = ~degenerate[group] if settings.drop_degenerate else np.ones(len(rewards), dtype=bool)

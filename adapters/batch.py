@@ -21,9 +21,21 @@ from agl.types import Call, FailureKind, Rollout, Status
 
 # Counted in every batch's metrics, zero or not.
 COUNTS = [
-    *["rollouts_excluded_infra", "rollouts_dropped_stale", "missing_reward_filled", "rollouts_without_tokens"],
+    *[
+        "rollouts_excluded_infra",
+        "rollouts_dropped_stale",
+        "missing_reward_filled",
+        "rollouts_without_tokens",
+    ],
     *["groups", "groups_degenerate", "rollouts_dropped_degenerate"],
-    *["calls", "calls_untrained", "calls_temperature_mismatch", "calls_merged", "calls_shaped", "overlong_samples"],
+    *[
+        "calls",
+        "calls_untrained",
+        "calls_temperature_mismatch",
+        "calls_merged",
+        "calls_shaped",
+        "overlong_samples",
+    ],
     *[f"mismatch_{m}" for m in MISMATCHES],
 ]
 
@@ -93,7 +105,9 @@ def build_batch(
     for r in rollouts:
         if not r.status.terminal:
             raise AdapterError(f"rollout {r.id} is {r.status.value}, not finished")
-        if r.failure_kind is FailureKind.INFRA or r.status is Status.CANCELLED:  # not the policy's outcome
+        if (
+            r.failure_kind is FailureKind.INFRA or r.status is Status.CANCELLED
+        ):  # not the policy's outcome
             stats["rollouts_excluded_infra"] += 1
             continue
         if s.max_staleness is not None:
@@ -111,7 +125,9 @@ def build_batch(
             stats["missing_reward_filled"] += 1
         valid.append((r, reward))
 
-    merged = [(r, reward, merge(r.id, calls.get(r.id, ()), s, stats, r.attempt)) for r, reward in valid]
+    merged = [
+        (r, reward, merge(r.id, calls.get(r.id, ()), s, stats, r.attempt)) for r, reward in valid
+    ]
     trained: list[tuple[str, list[float], list[Draft]]] = []
     for (r, _, drafts), advantages in zip(merged, _advantages(merged, s, stats), strict=True):
         if advantages is not None and any(d.trained for d in drafts):
@@ -133,7 +149,10 @@ def _advantages(
     rewards = np.array([merged[i][1] for i in owners], dtype=np.float64)
     adv, kept = rollout_advantages(rewards, [merged[i][0].group for i in owners], s, stats)
     if s.advantage_level == "rollout":
-        return [[a] * len(m[2]) if k else None for m, a, k in zip(merged, adv.tolist(), kept, strict=True)]
+        return [
+            [a] * len(m[2]) if k else None
+            for m, a, k in zip(merged, adv.tolist(), kept, strict=True)
+        ]
     out: list[list[float] | None] = []
     members = iter(zip(adv.tolist(), kept, strict=True))
     for _, _, drafts in merged:
@@ -146,7 +165,9 @@ def _weights(rollouts: list[list[Draft]], mode: str) -> list[list[float]]:
     """The loss weight of each sampled token of each sample of a mini-batch's rollouts."""
     tokens = [sum(d.trained for d in ds) for ds in rollouts]
     if mode == "rollout":
-        return [[1.0 / (len(rollouts) * t)] * len(ds) for ds, t in zip(rollouts, tokens, strict=True)]
+        return [
+            [1.0 / (len(rollouts) * t)] * len(ds) for ds, t in zip(rollouts, tokens, strict=True)
+        ]
     if mode == "token-mean":
         return [[1.0 / sum(tokens)] * len(ds) for ds in rollouts]
     used = sum(1 for ds in rollouts for d in ds if d.trained)
@@ -166,7 +187,9 @@ def _assemble(
     # One entry per sample, in output order: (rollout index or -1, draft, weight, advantage, mini-batch, rank).
     order: list[tuple[int, Draft, float, float, int, int]] = []
     for mb in range(n_mb):
-        members = [i for i in range(n) if i * n_mb // n == mb]  # consecutive rollouts, as many (within one) per mb
+        members = [
+            i for i in range(n) if i * n_mb // n == mb
+        ]  # consecutive rollouts, as many (within one) per mb
         weights = _weights([trained[i][2] for i in members], s.loss_mode)
         samples = [
             (i, d, w, a)
@@ -174,7 +197,9 @@ def _assemble(
             for d, w, a in zip(trained[i][2], ws, trained[i][1], strict=True)
         ]
         samples += [(-1, pad, 0.0, 0.0)] * (-len(samples) % s.dp_size)
-        for rank, part in enumerate(balanced_partitions([d.length for _, d, _, _ in samples], s.dp_size)):
+        for rank, part in enumerate(
+            balanced_partitions([d.length for _, d, _, _ in samples], s.dp_size)
+        ):
             order.extend((*samples[j], mb, rank) for j in part)
 
     drafts = [o[1] for o in order]
@@ -222,6 +247,8 @@ def _assemble(
         sample_minibatch=np.array([o[4] for o in order], dtype=np.int32),
         rollout_ids=tuple(t[0] for t in trained),
         rollout_advantages=np.array([np.mean(t[1]) for t in trained], dtype=np.float64),
-        sample_calls=tuple(tuple(dict.fromkeys(g.seq for g in d.segments if g.seq >= 0)) for d in drafts),
+        sample_calls=tuple(
+            tuple(dict.fromkeys(g.seq for g in d.segments if g.seq >= 0)) for d in drafts
+        ),
         metrics=metrics,
     )

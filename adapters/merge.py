@@ -44,7 +44,9 @@ class Draft:
     last_prompt: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     last_response: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
-    def add(self, call: Call, prompt: np.ndarray, response: np.ndarray, logprobs: np.ndarray) -> None:
+    def add(
+        self, call: Call, prompt: np.ndarray, response: np.ndarray, logprobs: np.ndarray
+    ) -> None:
         self.segments.append(Segment(prompt[self.length :], None, call.seq))
         self.segments.append(Segment(response, logprobs, call.seq))
         self.length = len(prompt) + len(response)
@@ -60,15 +62,22 @@ def _starts_with(ids: np.ndarray, prefix: np.ndarray) -> bool:
     return len(ids) >= len(prefix) and bool((ids[: len(prefix)] == prefix).all())
 
 
-def _arrays(call: Call, rollout_id: str, attempt: int, last_seq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _arrays(
+    call: Call, rollout_id: str, attempt: int, last_seq: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The call's token arrays as numpy views (no copies), once its input is checked."""
     where = f"rollout {rollout_id} call seq {call.seq}"
     if call.rollout_id != rollout_id:
         raise AdapterError(f"{where}: the call belongs to rollout {call.rollout_id}")
     if len(call.response_ids) != len(call.logprobs):
-        raise AdapterError(f"{where}: {len(call.response_ids)} response IDs but {len(call.logprobs)} logprobs")
+        raise AdapterError(
+            f"{where}: {len(call.response_ids)} response IDs but {len(call.logprobs)} logprobs"
+        )
     try:
-        prompt, response = np.frombuffer(call.prompt_ids, np.int32), np.frombuffer(call.response_ids, np.int32)
+        prompt, response = (
+            np.frombuffer(call.prompt_ids, np.int32),
+            np.frombuffer(call.response_ids, np.int32),
+        )
         logprobs = np.frombuffer(call.logprobs, np.float32)
     except (TypeError, ValueError) as e:
         raise AdapterError(f"{where}: token arrays must be int32/float32: {e}") from e
@@ -79,7 +88,11 @@ def _arrays(call: Call, rollout_id: str, attempt: int, last_seq: int) -> tuple[n
 
 
 def merge(
-    rollout_id: str, calls: Sequence[Call], settings: AdapterSettings, stats: Counter[str], attempt: int = 1
+    rollout_id: str,
+    calls: Sequence[Call],
+    settings: AdapterSettings,
+    stats: Counter[str],
+    attempt: int = 1,
 ) -> list[Draft]:
     """The samples of one rollout's calls (its `attempt`, in `seq` order); counts merges and mismatches in `stats`."""
     drafts: list[Draft] = []
@@ -93,7 +106,9 @@ def merge(
             stats["calls_untrained"] += 1
             continue
         if settings.temperature is not None and call.temperature != settings.temperature:
-            stats["calls_temperature_mismatch"] += 1  # its log-probs are of another distribution: fed, not trained
+            stats["calls_temperature_mismatch"] += (
+                1  # its log-probs are of another distribution: fed, not trained
+            )
             continue
         overlong = len(prompt) + len(response) > settings.max_length
         draft = None

@@ -16,7 +16,9 @@ KEEPALIVE_S = 4.0  # idle connections are dropped before a server (uvicorn, sgla
 
 class GatewayError(Exception):
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"gateway {status}: {message}" if status else f"gateway unreachable: {message}")
+        super().__init__(
+            f"gateway {status}: {message}" if status else f"gateway unreachable: {message}"
+        )
         self.status, self.message = status, message
 
 
@@ -41,7 +43,9 @@ class GatewayClient:
         # Made in the event loop that uses it. aiohttp keeps idle connections 15 s: a server that closed one
         # as a request went out on it failed the request ("Server disconnected").
         connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=KEEPALIVE_S)
-        self.http = aiohttp.ClientSession(headers=self.headers, timeout=self.timeout, connector=connector)
+        self.http = aiohttp.ClientSession(
+            headers=self.headers, timeout=self.timeout, connector=connector
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -69,8 +73,16 @@ class GatewayClient:
     ) -> JSON:
         """A new rollout: its id, tokens (only ever shown here) and base URLs. `sampling` ({"temperature",
         "top_p", "top_k"}) overrides what the harness asks on every call; `token_ttl_s`: else the gateway's."""
-        body = {"task": task, "group": group, "mode": str(mode), "grader": grader, "metadata": metadata or {}}
-        body |= ({"sampling": sampling} if sampling else {}) | ({"token_ttl_s": token_ttl_s} if token_ttl_s else {})
+        body = {
+            "task": task,
+            "group": group,
+            "mode": str(mode),
+            "grader": grader,
+            "metadata": metadata or {},
+        }
+        body |= ({"sampling": sampling} if sampling else {}) | (
+            {"token_ttl_s": token_ttl_s} if token_ttl_s else {}
+        )
         return await self._request("POST", "/api/rollouts", json=body)
 
     async def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> JSON:
@@ -86,11 +98,20 @@ class GatewayClient:
         return Rollout.from_dict(await self._request("GET", f"/api/rollouts/{rollout_id}"))
 
     async def list_rollouts(
-        self, *, status: Status | None = None, group: str | None = None, after: int | None = None, limit: int = 1000
-    ) -> list[Rollout]:  # `after` (an `end_seq`): those that ended after it, in the order they ended
+        self,
+        *,
+        status: Status | None = None,
+        group: str | None = None,
+        after: int | None = None,
+        limit: int = 1000,
+    ) -> list[
+        Rollout
+    ]:  # `after` (an `end_seq`): those that ended after it, in the order they ended
         given = {"limit": limit, "after": after, "status": status, "group": group}
         params = {k: str(v) for k, v in given.items() if v not in (None, "")}
-        return [Rollout.from_dict(r) for r in await self._request("GET", "/api/rollouts", params=params)]
+        return [
+            Rollout.from_dict(r) for r in await self._request("GET", "/api/rollouts", params=params)
+        ]
 
     async def set_status(
         self,
@@ -101,8 +122,15 @@ class GatewayClient:
         reason: str = "",
         attempt: int | None = None,
     ) -> Rollout:
-        body = {"status": status.value, "failure_kind": failure_kind, "reason": reason[:2000], "attempt": attempt}
-        return Rollout.from_dict(await self._request("POST", f"/api/rollouts/{rollout_id}/status", json=body))
+        body = {
+            "status": status.value,
+            "failure_kind": failure_kind,
+            "reason": reason[:2000],
+            "attempt": attempt,
+        }
+        return Rollout.from_dict(
+            await self._request("POST", f"/api/rollouts/{rollout_id}/status", json=body)
+        )
 
     async def post_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> JSON:
         body = {"kind": kind, "data": data or {}}
@@ -122,7 +150,9 @@ class GatewayClient:
         """Let held calls through, served from now on as model `version`."""
         return await self._request("POST", "/api/resume", json={"version": version})
 
-    async def register_model(self, version: int, *, path: str = "", endpoints: list[str] | None = None) -> JSON:
+    async def register_model(
+        self, version: int, *, path: str = "", endpoints: list[str] | None = None
+    ) -> JSON:
         body = {"version": version, "path": path, "endpoints": endpoints or []}
         return await self._request("POST", "/api/models", json=body)
 

@@ -21,7 +21,9 @@ class Strict(BaseModel):  # the base of input schemas: request bodies, specs, co
 
     @field_validator("*")
     @classmethod
-    def _no_nul(cls, value: object) -> object:  # PostgreSQL's text columns refuse it, where SQLite stored it
+    def _no_nul(
+        cls, value: object
+    ) -> object:  # PostgreSQL's text columns refuse it, where SQLite stored it
         if isinstance(value, str) and "\x00" in value:
             raise ValueError("must not contain a NUL character")
         return value
@@ -29,7 +31,9 @@ class Strict(BaseModel):  # the base of input schemas: request bodies, specs, co
 
 def problems(e: ValidationError, prefix: str = "") -> str:
     """A pydantic error as one line naming each field: `prefix.field: message; ...`."""
-    return "; ".join(f"{prefix}{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors())
+    return "; ".join(
+        f"{prefix}{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}" for err in e.errors()
+    )
 
 
 def usage_error(prog: str, message: str) -> NoReturn:
@@ -52,10 +56,18 @@ class StoreSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGL_STORE_", extra="forbid")
 
-    url: str = Field("sqlite:///agl.db", description="SQLAlchemy URL: SQLite (WAL), or postgresql+psycopg://...")
-    max_batch: int = Field(256, ge=1, description="Most writes in one group commit, sharing an fsync (count).")
-    group_wait_ms: float = Field(1.0, ge=0, description="Longest wait to fill a group, as large as the last (ms).")
-    max_tokens_per_array: int = Field(4_194_304, ge=1, description="Largest token array accepted (tokens).")
+    url: str = Field(
+        "sqlite:///agl.db", description="SQLAlchemy URL: SQLite (WAL), or postgresql+psycopg://..."
+    )
+    max_batch: int = Field(
+        256, ge=1, description="Most writes in one group commit, sharing an fsync (count)."
+    )
+    group_wait_ms: float = Field(
+        1.0, ge=0, description="Longest wait to fill a group, as large as the last (ms)."
+    )
+    max_tokens_per_array: int = Field(
+        4_194_304, ge=1, description="Largest token array accepted (tokens)."
+    )
     sqlite_synchronous: str = Field(
         "NORMAL",
         pattern="^(OFF|NORMAL|FULL|EXTRA)$",

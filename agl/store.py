@@ -35,7 +35,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from agl.settings import StoreSettings
-from agl.types import ARRAYS, JSON, TRANSITIONS, Call, Event, FailureKind, Mode, ModelVersion, Rollout, Status
+from agl.types import (
+    ARRAYS,
+    JSON,
+    TRANSITIONS,
+    Call,
+    Event,
+    FailureKind,
+    Mode,
+    ModelVersion,
+    Rollout,
+    Status,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +114,9 @@ calls = sa.Table(
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("temperature", sa.Float, nullable=True),  # NULL: recorded before 0002 (unknown)
-    sa.Column("base", sa.JSON(none_as_null=True), nullable=True),  # what it extends (`_Chains`); NULL: stored whole
+    sa.Column(
+        "base", sa.JSON(none_as_null=True), nullable=True
+    ),  # what it extends (`_Chains`); NULL: stored whole
     sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
 )
 
@@ -132,12 +145,18 @@ models = sa.Table(
 MIGRATIONS = Path(__file__).parent / "migrations"
 MAX_CHAINS = 4096  # rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each)
 # Joins a call to its rollout when it is of the rollout's current attempt.
-_CURRENT_ATTEMPT = sa.and_(rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt)
+_CURRENT_ATTEMPT = sa.and_(
+    rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt
+)
 # The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without rebuilding their key.
 # _RUN_ROWS: what appending a run of calls needs of their rollouts.
 _ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
-_UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))  # SET: the other parameters
-_RUN_ROWS = sa.select(*rollouts.c["id", "status", "attempt", "n_calls"]).where(rollouts.c.id.in_(sa.bindparam("ids")))
+_UPDATE_ROLLOUT = rollouts.update().where(
+    rollouts.c.id == sa.bindparam("rollout_id")
+)  # SET: the other parameters
+_RUN_ROWS = sa.select(*rollouts.c["id", "status", "attempt", "n_calls"]).where(
+    rollouts.c.id.in_(sa.bindparam("ids"))
+)
 _INSERT_CALLS, _INSERT_EVENT, _INSERT_ROLLOUT = calls.insert(), events.insert(), rollouts.insert()
 
 
@@ -145,7 +164,9 @@ _INSERT_CALLS, _INSERT_EVENT, _INSERT_ROLLOUT = calls.insert(), events.insert(),
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode(errors="surrogatepass")).hexdigest()  # whatever a path decoded to
+    return hashlib.sha256(
+        token.encode(errors="surrogatepass")
+    ).hexdigest()  # whatever a path decoded to
 
 
 def new_token(ttl_s: float | None) -> str:
@@ -156,7 +177,13 @@ def new_token(ttl_s: float | None) -> str:
 
 def token_expired(token: str) -> bool:
     head, dot, _ = token.partition(".")
-    return bool(dot) and head.isascii() and head.isdigit() and len(head) < 20 and int(head) < time.time()
+    return (
+        bool(dot)
+        and head.isascii()
+        and head.isdigit()
+        and len(head) < 20
+        and int(head) < time.time()
+    )
 
 
 # --------------------------------------------------------------------------- row conversion
@@ -177,17 +204,26 @@ def _calls(rows: Iterable[Any]) -> Iterator[Call]:
         values = dict(row._mapping)
         base = values.pop("base")
         try:
-            found = {name: np.frombuffer(values[name], "<" + code).astype(code) for name, code in ARRAYS.items()}
+            found = {
+                name: np.frombuffer(values[name], "<" + code).astype(code)
+                for name, code in ARRAYS.items()
+            }
         except ValueError as e:
             raise StoreError(f"corrupt token array: {e}") from e
         key = values["rollout_id"], values["agent"]
         if base is not None:
             if key not in last or last[key][2] != base["seq"]:
-                raise StoreError(f"call {values['seq']} of rollout {key[0]} extends call {base['seq']}, not read")
+                raise StoreError(
+                    f"call {values['seq']} of rollout {key[0]} extends call {base['seq']}, not read"
+                )
             ids, request, _ = last[key]
             found["prompt_ids"] = np.concatenate([ids[: base["prompt_from"]], found["prompt_ids"]])
             values["request"] = _unchain(values["request"], request, base)
-        last[key] = np.concatenate([found["prompt_ids"], found["response_ids"]]), values["request"], values["seq"]
+        last[key] = (
+            np.concatenate([found["prompt_ids"], found["response_ids"]]),
+            values["request"],
+            values["seq"],
+        )
         yield Call(**values | {name: array(ARRAYS[name], a.tobytes()) for name, a in found.items()})
 
 
@@ -220,27 +256,38 @@ class _Chains:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.committed: OrderedDict[str, dict[str, _Link]] = OrderedDict()  # rollout -> agent -> link
+        self.committed: OrderedDict[str, dict[str, _Link]] = (
+            OrderedDict()
+        )  # rollout -> agent -> link
         self.pending: dict[tuple[str, str], _Link] = {}
 
     def get(self, rollout_id: str, agent: str) -> _Link | None:
-        return self.pending.get((rollout_id, agent)) or self.committed.get(rollout_id, {}).get(agent)
+        return self.pending.get((rollout_id, agent)) or self.committed.get(rollout_id, {}).get(
+            agent
+        )
 
     def commit(self, outcomes: list[Any]) -> None:
         for (rollout_id, agent), link in self.pending.items():
             self.committed.setdefault(rollout_id, {})[agent] = link
             self.committed.move_to_end(rollout_id)
-        for ended in (o.id for o in outcomes if isinstance(o, Rollout) and o.status is not Status.RUNNING):
-            self.committed.pop(ended, None)  # ended, or a new attempt: nothing will extend its calls
+        for ended in (
+            o.id for o in outcomes if isinstance(o, Rollout) and o.status is not Status.RUNNING
+        ):
+            self.committed.pop(
+                ended, None
+            )  # ended, or a new attempt: nothing will extend its calls
         while len(self.committed) > self.size:
             self.committed.popitem(last=False)
         self.pending.clear()
 
 
-def _chain(call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains) -> tuple[JSON, JSON | None]:
+def _chain(
+    call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains
+) -> tuple[JSON, JSON | None]:
     """The call's prompt IDs and request as stored (its `base`'s extension, if it has one), and `base`."""
     keys = {
-        k: [_fingerprint(x) for x in v] if isinstance(v, list) else _fingerprint(v) for k, v in call.request.items()
+        k: [_fingerprint(x) for x in v] if isinstance(v, list) else _fingerprint(v)
+        for k, v in call.request.items()
     }
     link = chains.get(call.rollout_id, call.agent)
     chains.pending[call.rollout_id, call.agent] = _Link(
@@ -276,7 +323,9 @@ def _unchain(stored: JSON, previous: JSON, base: JSON) -> JSON:
 # --------------------------------------------------------------------------- write operations
 # Each runs on the writer thread and raises to undo itself (`Store._commit` rolls it back).
 
-_Write = tuple[Callable[..., Any], tuple[Any, ...], "Future[Any]"]  # operation, its arguments, its future
+_Write = tuple[
+    Callable[..., Any], tuple[Any, ...], "Future[Any]"
+]  # operation, its arguments, its future
 
 
 def _rollout_row(conn: Connection, rollout_id: str) -> Any:
@@ -292,7 +341,13 @@ def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollo
 
 def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
     now = time.time()
-    values = {"rollout_id": rollout_id, "attempt": attempt, "kind": kind, "data": data, "created_at": now}
+    values = {
+        "rollout_id": rollout_id,
+        "attempt": attempt,
+        "kind": kind,
+        "data": data,
+        "created_at": now,
+    }
     (event_id,) = conn.execute(_INSERT_EVENT, values).inserted_primary_key or (None,)
     return Event(rollout_id, kind, data, attempt, event_id, now)
 
@@ -306,25 +361,40 @@ class Created:
     grader_token: str | None
 
 
-def _op_create_rollout(conn: Connection, values: dict[str, Any], agent: str, grader: str | None) -> Created:
+def _op_create_rollout(
+    conn: Connection, values: dict[str, Any], agent: str, grader: str | None
+) -> Created:
     conn.execute(_INSERT_ROLLOUT, values)
     _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
     return Created(_rollout(values), agent, grader)
 
 
 def _op_transition(
-    conn: Connection, rollout_id: str, to: Status, failure_kind: FailureKind | None, reason: str, attempt: int | None
+    conn: Connection,
+    rollout_id: str,
+    to: Status,
+    failure_kind: FailureKind | None,
+    reason: str,
+    attempt: int | None,
 ) -> Rollout:
     row = _rollout_row(conn, rollout_id)
     current = Status(row.status)
     if attempt is not None and attempt != row.attempt:
-        raise IllegalTransition(f"rollout {rollout_id}: attempt {attempt} is stale (current attempt {row.attempt})")
+        raise IllegalTransition(
+            f"rollout {rollout_id}: attempt {attempt} is stale (current attempt {row.attempt})"
+        )
     if to not in TRANSITIONS[current]:
-        raise IllegalTransition(f"rollout {rollout_id}: {current.value} -> {to.value} is not allowed")
+        raise IllegalTransition(
+            f"rollout {rollout_id}: {current.value} -> {to.value} is not allowed"
+        )
     if to is Status.QUEUED and failure_kind is not FailureKind.INFRA:
-        raise IllegalTransition(f"rollout {rollout_id}: only an infra failure is retried (back to queued)")
+        raise IllegalTransition(
+            f"rollout {rollout_id}: only an infra failure is retried (back to queued)"
+        )
     if to is Status.FAILED and failure_kind is None:
-        raise IllegalTransition(f"rollout {rollout_id}: a failure needs a failure kind (task or infra)")
+        raise IllegalTransition(
+            f"rollout {rollout_id}: a failure needs a failure kind (task or infra)"
+        )
     if to in (Status.SUCCEEDED, Status.CANCELLED) and failure_kind is not None:
         raise IllegalTransition(f"rollout {rollout_id}: {to.value} takes no failure kind")
     if to is Status.TIMED_OUT:
@@ -334,7 +404,10 @@ def _op_transition(
     data |= {"failure_kind": failure_kind.value} if failure_kind else {}
     data |= {"reason": reason} if reason else {}
     event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
-    values: dict[str, Any] = {"status": to.value, "failure_kind": failure_kind.value if failure_kind else None}
+    values: dict[str, Any] = {
+        "status": to.value,
+        "failure_kind": failure_kind.value if failure_kind else None,
+    }
     if to is Status.QUEUED:  # a fresh attempt
         values.update(attempt=attempt_after, started_at=None, failure_kind=None, reward=None)
     elif to is Status.RUNNING:
@@ -354,7 +427,9 @@ def _encode_call(call: Call, limit: int) -> dict[str, np.ndarray]:
         except (TypeError, OverflowError, ValueError) as e:
             raise InvalidData(f"{where}: {name}: not an array of {dtype.name}: {e}") from e
         if len(found[name]) > limit:
-            raise InvalidData(f"{where}: {name}: {len(found[name])} entries, more than the limit of {limit}")
+            raise InvalidData(
+                f"{where}: {name}: {len(found[name])} entries, more than the limit of {limit}"
+            )
     prompt, response, logprobs = found.values()
     if len(logprobs) != len(response):
         raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
@@ -370,7 +445,10 @@ _CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base")]
 
 def _op_append_calls(conn: Connection, run: list[tuple[Call, int]], chains: _Chains) -> list[Any]:
     """Record a run of calls, one query per table (calls are most writes); each as recorded, or what kept it out."""
-    rows = {row.id: row for row in conn.execute(_RUN_ROWS, {"ids": list({call.rollout_id for call, _ in run})})}
+    rows = {
+        row.id: row
+        for row in conn.execute(_RUN_ROWS, {"ids": list({call.rollout_id for call, _ in run})})
+    }
     outcomes: list[Any] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
@@ -395,11 +473,15 @@ def _op_append_calls(conn: Connection, run: list[tuple[Call, int]], chains: _Cha
         outcomes.append(recorded)
     if inserts:
         conn.execute(_INSERT_CALLS, inserts)
-        conn.execute(_UPDATE_ROLLOUT, [{"rollout_id": rid, "n_calls": n} for rid, n in next_seq.items()])
+        conn.execute(
+            _UPDATE_ROLLOUT, [{"rollout_id": rid, "n_calls": n} for rid, n in next_seq.items()]
+        )
     return outcomes
 
 
-def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON, values: JSON) -> Event:
+def _op_append_event(
+    conn: Connection, rollout_id: str, kind: str, data: JSON, values: JSON
+) -> Event:
     """An event, and the rollout's columns it changes (`values`: a final reward)."""
     row = _rollout_row(conn, rollout_id)
     if values:
@@ -407,12 +489,19 @@ def _op_append_event(conn: Connection, rollout_id: str, kind: str, data: JSON, v
     return _insert_event(conn, rollout_id, row.attempt, kind, data)
 
 
-def _op_rotate_tokens(conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None) -> Created:
+def _op_rotate_tokens(
+    conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None
+) -> Created:
     row = _rollout_row(conn, rollout_id)
     if Status(row.status).terminal or (attempt is not None and attempt != row.attempt):
-        raise IllegalTransition(f"rollout {rollout_id}: no new tokens ({row.status}, attempt {row.attempt})")
+        raise IllegalTransition(
+            f"rollout {rollout_id}: no new tokens ({row.status}, attempt {row.attempt})"
+        )
     has_grader = row.grader_token_hash is not None
-    values = {"agent_token_hash": hash_token(agent), "grader_token_hash": hash_token(grader) if has_grader else None}
+    values = {
+        "agent_token_hash": hash_token(agent),
+        "grader_token_hash": hash_token(grader) if has_grader else None,
+    }
     _insert_event(conn, rollout_id, row.attempt, "tokens", {"rotated": True})
     return Created(_update_rollout(conn, row, values), agent, grader if has_grader else None)
 
@@ -432,13 +521,19 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
     if not url.startswith("sqlite"):
         return sa.create_engine(url, pool_pre_ping=True, pool_size=1 if writer else 8)
     if url in ("sqlite://", "sqlite:///:memory:"):
-        raise StoreError("an in-memory SQLite store cannot be shared between threads; use a file URL")
+        raise StoreError(
+            "an in-memory SQLite store cannot be shared between threads; use a file URL"
+        )
     engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below own transactions
-        for pragma in ("journal_mode=WAL", f"synchronous={settings.sqlite_synchronous}", "foreign_keys=ON"):
+        for pragma in (
+            "journal_mode=WAL",
+            f"synchronous={settings.sqlite_synchronous}",
+            "foreign_keys=ON",
+        ):
             dbapi_conn.execute(f"PRAGMA {pragma}")
 
     if writer:  # reads run in autocommit: each statement sees the latest commit
@@ -492,7 +587,9 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def __init__(self, url: str | None = None, settings: StoreSettings | None = None) -> None:
         self.settings = settings or StoreSettings()
-        self.url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url)  # psycopg 3
+        self.url = re.sub(
+            r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url
+        )  # psycopg 3
         self._write_engine = _make_engine(self.url, self.settings, writer=True)
         try:
             _migrate(self._write_engine)
@@ -505,7 +602,9 @@ class Store(contextlib.AbstractContextManager["Store"]):
         self._chains = _Chains(MAX_CHAINS)  # the writer thread's only
         self._closed = False
         self._closing = threading.Lock()  # no write is queued behind the stop signal
-        self._writer = threading.Thread(target=self._write_loop, name="agl-store-writer", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_loop, name="agl-store-writer", daemon=True
+        )
         self._writer.start()
 
     def close(self) -> None:
@@ -574,7 +673,9 @@ class Store(contextlib.AbstractContextManager["Store"]):
             self._chains.commit(outcomes)
         except Exception as e:  # noqa: BLE001 - undone; retried alone, or handed to its caller
             self._chains.pending.clear()
-            fresh = not isinstance(e, StoreError)  # the database's or the connection's fault, not a refused write
+            fresh = not isinstance(
+                e, StoreError
+            )  # the database's or the connection's fault, not a refused write
             if fresh:
                 with contextlib.suppress(Exception):
                     self._conn.close()  # type: ignore[union-attr]
@@ -583,12 +684,22 @@ class Store(contextlib.AbstractContextManager["Store"]):
                 for write in group:
                     self._commit([write], retry=False)
                 return
-            error = InvalidData(f"rejected by the database: {e.orig}") if isinstance(e, sa.exc.IntegrityError) else e
-            outcomes = [error if isinstance(error, StoreError) else StoreError(f"write failed: {e}")]
+            error = (
+                InvalidData(f"rejected by the database: {e.orig}")
+                if isinstance(e, sa.exc.IntegrityError)
+                else e
+            )
+            outcomes = [
+                error if isinstance(error, StoreError) else StoreError(f"write failed: {e}")
+            ]
             outcomes[0].__cause__ = e
         for (_, _, future), outcome in zip(group, outcomes, strict=True):
-            if not future.cancelled():  # cancelled while queued (asyncio cancels a wrapped future); the write stands
-                (future.set_exception if isinstance(outcome, Exception) else future.set_result)(outcome)
+            if (
+                not future.cancelled()
+            ):  # cancelled while queued (asyncio cancels a wrapped future); the write stands
+                (future.set_exception if isinstance(outcome, Exception) else future.set_result)(
+                    outcome
+                )
 
     # ---- writes: each returns a Future that resolves once committed
 
@@ -611,8 +722,19 @@ class Store(contextlib.AbstractContextManager["Store"]):
         except ValueError as e:
             raise InvalidData(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from e
         agent, grader_token = new_token(token_ttl_s), new_token(token_ttl_s) if grader else None
-        values = {"task": task, "group_id": group, "mode": mode.value, "metadata": metadata or {}, "n_calls": 0}
-        values |= {"id": uuid.uuid4().hex, "status": Status.QUEUED.value, "attempt": 1, "created_at": time.time()}
+        values = {
+            "task": task,
+            "group_id": group,
+            "mode": mode.value,
+            "metadata": metadata or {},
+            "n_calls": 0,
+        }
+        values |= {
+            "id": uuid.uuid4().hex,
+            "status": Status.QUEUED.value,
+            "attempt": 1,
+            "created_at": time.time(),
+        }
         grader_hash = hash_token(grader_token) if grader_token else None
         values |= {"agent_token_hash": hash_token(agent), "grader_token_hash": grader_hash}
         return self._submit(_op_create_rollout, values, agent, grader_token)
@@ -629,7 +751,10 @@ class Store(contextlib.AbstractContextManager["Store"]):
         """Move a rollout along `types.TRANSITIONS` (illegal moves raise); `to=queued` retries an infra failure
         as attempt + 1. `attempt`, when given, must be the current one: a stale controller cannot end a new one."""
         try:
-            target, kind = Status(to), FailureKind(failure_kind) if failure_kind is not None else None
+            target, kind = (
+                Status(to),
+                FailureKind(failure_kind) if failure_kind is not None else None,
+            )
         except ValueError as e:
             raise IllegalTransition(str(e)) from e
         return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
@@ -655,22 +780,33 @@ class Store(contextlib.AbstractContextManager["Store"]):
         call_seq: int | None = None,
     ) -> Future[Event]:
         """Record a reward event; a final reward also becomes the rollout's reward."""
-        if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        if (
+            isinstance(reward, bool)
+            or not isinstance(reward, int | float)
+            or not math.isfinite(reward)
+        ):
             raise InvalidData(f"reward must be a finite number, not {reward!r}")
         data = {"value": float(reward), "source": source, "final": final, "call_seq": call_seq}
-        return self._submit(_op_append_event, rollout_id, "reward", data, {"reward": float(reward)} if final else {})
+        return self._submit(
+            _op_append_event, rollout_id, "reward", data, {"reward": float(reward)} if final else {}
+        )
 
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
     ) -> Future[Created]:
         """New tokens for a rollout that has not ended (the old ones die), for a launcher that did not create it."""
-        return self._submit(_op_rotate_tokens, rollout_id, new_token(token_ttl_s), new_token(token_ttl_s), attempt)
+        return self._submit(
+            _op_rotate_tokens, rollout_id, new_token(token_ttl_s), new_token(token_ttl_s), attempt
+        )
 
     def register_model(self, model: ModelVersion) -> Future[ModelVersion]:
         """Add a policy version; versions only grow."""
         if model.version < 0:
             raise InvalidData("model version must be >= 0")
-        return self._submit(_op_register_model, model if model.created_at else replace(model, created_at=time.time()))
+        return self._submit(
+            _op_register_model,
+            model if model.created_at else replace(model, created_at=time.time()),
+        )
 
     # ---- reads
 
@@ -685,14 +821,30 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def rollout_for_token(self, token: str) -> tuple[Rollout, str] | None:
         """The rollout a token belongs to and the token's role, `agent` or `grader`."""
         digest = hash_token(token)
-        holder = sa.or_(rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest)
+        holder = sa.or_(
+            rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest
+        )
         rows = self._read(sa.select(rollouts).where(holder))
-        return (_rollout(rows[0]), "agent" if rows[0].agent_token_hash == digest else "grader") if rows else None
+        return (
+            (_rollout(rows[0]), "agent" if rows[0].agent_token_hash == digest else "grader")
+            if rows
+            else None
+        )
 
     def list_rollouts(
-        self, *, status: Status | str | None = None, group: str | None = None, limit: int = 100, offset: int = 0
+        self,
+        *,
+        status: Status | str | None = None,
+        group: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
     ) -> list[Rollout]:
-        query = sa.select(rollouts).order_by(rollouts.c.created_at, rollouts.c.id).limit(limit).offset(offset)
+        query = (
+            sa.select(rollouts)
+            .order_by(rollouts.c.created_at, rollouts.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
         if status is not None:
             query = query.where(rollouts.c.status == Status(status).value)
         if group is not None:
@@ -702,14 +854,27 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def terminal_after(self, cursor: int = 0, limit: int = 1000) -> list[Rollout]:
         """Rollouts that ended after `cursor`, in the order they ended. The next cursor is the last
         one's `end_seq`: ends are numbered by the one writer, so paging this way sees each once."""
-        query = sa.select(rollouts).where(rollouts.c.end_seq > cursor).order_by(rollouts.c.end_seq).limit(limit)
+        query = (
+            sa.select(rollouts)
+            .where(rollouts.c.end_seq > cursor)
+            .order_by(rollouts.c.end_seq)
+            .limit(limit)
+        )
         return [_rollout(row) for row in self._read(query)]
 
-    def calls_for(self, rollout_ids: Iterable[str], *, all_attempts: bool = False) -> dict[str, list[Call]]:
+    def calls_for(
+        self, rollout_ids: Iterable[str], *, all_attempts: bool = False
+    ) -> dict[str, list[Call]]:
         """The calls of many rollouts at once, in order; by default only each one's last attempt."""
         result: dict[str, list[Call]] = {rid: [] for rid in rollout_ids}
-        query = sa.select(calls).where(calls.c.rollout_id.in_(list(result))).order_by(calls.c.rollout_id, calls.c.seq)
-        for call in _calls(self._read(query if all_attempts else query.join(rollouts, _CURRENT_ATTEMPT))):
+        query = (
+            sa.select(calls)
+            .where(calls.c.rollout_id.in_(list(result)))
+            .order_by(calls.c.rollout_id, calls.c.seq)
+        )
+        for call in _calls(
+            self._read(query if all_attempts else query.join(rollouts, _CURRENT_ATTEMPT))
+        ):
             result[call.rollout_id].append(call)
         return result
 
@@ -720,16 +885,24 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def last_seq(self, rollout_id: str, agent: str) -> int | None:
         """The seq of the agent's last call in the rollout's current attempt (None: it made none)."""
         query = sa.select(sa.func.max(calls.c.seq)).join(rollouts, _CURRENT_ATTEMPT)
-        return self._read(query.where(calls.c.rollout_id == rollout_id, calls.c.agent == agent))[0][0]
+        return self._read(query.where(calls.c.rollout_id == rollout_id, calls.c.agent == agent))[0][
+            0
+        ]
 
     def events(self, rollout_id: str, *, after: int = 0) -> list[Event]:
-        query = sa.select(events).where(events.c.rollout_id == rollout_id, events.c.id > after).order_by(events.c.id)
+        query = (
+            sa.select(events)
+            .where(events.c.rollout_id == rollout_id, events.c.id > after)
+            .order_by(events.c.id)
+        )
         return [Event(**row._mapping) for row in self._read(query)]
 
     def stored_bytes(self, rollout_id: str) -> int:
         """The size of a rollout's recorded requests and events (their JSON's characters), all attempts."""
         sizes = [
-            sa.select(sa.func.sum(sa.func.length(sa.cast(column, sa.Text)))).where(table.c.rollout_id == rollout_id)
+            sa.select(sa.func.sum(sa.func.length(sa.cast(column, sa.Text)))).where(
+                table.c.rollout_id == rollout_id
+            )
             for table, column in ((calls, calls.c.request), (events, events.c.data))
         ]
         return sum(int(self._read(size)[0][0] or 0) for size in sizes)
@@ -740,9 +913,14 @@ class Store(contextlib.AbstractContextManager["Store"]):
         return {s.value: 0 for s in Status} | {row[0]: int(row[1]) for row in rows}
 
     def models(self) -> list[ModelVersion]:
-        return [ModelVersion(**row._mapping) for row in self._read(sa.select(models).order_by(models.c.version))]
+        return [
+            ModelVersion(**row._mapping)
+            for row in self._read(sa.select(models).order_by(models.c.version))
+        ]
 
-    def last_end(self) -> int:  # `terminal_after`'s cursor at the last rollout to have ended (0: none has)
+    def last_end(
+        self,
+    ) -> int:  # `terminal_after`'s cursor at the last rollout to have ended (0: none has)
         return int(self._read(sa.select(sa.func.max(rollouts.c.end_seq)))[0][0] or 0)
 
     def latest_model(self) -> ModelVersion | None:

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 JSON = dict[str, Any]
-ARRAYS = {"prompt_ids": "i", "response_ids": "i", "logprobs": "f"}  # a Call's token arrays: array typecodes
+ARRAYS = {
+    "prompt_ids": "i",
+    "response_ids": "i",
+    "logprobs": "f",
+}  # a Call's token arrays: array typecodes
 
 
 class Status(enum.StrEnum):
@@ -36,8 +40,12 @@ class Status(enum.StrEnum):
 # failure (a new attempt of the same rollout); terminal states (no way out) are final.
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     Status.QUEUED: frozenset({Status.QUEUED, Status.RUNNING, Status.FAILED, Status.CANCELLED}),
-    Status.RUNNING: frozenset({Status.QUEUED, Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED}),
-} | dict.fromkeys((Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED), frozenset())
+    Status.RUNNING: frozenset(
+        {Status.QUEUED, Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED}
+    ),
+} | dict.fromkeys(
+    (Status.SUCCEEDED, Status.FAILED, Status.TIMED_OUT, Status.CANCELLED), frozenset()
+)
 
 
 class FailureKind(enum.StrEnum):
@@ -76,7 +84,9 @@ class Rollout:
         """From a JSON object or a row's values; keys that name no field are ignored."""
         fields = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
         fields["mode"], fields["status"] = Mode(fields["mode"]), Status(fields["status"])
-        fields["failure_kind"] = FailureKind(fields["failure_kind"]) if fields.get("failure_kind") else None
+        fields["failure_kind"] = (
+            FailureKind(fields["failure_kind"]) if fields.get("failure_kind") else None
+        )
         return cls(**fields)
 
 

@@ -40,21 +40,39 @@ ARMS = {
 }
 
 
-def run(arm: str, seed: int, out: Path, args: argparse.Namespace, val_first: bool) -> list[dict[str, float]]:
+def run(
+    arm: str, seed: int, out: Path, args: argparse.Namespace, val_first: bool
+) -> list[dict[str, float]]:
     """One training run from scratch; its metrics history."""
     demo = [
-        *[sys.executable, str(ROOT / "examples" / "demo.py"), "--seed", str(seed), "--out", str(out)],
+        *[
+            sys.executable,
+            str(ROOT / "examples" / "demo.py"),
+            "--seed",
+            str(seed),
+            "--out",
+            str(out),
+        ],
         *["--harness", str(ROOT / "examples" / "splitting" / "harness.py")],
         *ARMS[arm],
-        *[f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}", "trainer.save_freq=-1"],
+        *[
+            f"trainer.total_training_steps={args.steps}",
+            f"trainer.test_freq={args.steps}",
+            "trainer.save_freq=-1",
+        ],
         *[f"agl.batch_groups={args.batch_groups}", f"agl.active_groups={args.batch_groups + 1}"],
-        *[f"agl.val_tasks={args.out / 'val.jsonl'}", f"trainer.val_before_train={str(val_first).lower()}"],
+        *[
+            f"agl.val_tasks={args.out / 'val.jsonl'}",
+            f"trainer.val_before_train={str(val_first).lower()}",
+        ],
         f"trainer.experiment_name=ablation-{arm}-{seed}",
     ]
     with (out.parent / f"{arm}-seed{seed}.log").open("wb") as log:
         code = subprocess.run(demo, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0:
-        raise SystemExit(f"{arm} seed {seed}: the demo exited with {code}; see {out.parent / f'{arm}-seed{seed}.log'}")
+        raise SystemExit(
+            f"{arm} seed {seed}: the demo exited with {code}; see {out.parent / f'{arm}-seed{seed}.log'}"
+        )
     return [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -63,7 +81,9 @@ def curves(history: list[dict[str, float]]) -> dict[str, list[tuple[float, float
     steps = [h for h in history if "reward/mean" in h]
     return {
         "val": [(h["val/step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h],
-        "entropy": [(float(i), h["actor/entropy"]) for i, h in enumerate(steps, 1) if "actor/entropy" in h],
+        "entropy": [
+            (float(i), h["actor/entropy"]) for i, h in enumerate(steps, 1) if "actor/entropy" in h
+        ],
         "samples_per_rollout": [
             (float(i), h["adapter/samples_per_rollout"])
             for i, h in enumerate(steps, 1)
@@ -93,7 +113,9 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
                     by_step.setdefault(step, []).append(value)
             xs = sorted(by_step)
             ax.plot(xs, [statistics.mean(by_step[x]) for x in xs], marker="o", label=arm)
-            ax.fill_between(xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs], alpha=0.15)
+            ax.fill_between(
+                xs, [min(by_step[x]) for x in xs], [max(by_step[x]) for x in xs], alpha=0.15
+            )
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -110,12 +132,16 @@ def main() -> int:
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--steps", type=int, default=4, help="training steps (updates) per run")
     parser.add_argument("--batch-groups", type=int, default=3, help="groups of 4 rollouts per step")
-    parser.add_argument("--val-tasks", type=int, default=40, help="held-out tasks validated on (of 40)")
+    parser.add_argument(
+        "--val-tasks", type=int, default=40, help="held-out tasks validated on (of 40)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
     args = parser.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    val = (ROOT / "examples" / "calculator" / "val.jsonl").read_text().splitlines()[: args.val_tasks]
+    val = (
+        (ROOT / "examples" / "calculator" / "val.jsonl").read_text().splitlines()[: args.val_tasks]
+    )
     (args.out / "val.jsonl").write_text("\n".join(val) + "\n")
     started = time.monotonic()
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
@@ -123,7 +149,9 @@ def main() -> int:
     for seed in args.seeds:
         for arm in args.arms:
             t0 = time.monotonic()
-            c = curves(run(arm, seed, args.out / f"{arm}-seed{seed}", args, val_first=before is None))
+            c = curves(
+                run(arm, seed, args.out / f"{arm}-seed{seed}", args, val_first=before is None)
+            )
             before = before or c["val"][0]
             c["val"] = [before, *[v for v in c["val"] if v[0] > 0]]
             results[arm].append({"seed": seed, "curves": c, "wall_s": time.monotonic() - t0})
@@ -139,12 +167,21 @@ def main() -> int:
         final = [r["curves"]["val"][-1][1] for r in runs]
         ratio = statistics.mean(entropy_ratio(r["curves"]["entropy"]) for r in runs)
         spr = statistics.mean(v for r in runs for _, v in r["curves"]["samples_per_rollout"])
-        summary[arm] = {"val": statistics.mean(final), "sd": statistics.pstdev(final), "ratio": ratio, "spr": spr}
-        print(f"| {arm} | {statistics.mean(final):.3f} ({min(final):.3f}-{max(final):.3f}) | {ratio:.3f} | {spr:.2f} |")
+        summary[arm] = {
+            "val": statistics.mean(final),
+            "sd": statistics.pstdev(final),
+            "ratio": ratio,
+            "spr": spr,
+        }
+        print(
+            f"| {arm} | {statistics.mean(final):.3f} ({min(final):.3f}-{max(final):.3f}) | {ratio:.3f} | {spr:.2f} |"
+        )
     if "rollout" in summary and "sample" in summary:
         diff = summary["rollout"]["val"] - summary["sample"]["val"]
         spread = statistics.mean([summary["rollout"]["sd"], summary["sample"]["sd"]])
-        print(f"rollout - sample final validation: {diff:+.3f}; seed-to-seed sd within an arm: {spread:.3f}")
+        print(
+            f"rollout - sample final validation: {diff:+.3f}; seed-to-seed sd within an arm: {spread:.3f}"
+        )
     print(f"plot: {args.out / 'ablation.png'}; {time.monotonic() - started:.0f} s in all")
     get = lambda arm, key: summary.get(arm, {}).get(key, float("nan"))  # noqa: E731
     spr_all = statistics.mean(s["spr"] for s in summary.values())

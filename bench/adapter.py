@@ -51,7 +51,9 @@ def make_rollout(i: int, with_sub: bool) -> tuple[Rollout, list[Call]]:
         response = tokens(RESP)
         calls.append(_call(rid, seq, agent, seqn, response))
         chains[agent] = np.concatenate([seqn, response])
-    rollout = Rollout(rid, {}, f"g{i // GROUP}", Mode.TRAIN, Status.SUCCEEDED, reward=float(rng.integers(0, 2)))
+    rollout = Rollout(
+        rid, {}, f"g{i // GROUP}", Mode.TRAIN, Status.SUCCEEDED, reward=float(rng.integers(0, 2))
+    )
     return rollout, calls
 
 
@@ -62,7 +64,9 @@ def split_ratio(loss_mode: str) -> float:
         seqn, rcalls = rng.integers(0, 1000, 100, dtype=np.int32), []
         for seq in range(5):
             if split and seq:
-                seqn = rng.integers(1000, 2000, len(seqn) + 100, dtype=np.int32)  # context rewritten
+                seqn = rng.integers(
+                    1000, 2000, len(seqn) + 100, dtype=np.int32
+                )  # context rewritten
             elif seq:
                 seqn = np.concatenate([seqn, rng.integers(0, 1000, 100, dtype=np.int32)])
             response = rng.integers(0, 1000, 30, dtype=np.int32)
@@ -85,7 +89,9 @@ def main() -> None:
     calls = {r.id: c for r, c in data}
     del data
     call_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for cs in calls.values() for c in cs)
-    print(f"generated {ROLLOUTS} rollouts, {call_tokens / 1e6:.0f}M call tokens in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"generated {ROLLOUTS} rollouts, {call_tokens / 1e6:.0f}M call tokens in {time.perf_counter() - t0:.1f}s"
+    )
 
     settings = AdapterSettings(max_length=65_536, dp_size=8, minibatch_rollouts=ROLLOUTS // 4)
     best = float("inf")

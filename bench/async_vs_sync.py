@@ -45,19 +45,39 @@ post(os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_
 """
 
 
-def run_mode(mode: str, args: argparse.Namespace, gateway: str, engine: str, work: Path) -> tuple[float, Counter]:
+def run_mode(
+    mode: str, args: argparse.Namespace, gateway: str, engine: str, work: Path
+) -> tuple[float, Counter]:
     from trainer.config import load_config
     from trainer.loop import train
 
     harness = work / "harness.py"
     overrides = [
-        *[f"agl.gateway={gateway}", f"agl.engine={engine}", f"agl.admin_key={ADMIN}", f"agl.mode={mode}"],
+        *[
+            f"agl.gateway={gateway}",
+            f"agl.engine={engine}",
+            f"agl.admin_key={ADMIN}",
+            f"agl.mode={mode}",
+        ],
         f"agl.spec.harness.command=[{sys.executable},{harness}]",
         f"agl.spec.harness.env={{BENCH_CALLS:'{args.calls}',BENCH_SIGMA:'{args.sigma}'}}",
-        *[f"agl.tasks={work / 'tasks.jsonl'}", "agl.val_tasks=", f"agl.n={args.n}", "agl.threads=1"],
-        *[f"agl.batch_groups={args.batch_groups}", f"agl.active_groups={args.active_groups}", "agl.poll_s=0.1"],
+        *[
+            f"agl.tasks={work / 'tasks.jsonl'}",
+            "agl.val_tasks=",
+            f"agl.n={args.n}",
+            "agl.threads=1",
+        ],
+        *[
+            f"agl.batch_groups={args.batch_groups}",
+            f"agl.active_groups={args.active_groups}",
+            "agl.poll_s=0.1",
+        ],
         *[f"agl.max_staleness={args.max_staleness}", f"trainer.total_training_steps={args.steps}"],
-        *[f"trainer.experiment_name=bench-{mode}", f"trainer.default_local_dir={work / mode}", "trainer.logger=[]"],
+        *[
+            f"trainer.experiment_name=bench-{mode}",
+            f"trainer.default_local_dir={work / mode}",
+            "trainer.logger=[]",
+        ],
         "trainer.save_freq=0",
     ]
     cfg, agl = load_config(ROOT / "examples" / "calculator" / "train.yaml", overrides)
@@ -72,7 +92,9 @@ def run_mode(mode: str, args: argparse.Namespace, gateway: str, engine: str, wor
                 staleness[int(key.rsplit("_", 1)[1])] += int(count)
     trained = sum(int(h["adapter/rollouts"]) for h in steps)
     per_step = wall / len(steps)
-    print(f"{mode:>5}: {len(steps)} steps, {trained} rollouts, {per_step:.2f} s/step, staleness {dict(staleness)}")
+    print(
+        f"{mode:>5}: {len(steps)} steps, {trained} rollouts, {per_step:.2f} s/step, staleness {dict(staleness)}"
+    )
     return per_step, staleness
 
 
@@ -83,13 +105,17 @@ def main() -> None:
     parser.add_argument("--batch-groups", type=int, default=2)
     parser.add_argument("--active-groups", type=int, default=6, help="async: groups in flight")
     parser.add_argument("--calls", type=int, default=3, help="model calls per rollout")
-    parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of the tool time (median 1 s)")
+    parser.add_argument(
+        "--sigma", type=float, default=1.0, help="lognormal sigma of the tool time (median 1 s)"
+    )
     parser.add_argument("--max-staleness", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "harness.py").write_text(HARNESS)
-        (work / "tasks.jsonl").write_text("".join(json.dumps({"q": f"task {i}"}) + "\n" for i in range(64)))
+        (work / "tasks.jsonl").write_text(
+            "".join(json.dumps({"q": f"task {i}"}) + "\n" for i in range(64))
+        )
         engine_port, gateway_port = free_port(), free_port()
         engine, gateway = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
         cli = [sys.executable, "-m", "agl.cli"]
@@ -97,9 +123,20 @@ def main() -> None:
         try:
             wait(engine + "/health")
             gw_args = ["--engine-url", engine, "--port", str(gateway_port), "--admin-key", ADMIN]
-            procs.append(subprocess.Popen([*cli, "gateway", *gw_args, "--db", f"sqlite:///{work / 'agl.db'}"]))
+            procs.append(
+                subprocess.Popen(
+                    [*cli, "gateway", *gw_args, "--db", f"sqlite:///{work / 'agl.db'}"]
+                )
+            )
             wait(gateway + "/healthz")
-            ctl = ["--gateway", gateway, "--admin-key", ADMIN, "--state-dir", str(work / "controller")]
+            ctl = [
+                "--gateway",
+                gateway,
+                "--admin-key",
+                ADMIN,
+                "--state-dir",
+                str(work / "controller"),
+            ]
             procs.append(subprocess.Popen([*cli, "controller", *ctl, "--launcher", "local"]))
             sync, _ = run_mode("sync", args, gateway, engine, work)
             async_, staleness = run_mode("async", args, gateway, engine, work)
@@ -108,7 +145,9 @@ def main() -> None:
                 p.terminate()
                 p.wait(30)
     print(f"sync {sync:.2f} s/step, async {async_:.2f} s/step: {sync / async_:.2f}x (target >= 2x)")
-    print(f"async_vs_sync_speedup={sync / async_:.2f} max_staleness_seen={max(staleness, default=0)}")
+    print(
+        f"async_vs_sync_speedup={sync / async_:.2f} max_staleness_seen={max(staleness, default=0)}"
+    )
 
 
 if __name__ == "__main__":

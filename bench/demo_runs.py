@@ -26,26 +26,39 @@ def run(seed: int, out: Path, loaded: bool) -> dict[str, float]:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
     try:
         with (out.parent / f"seed{seed}.log").open("wb") as log:
-            demo = [sys.executable, str(ROOT / "examples" / "demo.py"), "--seed", str(seed), "--out", str(out)]
+            demo = [
+                sys.executable,
+                str(ROOT / "examples" / "demo.py"),
+                "--seed",
+                str(seed),
+                "--out",
+                str(out),
+            ]
             code = subprocess.run(demo, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     finally:
         if busy:
             busy.kill()
             busy.wait()
     if code != 0:
-        raise SystemExit(f"seed {seed}: the demo exited with {code}; see {out.parent / f'seed{seed}.log'}")
+        raise SystemExit(
+            f"seed {seed}: the demo exited with {code}; see {out.parent / f'seed{seed}.log'}"
+        )
     return dict(json.loads((out / "summary.json").read_text()))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--loaded", type=int, nargs="*", default=[1, 3], help="seeds run beside a busy core")
+    parser.add_argument(
+        "--loaded", type=int, nargs="*", default=[1, 3], help="seeds run beside a busy core"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo_runs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    print("| seed | machine | validation before | validation after | train first 3 | train last 3 | wall |")
+    print(
+        "| seed | machine | validation before | validation after | train first 3 | train last 3 | wall |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for seed in args.seeds:
         loaded = seed in args.loaded
@@ -61,7 +74,11 @@ def main() -> int:
     collapsed = sum(r["train_last3"] < r["train_first3"] for r in results)
     n = len(results)
     ok = improved == n and collapsed == 0
-    print("PASS" if ok else f"FAIL: {n - improved} run(s) improved by less than {MARGIN}, {collapsed} collapsed")
+    print(
+        "PASS"
+        if ok
+        else f"FAIL: {n - improved} run(s) improved by less than {MARGIN}, {collapsed} collapsed"
+    )
     print(
         f"demo_runs={n} improved={improved} collapsed={collapsed} "
         f"val_before_mean={sum(r['val_before'] for r in results) / n:.3f} "

@@ -73,7 +73,16 @@ def main() -> int:
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     # No prefix cache: the rounds repeat their prompts, and what is measured here is batching.
-    argv = ["--model", args.model, "--port", str(port), "--max-batch", "8", "--prefix-cache-tokens", "0"]
+    argv = [
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+        "--max-batch",
+        "8",
+        "--prefix-cache-tokens",
+        "0",
+    ]
     server = subprocess.Popen([sys.executable, "-m", "engine.server", *argv], cwd=ROOT)
     try:
         t0 = time.perf_counter()
@@ -81,13 +90,18 @@ def main() -> int:
         print(f"engine with {args.model} up in {time.perf_counter() - t0:.1f}s", flush=True)
         tokenizer = AutoTokenizer.from_pretrained(info["tokenizer_path"])
         chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
-        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+        texts = [
+            tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+            for c in chats
+        ]
         ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
         one, eight = asyncio.run(run(url, ids, args.rounds))
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(30)
-    print(f"engine_tok_per_s_1={one:.1f} engine_tok_per_s_8={eight:.1f} batching_speedup={eight / one:.2f}")
+    print(
+        f"engine_tok_per_s_1={one:.1f} engine_tok_per_s_8={eight:.1f} batching_speedup={eight / one:.2f}"
+    )
     return 0
 
 

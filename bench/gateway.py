@@ -72,7 +72,9 @@ def stand_in_app(tokenizer: str) -> Any:
         if state["fail"] > 0:
             state["fail"] -= 1
             return JSONResponse({"error": {"message": "injected failure"}}, 503)
-        return replies.get(state["version"]) or replies.setdefault(state["version"], reply(state["version"]))
+        return replies.get(state["version"]) or replies.setdefault(
+            state["version"], reply(state["version"])
+        )
 
     @app.post("/update_weights_from_disk")
     async def update_weights(body: dict) -> dict:
@@ -154,7 +156,9 @@ class Conversation:
 
     async def call(self) -> tuple[float, int]:
         if not self.messages or self.turns == 6:
-            r = await post(self.client, self.gateway + "/api/rollouts", {"group": "bench"}, ADMIN_HEADERS)
+            r = await post(
+                self.client, self.gateway + "/api/rollouts", {"group": "bench"}, ADMIN_HEADERS
+            )
             self.headers = {"Authorization": f"Bearer {r['agent_token']}"}
             self.messages = [
                 {"role": "system", "content": words(1_650, self.tok, self.salt)},
@@ -166,12 +170,16 @@ class Conversation:
         reply = await post(self.client, self.gateway + "/v1/chat/completions", body, self.headers)
         elapsed = time.perf_counter() - t0
         self.messages.append(reply["choices"][0]["message"])
-        self.messages.append({"role": "user", "content": words(50, self.tok, f"output {self.turns}")})
+        self.messages.append(
+            {"role": "user", "content": words(50, self.tok, f"output {self.turns}")}
+        )
         self.turns += 1
         return elapsed, reply["usage"]["prompt_tokens"]
 
 
-async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: int, rollouts: int, pid: int) -> dict:
+async def run(
+    gateway: str, engine: str, tok: object, calls: int, concurrent: int, rollouts: int, pid: int
+) -> dict:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as client:
         convo = Conversation(client, gateway, tok, "latency")
         for _ in range(12):  # warm up
@@ -181,7 +189,10 @@ async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: in
             elapsed, prompt_tokens = await convo.call()
             through.append(elapsed)
             sizes.append(prompt_tokens)
-            body = {"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 64}}
+            body = {
+                "input_ids": list(range(prompt_tokens)),
+                "sampling_params": {"max_new_tokens": 64},
+            }
             t0 = time.perf_counter()
             await post(client, engine + "/generate", body | {"return_logprob": True}, {})
             direct.append(time.perf_counter() - t0)
@@ -211,8 +222,14 @@ async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: in
 
         async def open_rollout(i: int) -> None:
             async with sem:
-                r = await post(client, gateway + "/api/rollouts", {"group": "memory"}, ADMIN_HEADERS)
-                body = {"model": "bench", "messages": [{"role": "user", "content": f"{i} {big}"}], "max_tokens": 64}
+                r = await post(
+                    client, gateway + "/api/rollouts", {"group": "memory"}, ADMIN_HEADERS
+                )
+                body = {
+                    "model": "bench",
+                    "messages": [{"role": "user", "content": f"{i} {big}"}],
+                    "max_tokens": 64,
+                }
                 headers = {"Authorization": f"Bearer {r['agent_token']}"}
                 await post(client, gateway + "/v1/chat/completions", body, headers)
 
@@ -224,9 +241,13 @@ async def run(gateway: str, engine: str, tok: object, calls: int, concurrent: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--calls", type=int, default=300, help="sequential calls per path for latency")
+    parser.add_argument(
+        "--calls", type=int, default=300, help="sequential calls per path for latency"
+    )
     parser.add_argument("--concurrent", type=int, default=64)
-    parser.add_argument("--rollouts", type=int, default=1000, help="open rollouts of 32k tokens for RSS")
+    parser.add_argument(
+        "--rollouts", type=int, default=1000, help="open rollouts of 32k tokens for RSS"
+    )
     parser.add_argument("--stand-in", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -238,7 +259,9 @@ def main() -> None:
     from engine import models
 
     tokenizer = str(
-        models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())
+        models.resolve(
+            "tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+        )
     )
     tok = AutoTokenizer.from_pretrained(tokenizer)
     engine_port, gateway_port = free_port(), free_port()
@@ -246,7 +269,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port), "--tokenizer", tokenizer],
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.gateway",
+                    "--stand-in",
+                    str(engine_port),
+                    "--tokenizer",
+                    tokenizer,
+                ],
                 env=env,
             ),
         ]
@@ -274,23 +305,35 @@ def main() -> None:
                 )
             )
             wait(gateway + "/healthz")
-            out = asyncio.run(run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts, procs[1].pid))
+            out = asyncio.run(
+                run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts, procs[1].pid)
+            )
             out["gateway_rss_mb"] = rss_mb(procs[1].pid)
         finally:
             for p in procs:
                 p.terminate()
                 p.wait()
     overhead = out["gateway_p50_ms"] - out["direct_p50_ms"]
-    print(f"prompts: {out['prompt_tokens']:.0f} tokens on average (multi-turn, prefix-preserving); reply: 64 tokens")
-    print(f"direct to the stand-in: p50 {out['direct_p50_ms']:.2f} ms, p99 {out['direct_p99_ms']:.2f} ms")
-    print(f"through the gateway:    p50 {out['gateway_p50_ms']:.2f} ms, p99 {out['gateway_p99_ms']:.2f} ms")
-    print(f"added latency: p50 {overhead:.2f} ms, p99 {out['gateway_p99_ms'] - out['direct_p99_ms']:.2f} ms")
+    print(
+        f"prompts: {out['prompt_tokens']:.0f} tokens on average (multi-turn, prefix-preserving); reply: 64 tokens"
+    )
+    print(
+        f"direct to the stand-in: p50 {out['direct_p50_ms']:.2f} ms, p99 {out['direct_p99_ms']:.2f} ms"
+    )
+    print(
+        f"through the gateway:    p50 {out['gateway_p50_ms']:.2f} ms, p99 {out['gateway_p99_ms']:.2f} ms"
+    )
+    print(
+        f"added latency: p50 {overhead:.2f} ms, p99 {out['gateway_p99_ms'] - out['direct_p99_ms']:.2f} ms"
+    )
     print(
         f"sustained with {args.concurrent} clients: {out['calls_per_s']:.0f} recorded calls/s, "
         f"{out['cpu_ms_per_call']:.2f} ms of gateway CPU per call"
     )
     opened, rss = out["open_rollouts_s"], out["gateway_rss_mb"]
-    print(f"{args.rollouts} open rollouts of 32k tokens opened in {opened:.1f} s; peak RSS {rss:.0f} MiB")
+    print(
+        f"{args.rollouts} open rollouts of 32k tokens opened in {opened:.1f} s; peak RSS {rss:.0f} MiB"
+    )
     print(
         f"gateway_p50_overhead_ms={overhead:.2f} gateway_calls_per_s={out['calls_per_s']:.0f} gateway_rss_mb={rss:.0f}"
     )

@@ -30,7 +30,9 @@ import httpx
 from bench.gateway import ADMIN, Conversation, free_port, post, wait
 
 
-async def measure(gateways: list[str], engine: str, tok: object, calls: int, concurrent: int) -> dict[str, list]:
+async def measure(
+    gateways: list[str], engine: str, tok: object, calls: int, concurrent: int
+) -> dict[str, list]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as client:
         convos = [Conversation(client, g, tok, "latency") for g in gateways]
         for c in convos:
@@ -39,15 +41,22 @@ async def measure(gateways: list[str], engine: str, tok: object, calls: int, con
         through: list[list[float]] = [[] for _ in gateways]
         direct = []
         for k in range(calls):
-            for i in range(len(convos)) if k % 2 else reversed(range(len(convos))):  # neither always goes first
+            for i in (
+                range(len(convos)) if k % 2 else reversed(range(len(convos)))
+            ):  # neither always goes first
                 elapsed, prompt_tokens = await convos[i].call()
                 through[i].append(elapsed)
-            body = {"input_ids": list(range(prompt_tokens)), "sampling_params": {"max_new_tokens": 64}}
+            body = {
+                "input_ids": list(range(prompt_tokens)),
+                "sampling_params": {"max_new_tokens": 64},
+            }
             t0 = time.perf_counter()
             await post(client, engine + "/generate", body | {"return_logprob": True}, {})
             direct.append(time.perf_counter() - t0)
         base = statistics.median(direct)
-        out: dict[str, list] = {"overhead_ms": [(statistics.median(t) - base) * 1e3 for t in through]}
+        out: dict[str, list] = {
+            "overhead_ms": [(statistics.median(t) - base) * 1e3 for t in through]
+        }
         out["calls_per_s"] = [0.0 for _ in gateways]
         per_client = max(1, calls // 10)
         for _ in range(2):
@@ -70,7 +79,9 @@ def main() -> None:
     parser.add_argument("other", help="the other source tree (a checkout of agl)")
     parser.add_argument("--calls", type=int, default=500, help="sequential calls per gateway")
     parser.add_argument("--concurrent", type=int, default=64)
-    parser.add_argument("--engine-ms", type=float, default=0, help="the stand-in's latency (ms; default instant)")
+    parser.add_argument(
+        "--engine-ms", type=float, default=0, help="the stand-in's latency (ms; default instant)"
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -78,13 +89,23 @@ def main() -> None:
 
     this = Path(__file__).resolve().parents[1]
     tokenizer = str(
-        models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())
+        models.resolve(
+            "tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+        )
     )
     tok = AutoTokenizer.from_pretrained(tokenizer)
     env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
     engine_port = free_port()
     engine = f"http://127.0.0.1:{engine_port}"
-    stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port), "--tokenizer", tokenizer]
+    stand_in = [
+        sys.executable,
+        "-m",
+        "bench.gateway",
+        "--stand-in",
+        str(engine_port),
+        "--tokenizer",
+        tokenizer,
+    ]
     procs = [subprocess.Popen(stand_in, env=env, cwd=this)]
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -94,7 +115,16 @@ def main() -> None:
             gateways = []
             for i, tree in enumerate((this, Path(args.other).resolve())):
                 port = free_port()
-                cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine, "--port", str(port)]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "agl.cli",
+                    "gateway",
+                    "--engine-url",
+                    engine,
+                    "--port",
+                    str(port),
+                ]
                 cmd += ["--admin-key", ADMIN, "--db", f"sqlite:///{tmp}/gateway{i}.db"]
                 procs.append(subprocess.Popen(cmd, env=env, cwd=tree))
                 gateways.append(f"http://127.0.0.1:{port}")
@@ -107,7 +137,9 @@ def main() -> None:
                 p.wait()
     (a, b), (c, d) = out["overhead_ms"], out["calls_per_s"]
     print(f"direct to the stand-in: p50 {out['direct_p50_ms'][0]:.2f} ms")
-    print(f"this tree ({this}): p50 added {a:.2f} ms, {c:.0f} calls/s with {args.concurrent} clients")
+    print(
+        f"this tree ({this}): p50 added {a:.2f} ms, {c:.0f} calls/s with {args.concurrent} clients"
+    )
     print(f"other tree ({args.other}): p50 added {b:.2f} ms, {d:.0f} calls/s")
     print(
         f"ab_p50_overhead_ms_this={a:.2f} ab_p50_overhead_ms_other={b:.2f} "

@@ -45,16 +45,22 @@ def verdict(ratio: float) -> str:
     return "met" if ratio <= TARGET else "NOT met"
 
 
-async def timed(client: aiohttp.ClientSession, url: str, data: bytes, headers: dict) -> tuple[float, dict]:
+async def timed(
+    client: aiohttp.ClientSession, url: str, data: bytes, headers: dict
+) -> tuple[float, dict]:
     """One POST of an encoded JSON body: (seconds, the reply)."""
     t0 = time.perf_counter()
-    async with client.post(url, data=data, headers=headers | {"Content-Type": "application/json"}) as r:
+    async with client.post(
+        url, data=data, headers=headers | {"Content-Type": "application/json"}
+    ) as r:
         r.raise_for_status()
         reply = await r.json()
     return time.perf_counter() - t0, reply
 
 
-async def grow(gateway: str, engine: str, tok: object, rollouts: int, turns: int, stagger: int) -> dict:
+async def grow(
+    gateway: str, engine: str, tok: object, rollouts: int, turns: int, stagger: int
+) -> dict:
     """Grow `rollouts` conversations to `turns` calls each; per prompt length, the measured round trips."""
     system = words(2_000, tok, "system")
     through: dict[int, list[float]] = defaultdict(list)
@@ -72,16 +78,28 @@ async def grow(gateway: str, engine: str, tok: object, rollouts: int, turns: int
                 turn = step - i * stagger
                 if not 0 <= turn < turns:
                     continue
-                body = json.dumps({"model": "bench", "messages": messages, "max_tokens": 64}).encode()
-                elapsed, reply = await timed(client, gateway + "/v1/chat/completions", body, headers)
+                body = json.dumps(
+                    {"model": "bench", "messages": messages, "max_tokens": 64}
+                ).encode()
+                elapsed, reply = await timed(
+                    client, gateway + "/v1/chat/completions", body, headers
+                )
                 n = reply["usage"]["prompt_tokens"]
-                prompt = {"input_ids": [100 + k % 500 for k in range(n)]}  # 3 digits each, as the tiny vocabulary's
-                body = json.dumps(prompt | {"sampling_params": {"max_new_tokens": 64}, "return_logprob": True}).encode()
+                prompt = {
+                    "input_ids": [100 + k % 500 for k in range(n)]
+                }  # 3 digits each, as the tiny vocabulary's
+                body = json.dumps(
+                    prompt | {"sampling_params": {"max_new_tokens": 64}, "return_logprob": True}
+                ).encode()
                 through[len(messages)].append(elapsed)
-                direct[len(messages)].append((await timed(client, engine + "/generate", body, {}))[0])
+                direct[len(messages)].append(
+                    (await timed(client, engine + "/generate", body, {}))[0]
+                )
                 tokens[len(messages)].append(n)
                 messages.append(reply["choices"][0]["message"])
-                messages.append({"role": "user", "content": words(510, tok, f"tool output {i}.{turn}")})
+                messages.append(
+                    {"role": "user", "content": words(510, tok, f"tool output {i}.{turn}")}
+                )
         async with client.get(gateway + "/metrics") as got:
             metrics = await got.text()
     lines = [line for line in metrics.splitlines() if line.startswith("agl_prefix_total")]
@@ -94,11 +112,15 @@ def stored(db: Path) -> dict[int, list[dict[str, int]]]:
     columns = ("prompt_ids", "response_ids", "logprobs", "request", "response")
     sizes = ", ".join(f"length(CAST({c} AS BLOB))" for c in columns)
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        rows = conn.execute(f"SELECT seq, base, {sizes} FROM calls ORDER BY rollout_id, seq").fetchall()
+        rows = conn.execute(
+            f"SELECT seq, base, {sizes} FROM calls ORDER BY rollout_id, seq"
+        ).fetchall()
     out: dict[int, list[dict[str, int]]] = defaultdict(list)
     known = 0  # tokens of the rollout recorded by its earlier calls: the last prompt and its reply
     for seq, base, prompt, response, logprobs, request, reply in rows:
-        whole = prompt + 4 * json.loads(base)["prompt_from"] if base else prompt  # a chained call stores its tail
+        whole = (
+            prompt + 4 * json.loads(base)["prompt_from"] if base else prompt
+        )  # a chained call stores its tail
         new_prompt = whole // 4 - known if seq else whole // 4
         known = (whole + response) // 4
         out[2 + 2 * seq].append(
@@ -115,16 +137,24 @@ def stored(db: Path) -> dict[int, list[dict[str, int]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rollouts", type=int, default=16, help="conversations, each grown to --messages")
-    parser.add_argument("--messages", type=int, default=200, help="messages in each rollout's last prompt (even)")
-    parser.add_argument("--stagger", type=int, default=6, help="turns between one rollout's start and the next's")
+    parser.add_argument(
+        "--rollouts", type=int, default=16, help="conversations, each grown to --messages"
+    )
+    parser.add_argument(
+        "--messages", type=int, default=200, help="messages in each rollout's last prompt (even)"
+    )
+    parser.add_argument(
+        "--stagger", type=int, default=6, help="turns between one rollout's start and the next's"
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     from engine import models
 
     tokenizer = str(
-        models.resolve("tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser())
+        models.resolve(
+            "tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+        )
     )
     tok = AutoTokenizer.from_pretrained(tokenizer)
     env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
@@ -134,12 +164,31 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.db"
-        stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port), "--tokenizer", tokenizer]
+        stand_in = [
+            sys.executable,
+            "-m",
+            "bench.gateway",
+            "--stand-in",
+            str(engine_port),
+            "--tokenizer",
+            tokenizer,
+        ]
         procs = [subprocess.Popen(stand_in, env=env)]
         try:
             wait(engine + "/model_info")
-            cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine, "--port", str(gateway_port)]
-            procs.append(subprocess.Popen([*cmd, "--admin-key", ADMIN, "--db", f"sqlite:///{db}"], env=env))
+            cmd = [
+                sys.executable,
+                "-m",
+                "agl.cli",
+                "gateway",
+                "--engine-url",
+                engine,
+                "--port",
+                str(gateway_port),
+            ]
+            procs.append(
+                subprocess.Popen([*cmd, "--admin-key", ADMIN, "--db", f"sqlite:///{db}"], env=env)
+            )
             wait(gateway + "/healthz")
             out = asyncio.run(grow(gateway, engine, tok, args.rollouts, turns, args.stagger))
             rows = stored(db)
@@ -186,7 +235,9 @@ def main() -> None:
     per_new = {n: per_call[n] / p50([c["new"] for c in rows[n]]) for n in (20, last)}
     growth = per_new[last] / per_new[20]
     slope = (added[last] - added[20]) / (last - 20) * 1e3
-    print(f"added latency grows by {slope:.1f} us per message of the prompt, from 20 to {last} messages")
+    print(
+        f"added latency grows by {slope:.1f} us per message of the prompt, from 20 to {last} messages"
+    )
     print(
         f"targets: ratio_{last}_to_20={ratio:.2f} (added latency; target <= {TARGET:.0f}: {verdict(ratio)}); "
         f"bytes per call / new-token bytes at {last}={per_new[last]:.1f}, {growth:.2f}x that at 20 (target: "

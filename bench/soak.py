@@ -52,7 +52,9 @@ from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, rss_mb, wait
 from controller.launcher import process_start
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_TIMEOUT_S = 2.0  # the gateway's engine timeout in the engine-fault phase: a hung engine fails fast
+ENGINE_TIMEOUT_S = (
+    2.0  # the gateway's engine timeout in the engine-fault phase: a hung engine fails fast
+)
 RETRYABLE = (aiohttp.ClientError,)  # refused, reset, cut short: what SDKs retry
 
 
@@ -75,28 +77,63 @@ class Stack:
         self.engine_port, self.gateway_port = free_port(), free_port()
         self.engine = f"http://127.0.0.1:{self.engine_port}"
         self.url = f"http://127.0.0.1:{self.gateway_port}"
-        self.env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+        self.env = os.environ | {
+            "OMP_NUM_THREADS": "1",
+            "AGL_LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+        }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.engine_timeout_s = 60.0  # generous: 1,000 calls at once queue at the one-process stand-in
+        self.engine_timeout_s = (
+            60.0  # generous: 1,000 calls at once queue at the one-process stand-in
+        )
 
     def start_engine(self) -> None:
         argv = [sys.executable, "-m", "bench.gateway", "--stand-in", str(self.engine_port)]
         self._start("engine", [*argv, "--tokenizer", self.tokenizer], self.engine + "/model_info")
 
     def start_gateway(self) -> None:
-        argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", self.engine, "--db", self.db]
+        argv = [
+            sys.executable,
+            "-m",
+            "agl.cli",
+            "gateway",
+            "--engine-url",
+            self.engine,
+            "--db",
+            self.db,
+        ]
         argv += ["--port", str(self.gateway_port), "--admin-key", ADMIN]
         env = {"AGL_GATEWAY_ENGINE_TIMEOUT_S": str(self.engine_timeout_s)}
         self._start("gateway", argv, self.url + "/healthz", env)
 
     def start_controller(self, state_dir: Path, max_running: int) -> None:
-        argv = [sys.executable, "-m", "agl.cli", "controller", "--gateway", self.url, "--admin-key", ADMIN]
-        argv += ["--state-dir", str(state_dir), "--max-running", str(max_running), "--poll-s", "0.1"]
+        argv = [
+            sys.executable,
+            "-m",
+            "agl.cli",
+            "controller",
+            "--gateway",
+            self.url,
+            "--admin-key",
+            ADMIN,
+        ]
+        argv += [
+            "--state-dir",
+            str(state_dir),
+            "--max-running",
+            str(max_running),
+            "--poll-s",
+            "0.1",
+        ]
         self._start("controller", argv, None, {"AGL_LOG_LEVEL": "INFO"})
 
-    def _start(self, name: str, argv: list[str], health: str | None, env: dict[str, str] | None = None) -> None:
+    def _start(
+        self, name: str, argv: list[str], health: str | None, env: dict[str, str] | None = None
+    ) -> None:
         log = (self.tmp / f"{name}.log").open("ab")
-        self.procs[name] = subprocess.Popen(argv, env=self.env | (env or {}), stdout=log, stderr=log, cwd=ROOT)
+        self.procs[name] = subprocess.Popen(
+            argv, env=self.env | (env or {}), stdout=log, stderr=log, cwd=ROOT
+        )
         log.close()
         if health:
             wait(health)
@@ -145,12 +182,20 @@ class Tally:
 
 
 async def create(
-    client: aiohttp.ClientSession, url: str, n: int, group: str, admin: dict[str, str] = ADMIN_HEADERS, **body: Any
+    client: aiohttp.ClientSession,
+    url: str,
+    n: int,
+    group: str,
+    admin: dict[str, str] = ADMIN_HEADERS,
+    **body: Any,
 ) -> list[dict]:
     sem = asyncio.Semaphore(32)
 
     async def one() -> dict:
-        async with sem, client.post(url + "/api/rollouts", json={"group": group, **body}, headers=admin) as r:
+        async with (
+            sem,
+            client.post(url + "/api/rollouts", json={"group": group, **body}, headers=admin) as r,
+        ):
             r.raise_for_status()
             return dict(await r.json())
 
@@ -159,7 +204,9 @@ async def create(
 
 async def call(client: aiohttp.ClientSession, url: str, token: str, tag: str) -> tuple[int, str]:
     body = {"model": "soak", "messages": [{"role": "user", "content": tag}], "max_tokens": 64}
-    async with client.post(url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"}) as r:
+    async with client.post(
+        url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"}
+    ) as r:
         return r.status, await r.text()
 
 
@@ -225,7 +272,9 @@ def reconcile(db: str, rollout_ids: list[str], tally: Tally) -> dict[str, int]:
 
 
 def session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=300))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=300)
+    )
 
 
 # --------------------------------------------------------------------------- phases
@@ -240,7 +289,11 @@ async def load(stack: Stack, rollouts: int, calls: int) -> dict[str, Any]:
         await asyncio.gather(*(harness(client, stack.url, r, tally, calls=calls) for r in made))
         elapsed = time.perf_counter() - t0
     out = reconcile(stack.db, [r["id"] for r in made], tally)
-    out |= {"answered": len(tally.answered), "errors": len(tally.errors), "calls_per_s": len(tally.answered) / elapsed}
+    out |= {
+        "answered": len(tally.answered),
+        "errors": len(tally.errors),
+        "calls_per_s": len(tally.answered) / elapsed,
+    }
     return out | {"peak_rss_mb": rss_mb(stack.pid("gateway")), "first_errors": tally.errors[:3]}
 
 
@@ -255,7 +308,9 @@ ROLLOUT_ROUTES = [
 ]
 
 
-async def cross_rollout(url: str, pairs: int, admin: dict[str, str] = ADMIN_HEADERS) -> dict[str, int]:
+async def cross_rollout(
+    url: str, pairs: int, admin: dict[str, str] = ADMIN_HEADERS
+) -> dict[str, int]:
     """Each rollout's tokens against every rollout-scoped route of another rollout (and the
     admin-only routes), as a header and as a `/r/{token}` path prefix. Accepted must be 0."""
     attempts = rejected = 0
@@ -265,10 +320,20 @@ async def cross_rollout(url: str, pairs: int, admin: dict[str, str] = ADMIN_HEAD
         for victim, thief in zip(victims, thieves, strict=True):
             for token in (thief["agent_token"], thief["grader_token"]):
                 targets = [(m, f"/api/rollouts/{victim['id']}{p}") for m, p in ROLLOUT_ROUTES]
-                targets += [("GET", "/api/rollouts"), ("POST", "/api/rollouts"), ("POST", "/api/pause")]
+                targets += [
+                    ("GET", "/api/rollouts"),
+                    ("POST", "/api/rollouts"),
+                    ("POST", "/api/pause"),
+                ]
                 targets += [("GET", "/api/state"), ("POST", "/api/models")]
                 for method, path in targets:
-                    body = {"reward": 1.0, "kind": "x", "status": "succeeded", "group": "g", "version": 99}
+                    body = {
+                        "reward": 1.0,
+                        "kind": "x",
+                        "status": "succeeded",
+                        "group": "g",
+                        "version": 99,
+                    }
                     for target, headers in (
                         (url + path, {"Authorization": f"Bearer {token}"}),
                         (f"{url}/r/{token}{path}", {}),
@@ -281,7 +346,12 @@ async def cross_rollout(url: str, pairs: int, admin: dict[str, str] = ADMIN_HEAD
                 got = await r.json()
             async with client.get(f"{url}/api/rollouts/{victim['id']}/events", headers=admin) as r:
                 kinds = [e["kind"] for e in await r.json()]
-            assert (got["reward"], got["status"], got["attempt"], kinds) == (None, "queued", 1, ["lifecycle"]), got
+            assert (got["reward"], got["status"], got["attempt"], kinds) == (
+                None,
+                "queued",
+                1,
+                ["lifecycle"],
+            ), got
     return {"attempts": attempts, "rejected": rejected, "accepted": attempts - rejected}
 
 
@@ -291,19 +361,29 @@ async def gateway_kill(stack: Stack, rollouts: int, calls: int, kills: int) -> d
     async with session() as client:
         made = await create(client, stack.url, rollouts, "kill")
         tally = Tally()
-        work = asyncio.gather(*(harness(client, stack.url, r, tally, calls=calls, retry_s=120) for r in made))
+        work = asyncio.gather(
+            *(harness(client, stack.url, r, tally, calls=calls, retry_s=120) for r in made)
+        )
         total = rollouts * calls
         for k in range(kills):
-            while len(tally.answered) < total * (k + 1) / (kills + 1):  # kill at even points of the load
+            while len(tally.answered) < total * (k + 1) / (
+                kills + 1
+            ):  # kill at even points of the load
                 await asyncio.sleep(0.01)
             stack.kill("gateway")
             await asyncio.to_thread(stack.start_gateway)
         await work
     out = reconcile(stack.db, [r["id"] for r in made], tally)
-    return out | {"answered": len(tally.answered), "errors": len(tally.errors), "retries": tally.retries}
+    return out | {
+        "answered": len(tally.answered),
+        "errors": len(tally.errors),
+        "retries": tally.retries,
+    }
 
 
-async def pause_cycles(stack: Stack, harnesses: int, cycles: int, per_cycle: int = 50) -> dict[str, Any]:
+async def pause_cycles(
+    stack: Stack, harnesses: int, cycles: int, per_cycle: int = 50
+) -> dict[str, Any]:
     """Harnesses call without retries while the gateway is paused, the engine gets new weights
     and the gateway resumes on them, `cycles` times. A call counts as crossing a version when
     its recorded version differs from the weights that sampled it (the stand-in's first token).
@@ -311,23 +391,33 @@ async def pause_cycles(stack: Stack, harnesses: int, cycles: int, per_cycle: int
     async with session() as client:
         made = await create(client, stack.url, harnesses, "pause")
         tally, stop = Tally(), asyncio.Event()
-        work = asyncio.gather(*(harness(client, stack.url, r, tally, calls=None, stop=stop) for r in made))
+        work = asyncio.gather(
+            *(harness(client, stack.url, r, tally, calls=None, stop=stop) for r in made)
+        )
         async with client.get(stack.url + "/api/state", headers=ADMIN_HEADERS) as r:
             first = int((await r.json())["version"]) + 1
         max_drain_s = 0.0
         for version in range(first, first + cycles):
             seen = len(tally.answered)
-            while len(tally.answered) < seen + per_cycle and not tally.errors:  # under load each cycle
+            while (
+                len(tally.answered) < seen + per_cycle and not tally.errors
+            ):  # under load each cycle
                 await asyncio.sleep(0.005)
             async with client.post(stack.url + "/api/pause", headers=ADMIN_HEADERS) as r:
                 drained = await r.json()
                 assert r.status == 200 and drained["inflight"] == 0, drained
                 max_drain_s = max(max_drain_s, drained["drained_s"])
-            async with client.post(stack.engine + "/update_weights_from_disk", json={"weight_version": version}) as r:
+            async with client.post(
+                stack.engine + "/update_weights_from_disk", json={"weight_version": version}
+            ) as r:
                 r.raise_for_status()
-            async with client.post(stack.url + "/api/models", json={"version": version}, headers=ADMIN_HEADERS) as r:
+            async with client.post(
+                stack.url + "/api/models", json={"version": version}, headers=ADMIN_HEADERS
+            ) as r:
                 r.raise_for_status()
-            async with client.post(stack.url + "/api/resume", json={"version": version}, headers=ADMIN_HEADERS) as r:
+            async with client.post(
+                stack.url + "/api/resume", json={"version": version}, headers=ADMIN_HEADERS
+            ) as r:
                 r.raise_for_status()
         stop.set()
         await work
@@ -359,7 +449,9 @@ async def engine_faults(stack: Stack, slow: bool = True) -> dict[str, Any]:
                 async with client.get(stack.url + "/healthz") as h:
                     return h.status
 
-            (status, text), healthy = await asyncio.gather(call(client, stack.url, r["agent_token"], tag), health())
+            (status, text), healthy = await asyncio.gather(
+                call(client, stack.url, r["agent_token"], tag), health()
+            )
             out["healthz_failed"] = out.get("healthz_failed", 0) + (healthy != 200)
             return status, text
 
@@ -415,7 +507,9 @@ EXPECTED = {"ok": ("succeeded", None), "fork": ("succeeded", None), "crash": ("f
 EXPECTED |= {"hang": ("timed_out", "task"), "outage": ("succeeded", None)}
 
 
-async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: float = 8) -> dict[str, Any]:
+async def controller_kill(
+    stack: Stack, rollouts: int, kills: int, timeout_s: float = 8
+) -> dict[str, Any]:
     """Rollouts run by `agl controller`, which is killed with SIGKILL while launching and
     restarted `kills` times; then the gateway is killed while two harnesses wait to make their
     second call, the controller is restarted while it is down, and the gateway restarted: those
@@ -431,20 +525,27 @@ async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: fl
             command = [sys.executable, str(stack.tmp / "harness.py"), kind, str(marks)]
             env = {"SOAK_SLEEP": str(0.5 + (i % 5) / 5)}
             limit = 120 if kind == "outage" else timeout_s  # it waits for the gateway kill
-            spec = {"harness": {"command": command, "env": env, "timeout_s": limit}, "retry_backoff_s": 0.1}
+            spec = {
+                "harness": {"command": command, "env": env, "timeout_s": limit},
+                "retry_backoff_s": 0.1,
+            }
             (r,) = await create(client, stack.url, 1, "controller", metadata={"spec": spec})
             made.append((r["id"], kind))
         stack.start_controller(state, max_running=max(4, rollouts // 2))
         peak_rss, deadline = 0.0, time.monotonic() + 120
         for k in range(kills):
             while len(list(marks.glob("*.*.*"))) < len(kinds) * (k + 1) / (kills + 1):
-                assert time.monotonic() < deadline, f"harnesses did not start; see {stack.tmp / 'controller.log'}"
+                assert time.monotonic() < deadline, (
+                    f"harnesses did not start; see {stack.tmp / 'controller.log'}"
+                )
                 await asyncio.sleep(0.01)
             peak_rss = max(peak_rss, rss_mb(stack.pid("controller")))
             stack.kill("controller")
             stack.start_controller(state, max_running=max(4, rollouts // 2))
         while len(list(waiting.iterdir())) < kinds.count("outage"):
-            assert time.monotonic() < deadline, f"harnesses did not start; see {stack.tmp / 'controller.log'}"
+            assert time.monotonic() < deadline, (
+                f"harnesses did not start; see {stack.tmp / 'controller.log'}"
+            )
             await asyncio.sleep(0.01)
         stack.kill("gateway")
         (stack.tmp / "go").touch()
@@ -455,18 +556,23 @@ async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: fl
         ended: dict[str, dict] = {}
         while len(ended) < len(made) and time.monotonic() < deadline:
             for rid, _ in made:
-                async with client.get(f"{stack.url}/api/rollouts/{rid}", headers=ADMIN_HEADERS) as r:
+                async with client.get(
+                    f"{stack.url}/api/rollouts/{rid}", headers=ADMIN_HEADERS
+                ) as r:
                     got = await r.json()
                 if got["status"] in ("succeeded", "failed", "timed_out", "cancelled"):
                     ended[rid] = got
             await asyncio.sleep(0.2)
         peak_rss = max(peak_rss, rss_mb(stack.pid("controller")))
         stack.kill("controller", signal.SIGTERM)
-    launches = Counter(p.name.rsplit(".", 1)[0] for p in marks.glob("*.*.*") if not p.name.startswith("child."))
+    launches = Counter(
+        p.name.rsplit(".", 1)[0] for p in marks.glob("*.*.*") if not p.name.startswith("child.")
+    )
     wrong = [
         (kind, ended.get(rid, {}).get("status"))
         for rid, kind in made
-        if (ended.get(rid, {}).get("status"), ended.get(rid, {}).get("failure_kind")) != EXPECTED[kind]
+        if (ended.get(rid, {}).get("status"), ended.get(rid, {}).get("failure_kind"))
+        != EXPECTED[kind]
     ]
     children = [int(p.name.split(".")[1]) for p in marks.glob("child.*")]
     deadline = time.monotonic() + 10
@@ -479,7 +585,9 @@ async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: fl
         "first_wrong": wrong[:3],
         "launched_twice": sum(1 for n in launches.values() if n > 1),
         "retried": sum(1 for r in ended.values() if r["attempt"] > 1),
-        "outage_retried": sum(1 for rid, kind in made if kind == "outage" and ended.get(rid, {}).get("attempt", 0) > 1),
+        "outage_retried": sum(
+            1 for rid, kind in made if kind == "outage" and ended.get(rid, {}).get("attempt", 0) > 1
+        ),
         "children_left": sum(1 for pid in children if process_start(pid) is not None),
         "peak_rss_mb": peak_rss,
     }
@@ -489,17 +597,29 @@ async def controller_kill(stack: Stack, rollouts: int, kills: int, timeout_s: fl
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up the processes on a plain kill too
+    signal.signal(
+        signal.SIGTERM, lambda *_: sys.exit(143)
+    )  # clean up the processes on a plain kill too
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=1000, help="load: concurrent rollouts")
     parser.add_argument("--calls", type=int, default=10, help="load: calls per rollout")
-    parser.add_argument("--kill-rollouts", type=int, default=200, help="gateway SIGKILL: concurrent rollouts")
-    parser.add_argument("--kill-calls", type=int, default=5, help="gateway SIGKILL: calls per rollout")
-    parser.add_argument("--kills", type=int, default=3, help="gateway SIGKILLs (and controller SIGKILLs)")
-    parser.add_argument("--harnesses", type=int, default=200, help="pause/resume: concurrent harnesses")
+    parser.add_argument(
+        "--kill-rollouts", type=int, default=200, help="gateway SIGKILL: concurrent rollouts"
+    )
+    parser.add_argument(
+        "--kill-calls", type=int, default=5, help="gateway SIGKILL: calls per rollout"
+    )
+    parser.add_argument(
+        "--kills", type=int, default=3, help="gateway SIGKILLs (and controller SIGKILLs)"
+    )
+    parser.add_argument(
+        "--harnesses", type=int, default=200, help="pause/resume: concurrent harnesses"
+    )
     parser.add_argument("--cycles", type=int, default=100, help="pause/resume cycles")
     parser.add_argument("--pairs", type=int, default=50, help="cross-rollout: victim/thief pairs")
-    parser.add_argument("--controller-rollouts", type=int, default=24, help="controller SIGKILL: rollouts")
+    parser.add_argument(
+        "--controller-rollouts", type=int, default=24, help="controller SIGKILL: rollouts"
+    )
     args = parser.parse_args()
     t0 = time.monotonic()
     with running() as stack:
@@ -509,7 +629,9 @@ def main() -> None:
         cross = asyncio.run(cross_rollout(stack.url, args.pairs))
         print(f"cross-rollout: {cross}", flush=True)
         kill = asyncio.run(gateway_kill(stack, args.kill_rollouts, args.kill_calls, args.kills))
-        print(f"gateway SIGKILL x{args.kills} under {args.kill_rollouts} rollouts: {kill}", flush=True)
+        print(
+            f"gateway SIGKILL x{args.kills} under {args.kill_rollouts} rollouts: {kill}", flush=True
+        )
         pause = asyncio.run(pause_cycles(stack, args.harnesses, args.cycles, per_cycle=10))
         print(f"pause/resume x{args.cycles} under {args.harnesses} harnesses: {pause}", flush=True)
         engine = asyncio.run(engine_faults(stack))
@@ -517,7 +639,9 @@ def main() -> None:
         ctl = asyncio.run(controller_kill(stack, args.controller_rollouts, args.kills))
         print(f"controller SIGKILL x{args.kills}: {ctl}", flush=True)
     errors = ld["errors"] + kill["errors"] + pause["errors"]
-    engine_503 = sum(1 for k in ("5xx_persistent", "slow", "hung", "stopped") if engine[k][0] == 503)
+    engine_503 = sum(
+        1 for k in ("5xx_persistent", "slow", "hung", "stopped") if engine[k][0] == 503
+    )
     figures = {
         "soak_calls": ld["recorded"] + kill["recorded"] + pause["recorded"],
         "lost": ld["lost"] + kill["lost"] + pause["lost"],

@@ -29,7 +29,9 @@ async def render(args: argparse.Namespace, spec: Spec, task: JSON) -> list[JSON]
     ttl_s, grader = deadline_s(spec, reported=True) + args.apply_within_s, bool(spec.grader) or None
     async with GatewayClient(args.gateway, args.admin_key) as gw:
         for _ in range(args.count):
-            made = await gw.create_rollout(task, args.group, grader=grader, metadata=metadata, token_ttl_s=ttl_s)
+            made = await gw.create_rollout(
+                task, args.group, grader=grader, metadata=metadata, token_ttl_s=ttl_s
+            )
             docs.extend(manifests(spec, Credentials.from_reply(made, 1, task), reported=True))
     return docs
 
@@ -55,36 +57,65 @@ async def gc(namespace: str, grace_s: float) -> list[str]:
     try:
         return await KubeLauncher(namespace, secret_grace_s=grace_s).collect()
     except config.ConfigException as e:
-        raise SystemExit(f"agl jobs gc: no Kubernetes cluster to use ({e}): set KUBECONFIG, or run in a pod") from e
+        raise SystemExit(
+            f"agl jobs gc: no Kubernetes cluster to use ({e}): set KUBECONFIG, or run in a pod"
+        ) from e
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agl jobs", description=__doc__.split("\n")[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--group", default="manual")
-    common.add_argument("--gateway", default=os.environ.get("AGL_CONTROLLER_GATEWAY", "http://127.0.0.1:8000"))
+    common.add_argument(
+        "--gateway", default=os.environ.get("AGL_CONTROLLER_GATEWAY", "http://127.0.0.1:8000")
+    )
     common.add_argument("--admin-key", default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""))
     sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("render", parents=[common], help="create rollouts and print their manifests")
+    cmd = sub.add_parser(
+        "render", parents=[common], help="create rollouts and print their manifests"
+    )
     cmd.add_argument("--spec", required=True)
     cmd.add_argument("--count", type=int, default=1)
     cmd.add_argument("--task", default="{}", help="the task, as a JSON object")
-    cmd.add_argument("--apply-within-s", type=float, default=3600, help="tokens expire this long after the deadline")
-    sub.add_parser("list", parents=[common], help="the group's rollouts: id, status, attempt, reward")
-    sub.add_parser("cancel", parents=[common], help="cancel the group's rollouts that have not ended")
-    cmd = sub.add_parser("gc", help="delete Secrets whose Job is gone (no controller runs to do it)")
+    cmd.add_argument(
+        "--apply-within-s",
+        type=float,
+        default=3600,
+        help="tokens expire this long after the deadline",
+    )
+    sub.add_parser(
+        "list", parents=[common], help="the group's rollouts: id, status, attempt, reward"
+    )
+    sub.add_parser(
+        "cancel", parents=[common], help="cancel the group's rollouts that have not ended"
+    )
+    cmd = sub.add_parser(
+        "gc", help="delete Secrets whose Job is gone (no controller runs to do it)"
+    )
     cmd.add_argument("--namespace", default="default")
-    cmd.add_argument("--grace-s", type=float, default=300, help="spare Secrets younger than this: not yet applied")
+    cmd.add_argument(
+        "--grace-s",
+        type=float,
+        default=300,
+        help="spare Secrets younger than this: not yet applied",
+    )
     args = parser.parse_args(argv)
     if args.command == "gc":
-        print("".join(f"deleted {name}\n" for name in asyncio.run(gc(args.namespace, args.grace_s))), end="")
+        print(
+            "".join(f"deleted {name}\n" for name in asyncio.run(gc(args.namespace, args.grace_s))),
+            end="",
+        )
         return 0
     if not args.admin_key:
         parser.error("an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
     try:
         if args.command != "render":
-            found = asyncio.run(manage(args.gateway, args.admin_key, args.group, cancel=args.command == "cancel"))
-            print("".join(f"{r.id} {r.status.value} {r.attempt} {r.reward}\n" for r in found), end="")
+            found = asyncio.run(
+                manage(args.gateway, args.admin_key, args.group, cancel=args.command == "cancel")
+            )
+            print(
+                "".join(f"{r.id} {r.status.value} {r.attempt} {r.reward}\n" for r in found), end=""
+            )
             return 0
         spec, task = load_spec(args.spec), json.loads(args.task)
         if not isinstance(task, dict) or args.count < 1:

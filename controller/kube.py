@@ -30,14 +30,24 @@ API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, OSError)  # a refusal,
 class KubeLauncher:
     """Runs attempts as Jobs in `namespace`; call `close()` to stop the watch thread."""
 
-    def __init__(self, namespace: str = "default", *, pod_check_s: float = 10.0, secret_grace_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        namespace: str = "default",
+        *,
+        pod_check_s: float = 10.0,
+        secret_grace_s: float = 300.0,
+    ) -> None:
         try:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config()
         self.api = client.ApiClient()
         self.batch, self.core = client.BatchV1Api(self.api), client.CoreV1Api(self.api)
-        self.namespace, self.pod_check_s, self.secret_grace_s = namespace, pod_check_s, secret_grace_s
+        self.namespace, self.pod_check_s, self.secret_grace_s = (
+            namespace,
+            pod_check_s,
+            secret_grace_s,
+        )
         self.lock = threading.Lock()
         self.jobs: dict[Key, JSON] = {}  # the watch's view of every labelled Job
         self.deleted: set[Key] = set()  # Jobs that went away while watched
@@ -66,8 +76,14 @@ class KubeLauncher:
         while not self.stopping.is_set():
             try:
                 version = version or self._relist()
-                since = {"label_selector": ROLLOUT_LABEL, "resource_version": version, "timeout_seconds": 30}
-                for event in watch.Watch().stream(self.batch.list_namespaced_job, self.namespace, **since):
+                since = {
+                    "label_selector": ROLLOUT_LABEL,
+                    "resource_version": version,
+                    "timeout_seconds": 30,
+                }
+                for event in watch.Watch().stream(
+                    self.batch.list_namespaced_job, self.namespace, **since
+                ):
                     job = self._dict(event["object"])
                     version = job["metadata"].get("resourceVersion") or version
                     if (key := key_of(job)) is None:
@@ -81,7 +97,9 @@ class KubeLauncher:
                     if self.stopping.is_set():
                         break
             except API_ERRORS as e:
-                if not (isinstance(e, ApiException) and e.status == 410):  # 410 Gone: our version is too old
+                if not (
+                    isinstance(e, ApiException) and e.status == 410
+                ):  # 410 Gone: our version is too old
                     log.warning("watching Jobs: %r", e)
                     self.stopping.wait(1)
                 version = ""  # re-list
@@ -103,7 +121,9 @@ class KubeLauncher:
             except ApiException as e:
                 if e.status != 409:
                     raise
-                self.core.replace_namespaced_secret(name, ns, secret)  # a retried launch: new tokens
+                self.core.replace_namespaced_secret(
+                    name, ns, secret
+                )  # a retried launch: new tokens
             try:
                 created = self._dict(self.batch.create_namespaced_job(ns, job))
             except ApiException as e:
@@ -117,7 +137,9 @@ class KubeLauncher:
             if not isinstance(e, ApiException):
                 raise LaunchError(f"Kubernetes API unreachable: {e!r}") from e
             permanent = e.status in (400, 422)
-            raise LaunchError(f"Kubernetes API {e.status}: {str(e.body)[:500]}", permanent=permanent) from e
+            raise LaunchError(
+                f"Kubernetes API {e.status}: {str(e.body)[:500]}", permanent=permanent
+            ) from e
         with self.lock:
             self.jobs.setdefault((creds.rollout_id, creds.attempt), created)
         return f"job {ns}/{name}"
@@ -125,7 +147,9 @@ class KubeLauncher:
     def _own(self, job: JSON) -> None:
         meta = job["metadata"]
         ref = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
-        self.core.patch_namespaced_secret(meta["name"], meta["namespace"], {"metadata": {"ownerReferences": [ref]}})
+        self.core.patch_namespaced_secret(
+            meta["name"], meta["namespace"], {"metadata": {"ownerReferences": [ref]}}
+        )
 
     async def adopt(self) -> list[Key]:
         self.thread.start()
@@ -158,8 +182,12 @@ class KubeLauncher:
             return {}
         self.pods_checked, labelled = time.monotonic(), {"label_selector": ROLLOUT_LABEL}
         try:
-            found = await asyncio.to_thread(self.core.list_namespaced_pod, self.namespace, **labelled)
-            secrets = await asyncio.to_thread(self.core.list_namespaced_secret, self.namespace, **labelled)
+            found = await asyncio.to_thread(
+                self.core.list_namespaced_pod, self.namespace, **labelled
+            )
+            secrets = await asyncio.to_thread(
+                self.core.list_namespaced_secret, self.namespace, **labelled
+            )
         except API_ERRORS as e:
             log.warning("listing pods and Secrets: %r", e)
             return {}
@@ -173,7 +201,9 @@ class KubeLauncher:
     async def collect(self) -> list[str]:
         """`agl jobs gc`: what `poll` does to Secrets, once, for a namespace with no controller; the names deleted."""
         await asyncio.to_thread(self._relist)
-        found = await asyncio.to_thread(self.core.list_namespaced_secret, self.namespace, label_selector=ROLLOUT_LABEL)
+        found = await asyncio.to_thread(
+            self.core.list_namespaced_secret, self.namespace, label_selector=ROLLOUT_LABEL
+        )
         return await self._collect_secrets(self.jobs, found.items)
 
     async def _collect_secrets(self, jobs: dict[Key, JSON], secrets: list[Any]) -> list[str]:
@@ -187,9 +217,14 @@ class KubeLauncher:
             with contextlib.suppress(*API_ERRORS):
                 if key in jobs and "uid" in jobs[key]["metadata"]:
                     await asyncio.to_thread(self._own, jobs[key])
-                elif key not in jobs and time.time() - meta.creation_timestamp.timestamp() > self.secret_grace_s:
+                elif (
+                    key not in jobs
+                    and time.time() - meta.creation_timestamp.timestamp() > self.secret_grace_s
+                ):
                     log.info("deleting Secret %s/%s: its Job is gone", self.namespace, meta.name)
-                    await asyncio.to_thread(self.core.delete_namespaced_secret, meta.name, self.namespace)
+                    await asyncio.to_thread(
+                        self.core.delete_namespaced_secret, meta.name, self.namespace
+                    )
                     deleted.append(meta.name)
         return deleted
 
@@ -201,8 +236,12 @@ class KubeLauncher:
 
     async def stop(self, key: Key) -> None:
         options = client.V1DeleteOptions(propagation_policy="Background")
-        with contextlib.suppress(*API_ERRORS):  # reported as failed either way; it must not stop the loop
-            await asyncio.to_thread(self.batch.delete_namespaced_job, name_of(key), self.namespace, body=options)
+        with contextlib.suppress(
+            *API_ERRORS
+        ):  # reported as failed either way; it must not stop the loop
+            await asyncio.to_thread(
+                self.batch.delete_namespaced_job, name_of(key), self.namespace, body=options
+            )
 
     def active(self) -> int:
         with self.lock:

@@ -21,8 +21,19 @@ from agl.types import JSON, FailureKind, Status
 from controller.spec import Process, Spec
 
 # sh -c WRAPPER EXIT_FILE DIR COMMAND...: the exit code goes to a file, then the whole process group is killed.
-WRAPPER = 'cd "$1" || exit 126; shift; "$@"; c=$?; echo $c > "$0.tmp" && mv "$0.tmp" "$0"; kill -9 0'
-INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")  # never the admin key
+WRAPPER = (
+    'cd "$1" || exit 126; shift; "$@"; c=$?; echo $c > "$0.tmp" && mv "$0.tmp" "$0"; kill -9 0'
+)
+INHERITED = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "USER",
+    "PYTHONPATH",
+)  # never the admin key
 
 
 @dataclass(frozen=True)
@@ -38,18 +49,28 @@ class Credentials:
     @classmethod
     def from_reply(cls, reply: JSON, attempt: int, task: JSON) -> Self:
         tokens = reply["agent_token"], reply.get("grader_token")
-        return cls(reply["id"], attempt, task, reply["anthropic_base_url"], reply["base_url"], *tokens)
+        return cls(
+            reply["id"], attempt, task, reply["anthropic_base_url"], reply["base_url"], *tokens
+        )
 
     def harness_env(self) -> dict[str, str]:
         """DESIGN.md section 3; no grader token."""
         urls = {"OPENAI_BASE_URL": self.base_url, "ANTHROPIC_BASE_URL": self.gateway_url}
-        return urls | {"OPENAI_API_KEY": self.agent_token, "ANTHROPIC_API_KEY": self.agent_token} | self.common_env()
+        return (
+            urls
+            | {"OPENAI_API_KEY": self.agent_token, "ANTHROPIC_API_KEY": self.agent_token}
+            | self.common_env()
+        )
 
     def grader_env(self) -> dict[str, str]:
         return {"AGL_GRADER_TOKEN": self.grader_token or ""} | self.common_env()
 
     def common_env(self) -> dict[str, str]:
-        env = {"AGL_GATEWAY_URL": self.gateway_url, "AGL_ROLLOUT_ID": self.rollout_id, "AGL_ATTEMPT": str(self.attempt)}
+        env = {
+            "AGL_GATEWAY_URL": self.gateway_url,
+            "AGL_ROLLOUT_ID": self.rollout_id,
+            "AGL_ATTEMPT": str(self.attempt),
+        }
         return env | {"AGL_TASK": json.dumps(self.task)}
 
 
@@ -129,7 +150,9 @@ class _Run:
     start: int = 0
     deadline: float = 0.0
     grader: JSON | None = None  # proc (the spec's), env, cwd
-    child: bool = field(default=False, repr=False)  # spawned by this process (else adopted): reap it
+    child: bool = field(
+        default=False, repr=False
+    )  # spawned by this process (else adopted): reap it
 
     @property
     def key(self) -> Key:
@@ -140,7 +163,9 @@ class LocalLauncher:
     """Harnesses as local processes: a JSON file per attempt in `state_dir/runs`, logs in `state_dir/logs`."""
 
     def __init__(self, state_dir: str | Path) -> None:
-        state = Path(state_dir).absolute()  # runs write their exit codes here from their own folders
+        state = Path(
+            state_dir
+        ).absolute()  # runs write their exit codes here from their own folders
         self.runs_dir, self.log_dir = state / "runs", state / "logs"
         self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runs: dict[Key, _Run] = {}
@@ -161,11 +186,20 @@ class LocalLauncher:
             raise LaunchError(f"{run.phase}: working directory {cwd!r} does not exist")
         if not shutil.which(os.path.join(cwd, exe) if "/" in exe else exe, path=env.get("PATH")):
             raise LaunchError(f"{run.phase}: executable {exe!r} not found or not executable")
-        exit_file, log = os.path.join(run.dir, f"{run.phase}.exit"), os.path.join(run.dir, f"{run.phase}.log")
-        self._save(run)  # before the spawn: a controller killed right after it finds the run (lost: retried)
+        exit_file, log = (
+            os.path.join(run.dir, f"{run.phase}.exit"),
+            os.path.join(run.dir, f"{run.phase}.log"),
+        )
+        self._save(
+            run
+        )  # before the spawn: a controller killed right after it finds the run (lost: retried)
         try:  # posix_spawn: a vfork, no Popen object that would outlive (and warn about) an adopted run
             logged = (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            files = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0), logged, (os.POSIX_SPAWN_DUP2, 1, 2)]
+            files = [
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                logged,
+                (os.POSIX_SPAWN_DUP2, 1, 2),
+            ]
             argv = ["/bin/sh", "-c", WRAPPER, exit_file, cwd, *proc.command]
             run.pid = os.posix_spawn("/bin/sh", argv, env, file_actions=files, setsid=True)
         except OSError as e:
@@ -184,7 +218,11 @@ class LocalLauncher:
         base = {k: os.environ[k] for k in INHERITED if k in os.environ}
         if spec.grader:
             grader_env = base | spec.grader.env | creds.grader_env()
-            run.grader = {"proc": spec.grader.model_dump(), "env": grader_env, "cwd": spec.grader.cwd or str(workspace)}
+            run.grader = {
+                "proc": spec.grader.model_dump(),
+                "env": grader_env,
+                "cwd": spec.grader.cwd or str(workspace),
+            }
         harness_env = base | spec.harness.env | creds.harness_env()
         self._spawn(run, spec.harness, harness_env, spec.harness.cwd or str(workspace))
         self.runs[run.key] = run
@@ -229,7 +267,12 @@ class LocalLauncher:
             return OK
         run.phase = "grader"
         try:
-            self._spawn(run, Process.model_validate(run.grader["proc"]), run.grader["env"], run.grader["cwd"])
+            self._spawn(
+                run,
+                Process.model_validate(run.grader["proc"]),
+                run.grader["env"],
+                run.grader["cwd"],
+            )
         except LaunchError as e:
             return Outcome.infra(str(e))
         return None
@@ -241,7 +284,9 @@ class LocalLauncher:
             os.waitpid(run.pid, 0)
 
     async def stop(self, key: Key) -> None:
-        if (run := self.runs.get(key)) and key not in self.ended and self._running(run):  # never a reused pid
+        if (
+            (run := self.runs.get(key)) and key not in self.ended and self._running(run)
+        ):  # never a reused pid
             self._kill(run)
             self.ended[key] = Outcome.infra(f"{run.phase} stopped: the rollout ended")
 

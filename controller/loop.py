@@ -25,7 +25,9 @@ from controller.launcher import Credentials, Key, Launcher, LaunchError, LocalLa
 from controller.spec import Spec, SpecError, load_spec, parse_spec
 
 log = logging.getLogger(__name__)
-LAUNCHED = "launched by"  # the reason of the `running` transition: how a restart finds its lost runs
+LAUNCHED = (
+    "launched by"  # the reason of the `running` transition: how a restart finds its lost runs
+)
 
 
 class ControllerSettings(BaseSettings):
@@ -33,15 +35,29 @@ class ControllerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="AGL_CONTROLLER_", extra="forbid")
 
-    gateway: str = Field("http://127.0.0.1:8000", description="Gateway URL (admin API and what runs call).")
-    admin_key: str = Field("", description="The gateway's admin key (required); never passed to runs.")
+    gateway: str = Field(
+        "http://127.0.0.1:8000", description="Gateway URL (admin API and what runs call)."
+    )
+    admin_key: str = Field(
+        "", description="The gateway's admin key (required); never passed to runs."
+    )
     launcher: str = Field("local", pattern="^(local|kubernetes)$", description="Where runs go.")
     spec: str = Field("", description="Default spec file for rollouts without metadata.spec.")
-    state_dir: str = Field("agl-controller", description="Local launcher: state files and logs (directory).")
-    namespace: str = Field("default", description="Kubernetes namespace watched for this controller's Jobs.")
-    max_running: int = Field(64, ge=1, description="Runs at once (count): what the machine or quota holds.")
-    launch_per_s: float = Field(20.0, gt=0, description="Launch-rate cap (per second): spares the API server.")
-    poll_s: float = Field(0.5, gt=0, description="Reconcile period (seconds): latency of noticing an end.")
+    state_dir: str = Field(
+        "agl-controller", description="Local launcher: state files and logs (directory)."
+    )
+    namespace: str = Field(
+        "default", description="Kubernetes namespace watched for this controller's Jobs."
+    )
+    max_running: int = Field(
+        64, ge=1, description="Runs at once (count): what the machine or quota holds."
+    )
+    launch_per_s: float = Field(
+        20.0, gt=0, description="Launch-rate cap (per second): spares the API server."
+    )
+    poll_s: float = Field(
+        0.5, gt=0, description="Reconcile period (seconds): latency of noticing an end."
+    )
 
 
 def applied(rollout: Rollout) -> bool:
@@ -50,23 +66,34 @@ def applied(rollout: Rollout) -> bool:
 
 
 class Controller:
-    def __init__(self, gw: GatewayClient, launcher: Launcher, spec: Spec | None, settings: ControllerSettings) -> None:
+    def __init__(
+        self, gw: GatewayClient, launcher: Launcher, spec: Spec | None, settings: ControllerSettings
+    ) -> None:
         self.gw, self.launcher, self.spec, self.settings = gw, launcher, spec, settings
         self.not_before: dict[str, float] = {}  # rollout id -> monotonic time its retry may start
         self.started: set[Key] = set()  # attempts launched or adopted and not yet recorded
-        self.launch_budget = settings.launch_per_s  # launches allowed now; refills at launch_per_s, up to it
+        self.launch_budget = (
+            settings.launch_per_s
+        )  # launches allowed now; refills at launch_per_s, up to it
         self.refilled = time.monotonic()
-        self.ends_seen = 0  # the gateway's `end_seq` of the last ended rollout this loop has looked at
+        self.ends_seen = (
+            0  # the gateway's `end_seq` of the last ended rollout this loop has looked at
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """The loop: adopt once, then record ended runs and launch queued rollouts until `stop`."""
-        adopted, self.started = False, set(await self.launcher.adopt())  # once: a retry would start a 2nd kube watch
+        adopted, self.started = (
+            False,
+            set(await self.launcher.adopt()),
+        )  # once: a retry would start a 2nd kube watch
         while not stop.is_set():
             try:
                 if not adopted:  # the gateway may be down when the controller starts: retried
                     await self.adopt()
                     adopted = True
-                await asyncio.gather(*(self.record(key, outcome) for key, outcome in await self.launcher.poll()))
+                await asyncio.gather(
+                    *(self.record(key, outcome) for key, outcome in await self.launcher.poll())
+                )
                 await self.stop_ended()
                 await self.launch_queued()
             except GatewayError as e:  # the gateway is down or restarting: retry next tick
@@ -80,19 +107,29 @@ class Controller:
         self.ends_seen = int((await self.gw.state())["last_end"])  # later ends: `stop_ended`
         adopted, mine = {rid for rid, _ in self.started}, f"{LAUNCHED} {self.settings.launcher}:"
         running = await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000)
-        for key in self.started - {(r.id, r.attempt) for r in running}:  # queued (a Job yet to start), or ended
+        for key in self.started - {
+            (r.id, r.attempt) for r in running
+        }:  # queued (a Job yet to start), or ended
             rollout = await self.find(key[0])
             if rollout and (rollout.status.terminal or rollout.attempt != key[1]):
                 await self.launcher.stop(key)
         for rollout in [r for r in running if r.id not in adopted]:
-            events = [e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt]
-            if any(str(e["data"].get("reason", "")).startswith(mine) for e in events) or self.applied_here(rollout):
+            events = [
+                e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt
+            ]
+            if any(
+                str(e["data"].get("reason", "")).startswith(mine) for e in events
+            ) or self.applied_here(rollout):
                 lost = Outcome.infra("the run was not found when the controller started")
                 await self.report(rollout, lost, self.spec_of(rollout))
 
     def applied_here(self, rollout: Rollout) -> bool:
         """An applied Job's attempt (`agl jobs render`) in the namespace this Kubernetes launcher watches."""
-        spec = self.spec_of(rollout) if applied(rollout) and self.settings.launcher == "kubernetes" else None
+        spec = (
+            self.spec_of(rollout)
+            if applied(rollout) and self.settings.launcher == "kubernetes"
+            else None
+        )
         return spec is not None and spec.namespace == self.settings.namespace
 
     async def stop_ended(self) -> None:
@@ -100,7 +137,11 @@ class Controller:
         for rollout in await self.gw.list_rollouts(after=self.ends_seen, limit=1000):
             self.ends_seen = rollout.end_seq or self.ends_seen
             if (key := (rollout.id, rollout.attempt)) in self.started:
-                log.info("rollout_id=%s attempt=%d: %s elsewhere; its run is stopped", *key, rollout.status)
+                log.info(
+                    "rollout_id=%s attempt=%d: %s elsewhere; its run is stopped",
+                    *key,
+                    rollout.status,
+                )
                 await self.launcher.stop(key)
 
     def spec_of(self, rollout: Rollout) -> Spec | None:
@@ -115,7 +156,9 @@ class Controller:
         room = min(int(self.launch_budget), self.settings.max_running - self.launcher.active())
         if room < 1:
             return
-        queued = await self.gw.list_rollouts(status=Status.QUEUED, limit=2 * self.settings.max_running + 100)
+        queued = await self.gw.list_rollouts(
+            status=Status.QUEUED, limit=2 * self.settings.max_running + 100
+        )
         chosen = [r for r in queued if self.launchable(r)][:room]
         self.launch_budget -= len(chosen)
         await asyncio.gather(*(self.start(r) for r in chosen))
@@ -139,18 +182,26 @@ class Controller:
         try:
             reply = await self.gw.rotate_tokens(rollout.id, attempt=rollout.attempt)
         except GatewayError as e:
-            log.warning("rollout_id=%s: no tokens for attempt %d: %s", rollout.id, rollout.attempt, e)
+            log.warning(
+                "rollout_id=%s: no tokens for attempt %d: %s", rollout.id, rollout.attempt, e
+            )
             return
         creds = Credentials.from_reply(reply, rollout.attempt, rollout.task)
         try:
             where = await self.launcher.launch(spec, creds)
         except LaunchError as e:
-            log.warning("rollout_id=%s attempt=%d: launch failed: %s", rollout.id, rollout.attempt, e)
-            await self.report(rollout, Outcome.task(str(e)) if e.permanent else Outcome.infra(str(e)), spec)
+            log.warning(
+                "rollout_id=%s attempt=%d: launch failed: %s", rollout.id, rollout.attempt, e
+            )
+            await self.report(
+                rollout, Outcome.task(str(e)) if e.permanent else Outcome.infra(str(e)), spec
+            )
             return
         self.started.add((rollout.id, rollout.attempt))
         reason = f"{LAUNCHED} {self.settings.launcher}: {where}"
-        if not await self.set_status(rollout, Status.RUNNING, None, reason):  # its first call came first
+        if not await self.set_status(
+            rollout, Status.RUNNING, None, reason
+        ):  # its first call came first
             await self.gw.post_event(rollout.id, "launch", {"reason": reason})
         log.info("rollout_id=%s attempt=%d: launched (%s)", rollout.id, rollout.attempt, where)
 
@@ -174,9 +225,21 @@ class Controller:
     async def report(self, rollout: Rollout, outcome: Outcome, spec: Spec | None) -> None:
         status, kind, reason = outcome.status, outcome.failure_kind, outcome.reason
         if status is Status.SUCCEEDED and rollout.reward is None:
-            status, kind, reason = Status.FAILED, FailureKind.TASK, "the run ended without a final reward"
-        if kind is FailureKind.TASK and rollout.started_at and await self.gateway_restarted_since(rollout.started_at):
-            status, kind, reason = Status.FAILED, FailureKind.INFRA, f"{reason}; the gateway restarted during the run"
+            status, kind, reason = (
+                Status.FAILED,
+                FailureKind.TASK,
+                "the run ended without a final reward",
+            )
+        if (
+            kind is FailureKind.TASK
+            and rollout.started_at
+            and await self.gateway_restarted_since(rollout.started_at)
+        ):
+            status, kind, reason = (
+                Status.FAILED,
+                FailureKind.INFRA,
+                f"{reason}; the gateway restarted during the run",
+            )
         if kind is FailureKind.INFRA and rollout.attempt < (spec.max_attempts if spec else 1):
             status = Status.QUEUED
             backoff = (spec.retry_backoff_s if spec else 0) * 2 ** (rollout.attempt - 1)
@@ -184,17 +247,30 @@ class Controller:
         elif rollout.status is Status.QUEUED and status is not Status.FAILED:
             await self.set_status(rollout, Status.RUNNING, None, "started by the controller")
         await self.set_status(rollout, status, kind, reason)
-        log.info("rollout_id=%s attempt=%d: %s %s %s", rollout.id, rollout.attempt, status, kind or "", reason)
+        log.info(
+            "rollout_id=%s attempt=%d: %s %s %s",
+            rollout.id,
+            rollout.attempt,
+            status,
+            kind or "",
+            reason,
+        )
 
     async def gateway_restarted_since(self, started_at: float) -> bool:
         """Whether the gateway restarted since `started_at` (its clock): a task failure may then be its doing."""
         return float((await self.gw.health())["started_at"]) > started_at
 
-    async def set_status(self, r: Rollout, status: Status, kind: FailureKind | None, reason: str) -> bool:
+    async def set_status(
+        self, r: Rollout, status: Status, kind: FailureKind | None, reason: str
+    ) -> bool:
         try:
-            await self.gw.set_status(r.id, status, failure_kind=kind, reason=reason, attempt=r.attempt)
+            await self.gw.set_status(
+                r.id, status, failure_kind=kind, reason=reason, attempt=r.attempt
+            )
         except GatewayError as e:
-            if e.status != 409:  # 409: someone else moved it first (a cancel, the harness's first call)
+            if (
+                e.status != 409
+            ):  # 409: someone else moved it first (a cancel, the harness's first call)
                 raise
             log.info("rollout_id=%s: status %s not recorded: %s", r.id, status, e.message)
             return False
@@ -204,7 +280,9 @@ class Controller:
 def main(argv: list[str]) -> int:
     settings = from_flags(ControllerSettings, argv, "agl controller")
     if not settings.admin_key:
-        usage_error("agl controller", "an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
+        usage_error(
+            "agl controller", "an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY"
+        )
     try:
         spec = load_spec(settings.spec) if settings.spec else None
     except SpecError as e:
@@ -222,7 +300,10 @@ async def serve(settings: ControllerSettings, spec: Spec | None) -> int:
         try:
             launcher: Launcher = kube.KubeLauncher(settings.namespace)
         except kube.config.ConfigException as e:  # no kubeconfig, and not in a pod
-            usage_error("agl controller", f"no Kubernetes cluster to use ({e}): set KUBECONFIG, or run in a pod")
+            usage_error(
+                "agl controller",
+                f"no Kubernetes cluster to use ({e}): set KUBECONFIG, or run in a pod",
+            )
     else:
         launcher = LocalLauncher(settings.state_dir)
     async with GatewayClient(settings.gateway, settings.admin_key) as gw:

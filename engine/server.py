@@ -42,8 +42,12 @@ class EngineSettings(BaseSettings):
     model: str = Field("tiny", description="tiny | smollm2 | a Hugging Face model folder.")
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(30000, description="TCP port (sglang's default).")
-    api_key: str = Field("", description="Key every route but /health requires (Bearer), as sglang's --api-key.")
-    script: Path | None = Field(None, description="Test facility: a JSON list of completion texts to answer with.")
+    api_key: str = Field(
+        "", description="Key every route but /health requires (Bearer), as sglang's --api-key."
+    )
+    script: Path | None = Field(
+        None, description="Test facility: a JSON list of completion texts to answer with."
+    )
     weight_version: str = Field("0", description="Weight version reported until the first update.")
     cache_dir: Path = Field(
         default=Path("~/.cache/agl/models").expanduser(),
@@ -92,7 +96,9 @@ class SamplingParams(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # sglang has many more fields; those that change sampling are above
+    model_config = ConfigDict(
+        extra="ignore"
+    )  # sglang has many more fields; those that change sampling are above
 
     input_ids: list[int] = Field(min_length=1)
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
@@ -137,7 +143,9 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
     wanted = f"Bearer {api_key}".encode()
 
     async def keyed(request: Request) -> None:
-        presented = request.headers.get("authorization", "").encode("latin-1")  # as it came: bytes, not ASCII
+        presented = request.headers.get("authorization", "").encode(
+            "latin-1"
+        )  # as it came: bytes, not ASCII
         if api_key and request.url.path != "/health" and not hmac.compare_digest(presented, wanted):
             raise HTTPException(401, "this engine needs its API key: Authorization: Bearer <key>")
 
@@ -155,14 +163,22 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
         if req.stream:
             raise BadRequest("stream is not supported by the embedded engine")
         if bad:
-            raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {engine.vocab_size})")
+            raise BadRequest(
+                f"token id {bad[0]} is outside the vocabulary [0, {engine.vocab_size})"
+            )
         if len(req.input_ids) + p.max_new_tokens > engine.max_context:
             raise BadRequest(
                 f"{len(req.input_ids)} prompt tokens + max_new_tokens {p.max_new_tokens} exceed the "
                 f"context of {engine.max_context} tokens"
             )
         sampling = Sampling(
-            p.max_new_tokens, p.temperature, p.top_p, p.top_k, tuple(p.stop_token_ids), p.ignore_eos, p.sampling_seed
+            p.max_new_tokens,
+            p.temperature,
+            p.top_p,
+            p.top_k,
+            tuple(p.stop_token_ids),
+            p.ignore_eos,
+            p.sampling_seed,
         )
         start = time.monotonic()
         job = engine.submit(req.input_ids, sampling)
@@ -210,8 +226,12 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
         try:
             await asyncio.wrap_future(engine.update_weights(req.model_path, req.weight_version))
         except (OSError, ValueError) as e:
-            return JSONResponse({"success": False, "message": f"failed to load {req.model_path}: {e}"}, 400)
-        return JSONResponse({"success": True, "message": "weights updated", "num_paused_requests": 0})
+            return JSONResponse(
+                {"success": False, "message": f"failed to load {req.model_path}: {e}"}, 400
+            )
+        return JSONResponse(
+            {"success": True, "message": "weights updated", "num_paused_requests": 0}
+        )
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> dict[str, Any]:
@@ -223,7 +243,9 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        await asyncio.wrap_future(engine.command(engine.prefixes.clear))  # once no request is in flight
+        await asyncio.wrap_future(
+            engine.command(engine.prefixes.clear)
+        )  # once no request is in flight
         return Response("Cache flushed.\n")
 
     @app.get("/health")
@@ -263,7 +285,9 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
 def main(argv: list[str]) -> int:
     args = from_flags(EngineSettings, argv, "agl engine")
     script = json.loads(args.script.read_text()) if args.script else None
-    if script is not None and not (isinstance(script, list) and all(isinstance(s, str) for s in script)):
+    if script is not None and not (
+        isinstance(script, list) and all(isinstance(s, str) for s in script)
+    ):
         usage_error("agl engine", "--script must name a JSON list of strings")
     path = models.resolve(args.model, args.cache_dir)
     engine = Engine(
@@ -275,7 +299,13 @@ def main(argv: list[str]) -> int:
         weight_version=args.weight_version,
     )
     try:
-        uvicorn.run(create_app(engine, args.api_key), host=args.host, port=args.port, ws="none", log_level="warning")
+        uvicorn.run(
+            create_app(engine, args.api_key),
+            host=args.host,
+            port=args.port,
+            ws="none",
+            log_level="warning",
+        )
     finally:
         engine.close()
     return 0

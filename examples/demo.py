@@ -39,7 +39,9 @@ def free_port() -> int:
 
 def start(name: str, argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
     log = (logs / f"{name}.log").open("wb")
-    return subprocess.Popen([sys.executable, "-m", "agl.cli", *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agl.cli", *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
+    )
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 900) -> None:
@@ -72,13 +74,22 @@ def summary(metrics: Path) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a folder")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demo", help="store, logs, checkpoints")
+    parser.add_argument(
+        "--model", default="smollm2", help="engine model: smollm2 (default), tiny, or a folder"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "runs" / "demo", help="store, logs, checkpoints"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--harness", type=Path, default=ROOT / "examples" / "calculator" / "harness.py", help="the agent to train"
+        "--harness",
+        type=Path,
+        default=ROOT / "examples" / "calculator" / "harness.py",
+        help="the agent to train",
     )
-    parser.add_argument("overrides", nargs="*", help="passed to agl train, e.g. trainer.total_training_steps=4")
+    parser.add_argument(
+        "overrides", nargs="*", help="passed to agl train, e.g. trainer.total_training_steps=4"
+    )
     args = parser.parse_args()
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -91,24 +102,61 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
     try:
-        print(f"starting the embedded engine ({args.model}; the first run converts the model, about a minute)")
-        engine = ["engine", "--model", args.model, "--port", str(engine_port)]  # 1 thread: batching is the speed
+        print(
+            f"starting the embedded engine ({args.model}; the first run converts the model, about a minute)"
+        )
+        engine = [
+            "engine",
+            "--model",
+            args.model,
+            "--port",
+            str(engine_port),
+        ]  # 1 thread: batching is the speed
         procs.append(start("engine", engine, out))
         wait_up(engine_url + "/health", procs[-1], "the engine")
-        gateway = ["gateway", "--engine-url", engine_url, "--port", str(gateway_port), "--admin-key", ADMIN_KEY]
+        gateway = [
+            "gateway",
+            "--engine-url",
+            engine_url,
+            "--port",
+            str(gateway_port),
+            "--admin-key",
+            ADMIN_KEY,
+        ]
         procs.append(start("gateway", [*gateway, "--db", f"sqlite:///{db}"], out))
         wait_up(gateway_url + "/healthz", procs[-1], "the gateway")
-        controller = ["controller", "--gateway", gateway_url, "--admin-key", ADMIN_KEY, "--launcher", "local"]
-        procs.append(start("controller", [*controller, "--state-dir", str(out / "controller")], out))
+        controller = [
+            "controller",
+            "--gateway",
+            gateway_url,
+            "--admin-key",
+            ADMIN_KEY,
+            "--launcher",
+            "local",
+        ]
+        procs.append(
+            start("controller", [*controller, "--state-dir", str(out / "controller")], out)
+        )
         print(f"engine {engine_url}, gateway {gateway_url}, store {db}; logs in {out}")
 
         calculator = ROOT / "examples" / "calculator"
         train = [
             *[sys.executable, "-m", "agl.cli", "train", str(calculator / "train.yaml")],
-            *[f"agl.gateway={gateway_url}", f"agl.engine={engine_url}", f"agl.admin_key={ADMIN_KEY}"],
+            *[
+                f"agl.gateway={gateway_url}",
+                f"agl.engine={engine_url}",
+                f"agl.admin_key={ADMIN_KEY}",
+            ],
             f"agl.spec.harness.command=[{sys.executable},{args.harness.resolve()}]",
-            *[f"agl.tasks={calculator / 'tasks.jsonl'}", f"agl.val_tasks={calculator / 'val.jsonl'}"],
-            *[f"agl.seed={args.seed}", f"trainer.default_local_dir={out / 'train'}", "trainer.resume_mode=disable"],
+            *[
+                f"agl.tasks={calculator / 'tasks.jsonl'}",
+                f"agl.val_tasks={calculator / 'val.jsonl'}",
+            ],
+            *[
+                f"agl.seed={args.seed}",
+                f"trainer.default_local_dir={out / 'train'}",
+                "trainer.resume_mode=disable",
+            ],
             *args.overrides,
         ]
         print("running:", " ".join(train[2:]))
@@ -116,7 +164,9 @@ def main() -> int:
             return 1
         result = summary(out / "train" / "metrics.jsonl") | {"wall_s": time.monotonic() - started}
         (out / "summary.json").write_text(json.dumps(result))
-        print(f"reward curve: {reward_curve.plot(out / 'train')}; TensorBoard: {out / 'train' / 'tensorboard'}")
+        print(
+            f"reward curve: {reward_curve.plot(out / 'train')}; TensorBoard: {out / 'train' / 'tensorboard'}"
+        )
         print(
             f"validation reward (greedy, {len(VAL)} held-out tasks): before training {result['val_before']:.3f}, "
             f"after {result['val_after']:.3f}; training reward: first 3 steps {result['train_first3']:.3f}, "

@@ -27,7 +27,14 @@ from agl.settings import from_flags, problems, usage_error
 from agl.store import IllegalTransition, InvalidData, NotFound, Store, StoreError
 from gateway import wire
 from gateway.auth import Auth, AuthError
-from gateway.engines import EngineAborted, EngineClient, EngineError, EngineInfo, EngineRejected, EngineUnavailable
+from gateway.engines import (
+    EngineAborted,
+    EngineClient,
+    EngineError,
+    EngineInfo,
+    EngineRejected,
+    EngineUnavailable,
+)
 from gateway.proxy import HeldTooLong, Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
@@ -44,8 +51,15 @@ class Admission:
     with `on_error` and keeps the connection (Starlette's handler of Exception answers, then re-raises: uvicorn
     drops it), and writes the access log."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, on_error: ErrorHandler, access_log: bool = False) -> None:
-        self.app, self.max_body_bytes, self.on_error, self.access_log = app, max_body_bytes, on_error, access_log
+    def __init__(
+        self, app: ASGIApp, max_body_bytes: int, on_error: ErrorHandler, access_log: bool = False
+    ) -> None:
+        self.app, self.max_body_bytes, self.on_error, self.access_log = (
+            app,
+            max_body_bytes,
+            on_error,
+            access_log,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -62,7 +76,9 @@ class Admission:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_body_bytes:
-                raise TooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
+                raise TooLarge(
+                    f"request body is larger than the limit of {self.max_body_bytes} bytes"
+                )
             return message
 
         status, started = 0, time.monotonic()
@@ -73,11 +89,15 @@ class Admission:
             await send(message)
 
         try:
-            if "\x00" in path or b"%00" in scope.get("query_string", b""):  # IDs and names are text columns
+            if "\x00" in path or b"%00" in scope.get(
+                "query_string", b""
+            ):  # IDs and names are text columns
                 raise RenderError("NUL characters are not allowed in paths or queries")
             length = dict(scope.get("headers") or []).get(b"content-length", b"0")
             if length.isdigit() and int(length) > self.max_body_bytes:
-                raise TooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
+                raise TooLarge(
+                    f"request body is larger than the limit of {self.max_body_bytes} bytes"
+                )
             await self.app(scope, limited, sending)
         except Exception as e:  # every error, refusals and bugs alike
             if status:
@@ -87,7 +107,9 @@ class Admission:
             if self.access_log:  # the path without a /r/{token} prefix, and no query: never a token
                 rollout = getattr(scope.get("state", {}).get("rollout"), "id", "-")
                 ms = (time.monotonic() - started) * 1000
-                log.info("%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout)
+                log.info(
+                    "%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout
+                )
 
 
 class Bounded(HttpToolsProtocol):
@@ -103,12 +125,19 @@ class Bounded(HttpToolsProtocol):
         self.timer, self.head = self.loop.call_later(self.head_timeout_s, self.transport.close), 0
 
     def data_received(self, data: bytes) -> None:
-        if self.timer is None and (self.cycle is None or self.cycle.response_complete):  # a new request begins
-            self.timer, self.head = self.loop.call_later(self.head_timeout_s, self.transport.close), 0
+        if self.timer is None and (
+            self.cycle is None or self.cycle.response_complete
+        ):  # a new request begins
+            self.timer, self.head = (
+                self.loop.call_later(self.head_timeout_s, self.transport.close),
+                0,
+            )
         super().data_received(data)
         self.head += len(data)
         if self.timer is not None and self.head > self.max_head_bytes:
-            self.send_400_response(f"the request's line and headers exceed {self.max_head_bytes} bytes")
+            self.send_400_response(
+                f"the request's line and headers exceed {self.max_head_bytes} bytes"
+            )
 
     def on_headers_complete(self) -> None:
         if self.timer is not None:
@@ -123,7 +152,12 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
     busy = "overloaded_error" if anthropic else "server_error"  # a temporary failure: retry
     match e:
         case AuthError():
-            return e.status, str(e), "authentication_error" if e.status == 401 else "permission_error", None
+            return (
+                e.status,
+                str(e),
+                "authentication_error" if e.status == 401 else "permission_error",
+                None,
+            )
         case ContextOverflow():
             return 400, str(e), "invalid_request_error", "context_length_exceeded"
         case TooLarge():
@@ -153,19 +187,25 @@ def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
     return 500, "internal error", "api_error", None
 
 
-def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, info: EngineInfo) -> FastAPI:
+def make_app(
+    settings: GatewaySettings, store: Store, engines: EngineClient, info: EngineInfo
+) -> FastAPI:
     """The gateway's ASGI app over an open store and engine client, given what the engine says of itself."""
     from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
 
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info.tokenizer_path)
     context_length = settings.context_length or info.context_length
     if not context_length:
-        log.warning("the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)")
+        log.warning(
+            "the engine reports no context length: assuming 32768 (set AGL_GATEWAY_CONTEXT_LENGTH)"
+        )
         context_length = 32768
     renderer = Renderer(tokenizer, tool_parser=settings.tool_parser, context_length=context_length)
     honours_seed = settings.seed_honoured
     if honours_seed is None:
-        honours_seed = info.owned_by == "agl"  # the embedded engine; sglang only with settings it cannot report
+        honours_seed = (
+            info.owned_by == "agl"
+        )  # the embedded engine; sglang only with settings it cannot report
     proxy = Proxy(store, engines, renderer, settings, honours_seed=honours_seed)
 
     @contextlib.asynccontextmanager
@@ -176,7 +216,9 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
     app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
     auth = Auth(settings.admin_key, store)
     app.include_router(harness_routes(proxy, auth))
-    app.include_router(admin_routes(settings, store, proxy, auth), dependencies=[Depends(auth.admin)])
+    app.include_router(
+        admin_routes(settings, store, proxy, auth), dependencies=[Depends(auth.admin)]
+    )
     app.include_router(rollout_routes(proxy, auth))
     app.include_router(open_routes(store, proxy))
 
@@ -195,9 +237,13 @@ def make_app(settings: GatewaySettings, store: Store, engines: EngineClient, inf
             except StoreError:
                 log.warning("rollout_id=%s: could not record an error event", rollout.id)
         body = wire.error(message, kind, code, anthropic=path.endswith("/v1/messages"))
-        return JSONResponse(body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None)
+        return JSONResponse(
+            body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None
+        )
 
-    app.add_exception_handler(RequestValidationError, on_error)  # instead of FastAPI's 422; the rest: `Admission`
+    app.add_exception_handler(
+        RequestValidationError, on_error
+    )  # instead of FastAPI's 422; the rest: `Admission`
     app.add_middleware(Admission, settings.max_body_bytes, on_error, settings.access_log)
     return app
 
@@ -221,17 +267,35 @@ def main(argv: list[str]) -> int:
     store = Store(settings.db)
 
     async def serve() -> None:
-        client = EngineClient(settings.engine_url, timeout_s=settings.engine_timeout_s, api_key=settings.engine_key)
+        client = EngineClient(
+            settings.engine_url, timeout_s=settings.engine_timeout_s, api_key=settings.engine_key
+        )
         async with client as engines:
             app = make_app(settings, store, engines, await engine_info(engines))
             gc.collect()  # the start-up heap (tokenizer, transformers: ~400k objects) lives as long as
             gc.freeze()  # the process: kept out of every later collection (4-10% more calls/s, measured)
-            Bounded.max_head_bytes, Bounded.head_timeout_s = settings.max_head_bytes, settings.head_timeout_s
-            config = uvicorn.Config(
-                app, settings.host, settings.port, log_level="warning", access_log=False, http=Bounded
+            Bounded.max_head_bytes, Bounded.head_timeout_s = (
+                settings.max_head_bytes,
+                settings.head_timeout_s,
             )
-            config.limit_concurrency, config.timeout_keep_alive = settings.max_connections, 120  # idle harnesses (s)
-            log.info("gateway on http://%s:%d, engines %s", settings.host, settings.port, settings.engine_url)
+            config = uvicorn.Config(
+                app,
+                settings.host,
+                settings.port,
+                log_level="warning",
+                access_log=False,
+                http=Bounded,
+            )
+            config.limit_concurrency, config.timeout_keep_alive = (
+                settings.max_connections,
+                120,
+            )  # idle harnesses (s)
+            log.info(
+                "gateway on http://%s:%d, engines %s",
+                settings.host,
+                settings.port,
+                settings.engine_url,
+            )
             await uvicorn.Server(config).serve()
 
     try:

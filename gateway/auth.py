@@ -31,12 +31,17 @@ class Tokens:
     def __init__(self, store: Store, size: int = 100_000) -> None:
         self.store, self.size = store, size
         self.found: dict[str, tuple[Rollout, str]] = {}  # oldest first
-        self.of_rollout: defaultdict[str, set[str]] = defaultdict(set)  # rollout id -> its cached token hashes
+        self.of_rollout: defaultdict[str, set[str]] = defaultdict(
+            set
+        )  # rollout id -> its cached token hashes
         self.changes = 0
 
     async def lookup(self, token: str) -> tuple[Rollout, str] | None:
         if token_expired(token):
-            raise AuthError(401, "this token has expired; a launcher gets new ones from /api/rollouts/{id}/tokens")
+            raise AuthError(
+                401,
+                "this token has expired; a launcher gets new ones from /api/rollouts/{id}/tokens",
+            )
         digest = hash_token(token)
         if digest in self.found:
             return self.found[digest]
@@ -87,12 +92,16 @@ class Auth:
         return str(token)
 
     def is_admin(self, request: Request) -> bool:
-        presented, key = (s.encode(errors="surrogatepass") for s in (self.presented(request), self.admin_key))
+        presented, key = (
+            s.encode(errors="surrogatepass") for s in (self.presented(request), self.admin_key)
+        )
         return bool(key) and hmac.compare_digest(presented, key)  # bytes: a str must be ASCII
 
     async def admin(self, request: Request) -> None:
         if not self.is_admin(request):
-            raise AuthError(401 if not self.presented(request) else 403, "the admin key is required")
+            raise AuthError(
+                401 if not self.presented(request) else 403, "the admin key is required"
+            )
 
     async def agent(self, request: Request) -> Rollout:
         """A live rollout's agent token; the first call starts a queued rollout."""
@@ -115,7 +124,9 @@ class Auth:
                 rollout = await asyncio.to_thread(self.store.get_rollout, rollout.id)
         if rollout.status.terminal:
             raise _ended(rollout)
-        request.state.rollout = rollout  # its error replies are recorded as events; a refused token writes nothing
+        request.state.rollout = (
+            rollout  # its error replies are recorded as events; a refused token writes nothing
+        )
         return rollout
 
     async def rollout(self, request: Request, rollout_id: str) -> Rollout:
@@ -127,7 +138,9 @@ class Auth:
         if found is None:
             raise AuthError(401, "the admin key or this rollout's token is required")
         rollout, role = found
-        request.state.credential = f"{role} token"  # for `reward` and the reward's source (admin key: none)
+        request.state.credential = (
+            f"{role} token"  # for `reward` and the reward's source (admin key: none)
+        )
         if rollout.id != rollout_id:
             raise AuthError(403, "this token belongs to another rollout")
         if rollout.status.terminal:
@@ -138,5 +151,7 @@ class Auth:
         """As `rollout`, but of a rollout with a grader only the grader token."""
         rollout = await self.rollout(request, rollout_id)
         if rollout.has_grader and getattr(request.state, "credential", "admin") == "agent token":
-            raise AuthError(403, "this rollout has a grader: only the grader token may post its reward")
+            raise AuthError(
+                403, "this rollout has a grader: only the grader token may post its reward"
+            )
         return rollout

@@ -110,8 +110,16 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         if not urls or attempts < 1:
             raise ValueError("an engine client needs at least one replica URL and one attempt")
         self.replicas = [_Replica(u.rstrip("/")) for u in urls]
-        self._attempts, self._backoff_s, self._max_backoff_s, self._down_s = attempts, backoff_s, max_backoff_s, down_s
-        self._timeout_s, self._auth = timeout_s, {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._attempts, self._backoff_s, self._max_backoff_s, self._down_s = (
+            attempts,
+            backoff_s,
+            max_backoff_s,
+            down_s,
+        )
+        self._timeout_s, self._auth = (
+            timeout_s,
+            {"Authorization": f"Bearer {api_key}"} if api_key else {},
+        )
         self._http: aiohttp.ClientSession | None = None
 
     @property
@@ -121,7 +129,9 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
             timeout = aiohttp.ClientTimeout(total=self._timeout_s)
             headers = {"Content-Type": "application/json"} | self._auth
-            self._http = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
+            self._http = aiohttp.ClientSession(
+                connector=connector, timeout=timeout, headers=headers
+            )
         return self._http
 
     async def __aexit__(self, *exc: object) -> None:
@@ -131,10 +141,16 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
     # ------------------------------------------------------------------ generation
 
     async def generate(
-        self, input_ids: Sequence[int], sampling_params: dict[str, Any], *, rollout_id: str | None = None
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any],
+        *,
+        rollout_id: str | None = None,
     ) -> Generation:
         """Sample a continuation of `input_ids`, on the rollout's replica when it is up."""
-        ids = np.asarray(input_ids, np.int32)  # a rendered prompt (an int32 `array`) is viewed, not copied
+        ids = np.asarray(
+            input_ids, np.int32
+        )  # a rendered prompt (an int32 `array`) is viewed, not copied
         body = {"input_ids": ids, "sampling_params": sampling_params, "return_logprob": True}
         replica, reply = await self.call("POST", "/generate", body, rollout_id=rollout_id)
         try:
@@ -152,8 +168,12 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             if [int(p[1]) for p in pairs] != output_ids:
                 raise ValueError("output_token_logprobs do not match output_ids")
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-            raise EngineError(f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}") from e
-        return Generation(output_ids=output_ids, logprobs=logprobs, finish_reason=finish, replica=replica.url)
+            raise EngineError(
+                f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}"
+            ) from e
+        return Generation(
+            output_ids=output_ids, logprobs=logprobs, finish_reason=finish, replica=replica.url
+        )
 
     async def model_info(self) -> EngineInfo:
         """What the first replica that answers says of itself. The context length comes from `/v1/models`:
@@ -171,7 +191,9 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
                 owned_by=str(card.get("owned_by", "")),
             )
         except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise EngineError(f"malformed /model_info or /v1/models reply: {info!r:.200} {models!r:.200}") from e
+            raise EngineError(
+                f"malformed /model_info or /v1/models reply: {info!r:.200} {models!r:.200}"
+            ) from e
 
     # ------------------------------------------------------------------ plumbing
 
@@ -183,7 +205,11 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             home = self.replicas[zlib.crc32(rollout_id.encode()) % len(self.replicas)]
             if home in up:
                 return home
-        return min(up, key=lambda r: r.inflight) if up else min(self.replicas, key=lambda r: r.down_until)
+        return (
+            min(up, key=lambda r: r.inflight)
+            if up
+            else min(self.replicas, key=lambda r: r.down_until)
+        )
 
     async def call(
         self, method: str, path: str, body: Any = None, *, rollout_id: str | None = None
@@ -198,18 +224,31 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             r.inflight += 1
             try:
                 reply = await self._once(r, method, path, body)
-            except (_ServerError, TransportError, TimeoutError) as e:  # the replica's fault: retried
+            except (
+                _ServerError,
+                TransportError,
+                TimeoutError,
+            ) as e:  # the replica's fault: retried
                 last = e
                 r.down_until = time.monotonic() + self._down_s
                 n = f"{attempt + 1}/{self._attempts}"
-                log.warning("engine %s%s failed (attempt %s) rollout_id=%s: %r", r.url, path, n, rollout_id, e)
+                log.warning(
+                    "engine %s%s failed (attempt %s) rollout_id=%s: %r",
+                    r.url,
+                    path,
+                    n,
+                    rollout_id,
+                    e,
+                )
                 continue
             finally:
                 r.inflight -= 1
             r.down_until = 0.0
             return r, reply
         reason = f"{type(last).__name__}: {last}"
-        raise EngineUnavailable(f"{path} failed on any replica after {self._attempts} attempts: {reason}") from last
+        raise EngineUnavailable(
+            f"{path} failed on any replica after {self._attempts} attempts: {reason}"
+        ) from last
 
     async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
         data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
@@ -227,7 +266,9 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         except orjson.JSONDecodeError as e:
             raise EngineError(f"{r.url}{path} answered invalid JSON: {raw[:BODY_CUT]!r}") from e
 
-    async def _exchange(self, r: _Replica, method: str, path: str, data: bytes | None) -> tuple[int, str, bytes]:
+    async def _exchange(
+        self, r: _Replica, method: str, path: str, data: bytes | None
+    ) -> tuple[int, str, bytes]:
         """One HTTP exchange: (status, reason phrase, body)."""
         try:
             async with self.http.request(method, r.url + path, data=data) as reply:
@@ -235,7 +276,9 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         except aiohttp.ServerDisconnectedError as e:
             raise _Unanswered(f"{r.url}{path}: {e!r}") from e
         except TimeoutError as e:
-            raise TimeoutError(f"{r.url}{path}: no complete reply within {self._timeout_s:g} s") from e
+            raise TimeoutError(
+                f"{r.url}{path}: no complete reply within {self._timeout_s:g} s"
+            ) from e
         except aiohttp.ClientConnectorError as e:
             raise TransportError(f"cannot connect to {r.url}: {e!r}") from e
         except (aiohttp.ClientError, OSError) as e:

@@ -28,7 +28,22 @@ from gateway.types import Ask, Completion, ContextOverflow, Message, Params, Ren
 log = logging.getLogger(__name__)
 MAX_LABELS = 100  # distinct values a label takes from harnesses (agents, tool types); later ones count as "other"
 INLINE_CHARS = 16_000  # prompts shorter than this render on the event loop (a few ms at most)
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # of call latency (seconds)
+BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+)  # of call latency (seconds)
 
 
 class HeldTooLong(Exception):
@@ -39,7 +54,10 @@ class Gate:
     """Pause/resume with drain: `enter`/`leave` around each call; `pause` waits for in-flight calls."""
 
     def __init__(self) -> None:
-        self._open, self._drained = asyncio.Event(), asyncio.Event()  # open; drained: no call in flight
+        self._open, self._drained = (
+            asyncio.Event(),
+            asyncio.Event(),
+        )  # open; drained: no call in flight
         self._open.set()
         self._drained.set()
         self.inflight = self.waiting = 0  # calls in flight; calls held by a pause
@@ -54,7 +72,9 @@ class Gate:
             try:
                 await asyncio.wait_for(self._open.wait(), max_hold_s)
             except TimeoutError as e:
-                raise HeldTooLong(f"the gateway has been paused for more than {max_hold_s:.0f} s") from e
+                raise HeldTooLong(
+                    f"the gateway has been paused for more than {max_hold_s:.0f} s"
+                ) from e
             finally:
                 self.waiting -= 1
         self.inflight += 1
@@ -77,16 +97,32 @@ class Metrics:
     def __init__(self, gate: Gate) -> None:
         self.registry = r = CollectorRegistry()
         self.calls = Counter("agl_calls", "Recorded model calls", ["agent", "api"], registry=r)
-        self.errors = Counter("agl_call_errors", "Harness calls answered with an error", ["status", "kind"], registry=r)
+        self.errors = Counter(
+            "agl_call_errors",
+            "Harness calls answered with an error",
+            ["status", "kind"],
+            registry=r,
+        )
         self.tokens = Counter("agl_tokens", "Tokens of recorded calls", ["kind"], registry=r)
         self.latency = Histogram(
-            "agl_call_latency_seconds", "Time from receiving a call to recording it", buckets=BUCKETS, registry=r
+            "agl_call_latency_seconds",
+            "Time from receiving a call to recording it",
+            buckets=BUCKETS,
+            registry=r,
         )
-        Gauge("agl_inflight_calls", "Calls being served", registry=r).set_function(lambda: gate.inflight)
-        Gauge("agl_paused", "1 while the gateway is paused", registry=r).set_function(lambda: gate.paused)
+        Gauge("agl_inflight_calls", "Calls being served", registry=r).set_function(
+            lambda: gate.inflight
+        )
+        Gauge("agl_paused", "1 while the gateway is paused", registry=r).set_function(
+            lambda: gate.paused
+        )
         self.rollouts = Gauge("agl_rollouts", "Rollouts by status", ["status"], registry=r)
-        self.prefix = Counter("agl_prefix", "Prompts by how they extend the rollout's calls", ["kind"], registry=r)
-        self.over_budget = Counter("agl_over_budget", "Requests refused: the rollout's storage budget", registry=r)
+        self.prefix = Counter(
+            "agl_prefix", "Prompts by how they extend the rollout's calls", ["kind"], registry=r
+        )
+        self.over_budget = Counter(
+            "agl_over_budget", "Requests refused: the rollout's storage budget", registry=r
+        )
         about = "Rollouts that asked for what no prompt shows, by request field"
         self.not_honoured = Counter("agl_not_honoured", about, ["field"], registry=r)
 
@@ -95,19 +131,31 @@ class Proxy:
     """Serves harness calls: gate, render, check, sample, record."""
 
     def __init__(
-        self, store: Store, engines: EngineClient, renderer: Renderer, settings: GatewaySettings, *, honours_seed: bool
+        self,
+        store: Store,
+        engines: EngineClient,
+        renderer: Renderer,
+        settings: GatewaySettings,
+        *,
+        honours_seed: bool,
     ) -> None:
         self.store, self.engines, self.renderer, self.settings = store, engines, renderer, settings
-        self.honours_seed = honours_seed  # the engines use a request's seed (sglang: only in deterministic mode)
+        self.honours_seed = (
+            honours_seed  # the engines use a request's seed (sglang: only in deterministic mode)
+        )
         latest = store.latest_model()
-        self.version = latest.version if latest else 0  # served: the latest registered until a resume names one
+        self.version = (
+            latest.version if latest else 0
+        )  # served: the latest registered until a resume names one
         self.gate = Gate()
         self.metrics = Metrics(self.gate)
         self.started = time.time()
         self.seen: set[str] = set()  # rollouts called since this gateway started
         self.agents: set[str] = set()  # the agent labels in /metrics
         self.fields: set[str] = set()  # the field labels of agl_not_honoured
-        self.not_honoured: dict[str, set[str]] = {}  # rollout id -> the fields its `not_honoured` events named
+        self.not_honoured: dict[
+            str, set[str]
+        ] = {}  # rollout id -> the fields its `not_honoured` events named
         self.sent: dict[str, int] = {}  # rollout id -> bytes its tokens have sent (`charge`)
 
     async def charge(self, rollout: Rollout, size: int) -> None:
@@ -115,7 +163,9 @@ class Proxy:
         `rollout_max_bytes`. Starts from what the store holds of a rollout older than this gateway, or retried."""
         if (rid := rollout.id) not in self.sent:
             fresh = rollout.created_at >= self.started and rollout.attempt == 1
-            self.sent.setdefault(rid, 0 if fresh else await asyncio.to_thread(self.store.stored_bytes, rid))
+            self.sent.setdefault(
+                rid, 0 if fresh else await asyncio.to_thread(self.store.stored_bytes, rid)
+            )
         if self.sent[rid] + size > (budget := self.settings.rollout_max_bytes):
             self.metrics.over_budget.inc()
             raise TooLarge(
@@ -124,23 +174,40 @@ class Proxy:
             )
         self.sent[rid] += size
 
-    async def chat(self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params) -> list[Completion]:
+    async def chat(
+        self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params
+    ) -> list[Completion]:
         rollout_id = ask.rollout.id
         # A long prompt is rendered and tokenized off the event loop (the tokenizer releases the GIL): it takes
         # seconds at megabytes. A short one is not worth two thread switches, each a wait for a busy core.
         preserve = self.settings.prefix_preserving
-        render = partial(self.renderer.prompt, rollout_id, messages, tools, preserve=preserve, template=params.template)
+        render = partial(
+            self.renderer.prompt,
+            rollout_id,
+            messages,
+            tools,
+            preserve=preserve,
+            template=params.template,
+        )
         size = sum(len(m.content) for m in messages) + len(json.dumps([tools, params.template]))
         prompt = render() if size < INLINE_CHARS else await asyncio.to_thread(render)
         out = await self._serve(ask, prompt.ids, params, parse=True)
-        self.metrics.prefix.labels("extended" if prompt.extended else (prompt.mismatch or "first")).inc()  # recorded
-        if prompt.mismatch:  # recorded without waiting: a classification, not something a client was promised
-            self.store.append_event(rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent})
+        self.metrics.prefix.labels(
+            "extended" if prompt.extended else (prompt.mismatch or "first")
+        ).inc()  # recorded
+        if (
+            prompt.mismatch
+        ):  # recorded without waiting: a classification, not something a client was promised
+            self.store.append_event(
+                rollout_id, "prefix_mismatch", {"class": prompt.mismatch, "agent": ask.agent}
+            )
         self._not_honoured(ask, params)
         first, ids, sampled_text = out[0]
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.
-        asyncio.get_running_loop().call_soon(self.renderer.remember, rollout_id, prompt, ids, first.reply, sampled_text)
+        asyncio.get_running_loop().call_soon(
+            self.renderer.remember, rollout_id, prompt, ids, first.reply, sampled_text
+        )
         return [c for c, _, _ in out]
 
     async def complete(self, ask: Ask, prompt_ids: list[int], params: Params) -> list[Completion]:
@@ -176,8 +243,12 @@ class Proxy:
         if rollout.id not in self.seen and rollout.created_at < self.started:
             self.seen.add(rollout.id)
             found = await asyncio.to_thread(self.store.last_calls, rollout.id, n)
-            if len(found) >= n and all(c.request == ask.body and c.created_at < self.started for c in found):
-                log.info("rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n)
+            if len(found) >= n and all(
+                c.request == ask.body and c.created_at < self.started for c in found
+            ):
+                log.info(
+                    "rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n
+                )
                 return [(self._completion(c, parse), list(c.response_ids), None) for c in found]
         return [await self._sample(ask, prompt, params, i, parse=parse) for i in range(n)]
 
@@ -186,9 +257,15 @@ class Proxy:
     ) -> tuple[Completion, list[int], str]:
         """One sampled, recorded reply: (completion, sampled IDs, their text before any stop string cut)."""
         room = self.renderer.context_length - len(prompt)
-        max_tokens = params.max_tokens if params.max_tokens is not None else min(self.settings.default_max_tokens, room)
+        max_tokens = (
+            params.max_tokens
+            if params.max_tokens is not None
+            else min(self.settings.default_max_tokens, room)
+        )
         if max_tokens > room and 0 < self.settings.fit_max_tokens <= room:
-            self.store.append_event(ask.rollout.id, "max_tokens_lowered", {"asked": max_tokens, "to": room})
+            self.store.append_event(
+                ask.rollout.id, "max_tokens_lowered", {"asked": max_tokens, "to": room}
+            )
             max_tokens = room
         if max_tokens > room or room <= 0:
             raise ContextOverflow(
@@ -204,8 +281,12 @@ class Proxy:
         }
         if params.seed is not None and self.honours_seed:
             sampling["sampling_seed"] = params.seed + index
-        sampling |= ask.rollout.metadata.get("sampling") or {}  # set by whoever made the rollout (greedy validation)
-        if sampling["top_k"] == 0:  # "no top-k" in OpenAI-style APIs; sglang refuses 0 and spells it -1
+        sampling |= (
+            ask.rollout.metadata.get("sampling") or {}
+        )  # set by whoever made the rollout (greedy validation)
+        if (
+            sampling["top_k"] == 0
+        ):  # "no top-k" in OpenAI-style APIs; sglang refuses 0 and spells it -1
             sampling["top_k"] = -1
         started = time.monotonic()
         await self.gate.enter(self.settings.max_hold_s)
@@ -239,7 +320,9 @@ class Proxy:
             await recorded  # the reply is built while the call commits, and returned once it has
         finally:
             self.gate.leave()
-        asyncio.get_running_loop().call_soon(self._count, ask, len(prompt), len(ids), time.monotonic() - started)
+        asyncio.get_running_loop().call_soon(
+            self._count, ask, len(prompt), len(ids), time.monotonic() - started
+        )
         return completion, ids, sampled_text
 
     def _count(self, ask: Ask, prompt_tokens: int, response_tokens: int, latency_s: float) -> None:
@@ -263,7 +346,9 @@ class Proxy:
         tool_parser = self.renderer.tool_parser if call.request.get("tools") else "none"
         reply = parse_reply(text, tool_parser) if parse else Message("assistant", text)
         tokens = [self.renderer.decode([t]) for t in ids] if call.request.get("logprobs") else []
-        return Completion(reply, len(call.prompt_ids), len(ids), call.finish_reason, stop, call.logprobs, tokens)
+        return Completion(
+            reply, len(call.prompt_ids), len(ids), call.finish_reason, stop, call.logprobs, tokens
+        )
 
     def _stop_at(self, ids: list[int], stops: list[str]) -> tuple[int, str]:
         """How many sampled tokens to keep, and the stop string they end with: the fewest whose
@@ -288,4 +373,9 @@ class Proxy:
 
     def state(self) -> JSON:
         gate = self.gate
-        return {"paused": gate.paused, "version": self.version, "inflight": gate.inflight, "waiting": gate.waiting}
+        return {
+            "paused": gate.paused,
+            "version": self.version,
+            "inflight": gate.inflight,
+            "waiting": gate.waiting,
+        }

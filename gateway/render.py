@@ -41,8 +41,14 @@ def parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
             data = json.loads(match.group(1))
             name, args = data["name"], data.get("arguments", {})
         except (ValueError, KeyError, TypeError):
-            return match.group(0)  # not a well-formed call: leave it in the content for the harness to see
-        calls.append(ToolCall(str(name), args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
+            return match.group(
+                0
+            )  # not a well-formed call: leave it in the content for the harness to see
+        calls.append(
+            ToolCall(
+                str(name), args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            )
+        )
         return ""
 
     rest = _HERMES.sub(take, text)
@@ -101,7 +107,9 @@ class Prompt:
 class Renderer:
     """Chat template rendering for one tokenizer, with per-rollout transcripts (bounded LRU)."""
 
-    def __init__(self, tokenizer: Any, *, tool_parser: str = "hermes", context_length: int = 0) -> None:
+    def __init__(
+        self, tokenizer: Any, *, tool_parser: str = "hermes", context_length: int = 0
+    ) -> None:
         if tool_parser not in TOOL_PARSERS:
             raise ValueError(f"unknown tool parser {tool_parser!r}; known: {sorted(TOOL_PARSERS)}")
         self.tokenizer, self.tool_parser = tokenizer, tool_parser
@@ -112,10 +120,16 @@ class Renderer:
         # writes markers, so tool output cannot forge a turn, nor change the tokens the model is trained on.
         added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
         self._markers = re.compile("|".join(map(re.escape, added))) if added else None
-        self._stand_in = f"@@agl{secrets.token_hex(8)}."  # never shown to a client, so no text can spell it
+        self._stand_in = (
+            f"@@agl{secrets.token_hex(8)}."  # never shown to a client, so no text can spell it
+        )
         # A group's rollouts start from the same prompt (one task, one harness): it is tokenized once.
-        self._encode_first = functools.lru_cache(maxsize=64)(lambda text: array("i", self.encode(text)))
-        self._plain: Any = None  # the Rust tokenizer reading markers as text, made when first needed
+        self._encode_first = functools.lru_cache(maxsize=64)(
+            lambda text: array("i", self.encode(text))
+        )
+        self._plain: Any = (
+            None  # the Rust tokenizer reading markers as text, made when first needed
+        )
         self.transcripts: OrderedDict[str, list[Transcript]] = OrderedDict()
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         if not isinstance(im_end, int) or im_end == tokenizer.unk_token_id:
@@ -123,12 +137,20 @@ class Renderer:
         self.turn_end: int = im_end
         self.turn_end_text = str(tokenizer.convert_ids_to_tokens(im_end))
         self.end_ids = {im_end, tokenizer.eos_token_id} - {None}
-        self._backend: Any = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer: no wrapper cost
+        self._backend: Any = getattr(
+            tokenizer, "backend_tokenizer", None
+        )  # the Rust tokenizer: no wrapper cost
         # Decoding is the Rust tokenizer's, unless the wrapper would add its clean-up pass.
-        fast = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        fast = self._backend is not None and not getattr(
+            tokenizer, "clean_up_tokenization_spaces", True
+        )
         self._decoder: Any = self._backend if fast else tokenizer
-        self.thinking_switch = "enable_thinking" in str(tokenizer.chat_template or "")  # Qwen3's on/off
-        self._arguments = set(inspect.signature(tokenizer.apply_chat_template).parameters)  # not template variables
+        self.thinking_switch = "enable_thinking" in str(
+            tokenizer.chat_template or ""
+        )  # Qwen3's on/off
+        self._arguments = set(
+            inspect.signature(tokenizer.apply_chat_template).parameters
+        )  # not template variables
         self._stable: dict[str, bool] = {}  # template variables (JSON) -> `stable`
 
     def stable(self, template: JSON | None = None) -> bool:
@@ -142,16 +164,29 @@ class Renderer:
 
     def _renders_each_message_once(self, template: JSON | None) -> bool:
         call = ToolCall("f", '{"a": 1}', "c1")
-        sample = [Message("system", "s"), Message("user", "u"), Message("assistant", "a", (call,), "r")]
-        sample += [Message("tool", "out", tool_call_id="c1"), Message("assistant", "b", reasoning="r2")]
+        sample = [
+            Message("system", "s"),
+            Message("user", "u"),
+            Message("assistant", "a", (call,), "r"),
+        ]
+        sample += [
+            Message("tool", "out", tool_call_id="c1"),
+            Message("assistant", "b", reasoning="r2"),
+        ]
         sample += [Message("user", "v"), Message("assistant", "c"), Message("user", "w")]
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
         for conversation, offered in itertools.product((sample, sample[1:]), (tools, [])):
             try:
-                whole = self.render_text(conversation, offered, generation_prompt=True, template=template)
+                whole = self.render_text(
+                    conversation, offered, generation_prompt=True, template=template
+                )
                 for k in (i for i, m in enumerate(conversation) if m.role == "assistant"):
                     head = self._history(conversation[: k + 1], offered, template)
-                    if head + self._after(conversation[:1], conversation[k + 1 :], offered, template)[0] != whole:
+                    if (
+                        head
+                        + self._after(conversation[:1], conversation[k + 1 :], offered, template)[0]
+                        != whole
+                    ):
                         return False
             except RenderError:
                 return False
@@ -163,7 +198,11 @@ class Renderer:
         return text[: text.rfind(self.turn_end_text) + len(self.turn_end_text)]
 
     def _after(
-        self, first: Sequence[Message], new: Sequence[Message], tools: list[JSON], template: JSON | None
+        self,
+        first: Sequence[Message],
+        new: Sequence[Message],
+        tools: list[JSON],
+        template: JSON | None,
     ) -> tuple[str, list[tuple[int, int]]]:
         """The text `new` adds after a history that starts with `first` (and its marker spans), where the
         template is `stable`: the rendering of `first` + `new` past that of `first` alone, from its turn end."""
@@ -172,11 +211,20 @@ class Renderer:
         return text[cut:], [(a - cut, b - cut) for a, b in literal if a >= cut]
 
     def render_text(
-        self, messages: Sequence[Message], tools: list[JSON], *, generation_prompt: bool, template: JSON | None = None
+        self,
+        messages: Sequence[Message],
+        tools: list[JSON],
+        *,
+        generation_prompt: bool,
+        template: JSON | None = None,
     ) -> str:
         """The template's text; `template`: its variables beyond messages and tools (`enable_thinking`)."""
-        if taken := sorted(self._arguments.intersection(template or {})):  # a whole template, continue_final_message
-            raise RenderError(f"chat template variables cannot set the renderer's own arguments {taken}")
+        if taken := sorted(
+            self._arguments.intersection(template or {})
+        ):  # a whole template, continue_final_message
+            raise RenderError(
+                f"chat template variables cannot set the renderer's own arguments {taken}"
+            )
         try:
             text = self.tokenizer.apply_chat_template(
                 [m.template_dict() for m in messages],
@@ -204,7 +252,9 @@ class Renderer:
 
             messages = [m.map_text(lambda text: markers.sub(stand_in, text)) for m in messages]
             tools = json.loads(markers.sub(stand_in, json.dumps(tools))) if tools else tools
-            template = json.loads(markers.sub(stand_in, json.dumps(template))) if template else template
+            template = (
+                json.loads(markers.sub(stand_in, json.dumps(template))) if template else template
+            )
         text = self.render_text(messages, tools, generation_prompt=True, template=template)
         if not found:
             return text, []
@@ -227,7 +277,9 @@ class Renderer:
             return ids + self.encode(text[at:])
         if self._backend is None:
             return list(self.tokenizer.encode(text, add_special_tokens=False))
-        return list(self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids)  # no offsets
+        return list(
+            self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        )  # no offsets
 
     def check_length(self, chars: int) -> None:
         """Refuse text of `chars` characters when no context can hold it (no token is longer than `token_chars`)."""
@@ -239,7 +291,9 @@ class Renderer:
 
     def _encode_plain(self, text: str) -> list[int]:
         if self._backend is None:
-            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+            return list(
+                self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            )
         if self._plain is None:  # every added token special, and special tokens read as text
             spec = json.loads(self._backend.to_str())
             for token in spec["added_tokens"]:
@@ -269,35 +323,60 @@ class Renderer:
         if not messages:
             raise RenderError("messages must not be empty")
         tools_key = json.dumps([tools, template or {}], sort_keys=True)
-        self.check_length(len(tools_key) + sum(len(m.content) for m in messages))  # before rendering: at least this
-        digests = list(itertools.accumulate(messages, _digest, initial=0))[1:]  # [i]: of messages[:i + 1]
+        self.check_length(
+            len(tools_key) + sum(len(m.content) for m in messages)
+        )  # before rendering: at least this
+        digests = list(itertools.accumulate(messages, _digest, initial=0))[
+            1:
+        ]  # [i]: of messages[:i + 1]
         transcripts = self.transcripts.get(rollout_id, [])
         for t in reversed(transcripts):
             if t.tools_key != tools_key or t.digest not in digests[:-1]:
                 continue
-            if preserve and self.stable(template):  # only the new messages rendered: the history is the transcript
+            if preserve and self.stable(
+                template
+            ):  # only the new messages rendered: the history is the transcript
                 new = messages[digests.index(t.digest) + 1 :]
                 added, spans = self._after(messages[:1], new, tools, template)
-                return Prompt(t.ids + array("i", self.encode(added, spans)), True, "", digests, tools_key)
+                return Prompt(
+                    t.ids + array("i", self.encode(added, spans)), True, "", digests, tools_key
+                )
             full, literal = self.render_prompt(messages, tools, template)
             length, digest = t.verbatim
-            if not preserve or hash(full[:length]) != digest:  # else the reply came back as sampled: no second render
+            if (
+                not preserve or hash(full[:length]) != digest
+            ):  # else the reply came back as sampled: no second render
                 head = self._head(full, messages[: digests.index(t.digest) + 1], tools, template)
                 if head is None or not preserve:  # the whole prompt tokenized afresh
                     ids = array("i", self.encode(full, literal))
                     same = head is not None and ids[: len(t.ids)] == t.ids
-                    kind = "template_edit" if head is None else "" if same else "retokenized_boundary"
+                    kind = (
+                        "template_edit" if head is None else "" if same else "retokenized_boundary"
+                    )
                     return Prompt(ids, same, kind, digests, tools_key, full)
                 length = len(head)
-            tail = [(a - length, b - length) for a, b in literal if a >= length]  # the head is the transcript's
-            return Prompt(t.ids + array("i", self.encode(full[length:], tail)), True, "", digests, tools_key, full)
+            tail = [
+                (a - length, b - length) for a, b in literal if a >= length
+            ]  # the head is the transcript's
+            return Prompt(
+                t.ids + array("i", self.encode(full[length:], tail)),
+                True,
+                "",
+                digests,
+                tools_key,
+                full,
+            )
         full, literal = self.render_prompt(messages, tools, template)
-        rewritten = any(t.first == digests[0] for t in transcripts)  # same start: the harness edited its context
+        rewritten = any(
+            t.first == digests[0] for t in transcripts
+        )  # same start: the harness edited its context
         kind = "" if not transcripts else "context_rewritten" if rewritten else "new_chain"
         ids = array("i", self._encode_first(full) if not literal else self.encode(full, literal))
         return Prompt(ids, False, kind, digests, tools_key, full)
 
-    def _head(self, full: str, history: Sequence[Message], tools: list[JSON], template: JSON | None) -> str | None:
+    def _head(
+        self, full: str, history: Sequence[Message], tools: list[JSON], template: JSON | None
+    ) -> str | None:
         """The text of `full` that renders `history`, through its last reply's turn end; tried as
         sent and with reasoning stripped (templates that drop earlier turns' reasoning)."""
         for variant in (history, [replace(m, reasoning="") for m in history]):
@@ -307,18 +386,31 @@ class Renderer:
         return None
 
     def remember(
-        self, rollout_id: str, prompt: Prompt, response_ids: Sequence[int], reply: Message, text: str | None = None
+        self,
+        rollout_id: str,
+        prompt: Prompt,
+        response_ids: Sequence[int],
+        reply: Message,
+        text: str | None = None,
     ) -> None:
         """Keep the transcript a call produced: prompt, sampled reply, and the turn end the template
         adds when sampling stopped without one. `text`: the reply's `reply_text`, if known."""
         ids = prompt.ids + array("i", response_ids)
         if not response_ids or response_ids[-1] not in self.end_ids:
             ids.append(self.turn_end)
-        verbatim = prompt.text + (self.reply_text(response_ids) if text is None else text) + self.turn_end_text
+        verbatim = (
+            prompt.text
+            + (self.reply_text(response_ids) if text is None else text)
+            + self.turn_end_text
+        )
         digest = _digest(prompt.digests[-1], reply)
         superseded = set(prompt.digests)
         kept = [t for t in self.transcripts.pop(rollout_id, []) if t.digest not in superseded]
-        kept.append(Transcript(digest, prompt.digests[0], ids, prompt.tools_key, (len(verbatim), hash(verbatim))))
+        kept.append(
+            Transcript(
+                digest, prompt.digests[0], ids, prompt.tools_key, (len(verbatim), hash(verbatim))
+            )
+        )
         self.transcripts[rollout_id] = kept[-8:]
         while len(self.transcripts) > MAX_ROLLOUTS:
             self.transcripts.popitem(last=False)

@@ -38,7 +38,11 @@ class ToolCall:
 
     def openai(self, arguments: Any) -> JSON:
         """The call in OpenAI's shape: `arguments` as text on the wire, parsed for a chat template."""
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        }
 
 
 @dataclass(frozen=True)
@@ -54,20 +58,31 @@ class Message:
     is_error: bool = False  # a tool result the harness marked as an error (Anthropic's `is_error`)
 
     def template_dict(self) -> JSON:
-        out: JSON = {"role": "system" if self.role == "developer" else self.role, "content": self.content}
+        out: JSON = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.content,
+        }
         if self.tool_calls:
             out["tool_calls"] = [c.openai(c.parsed_arguments()) for c in self.tool_calls]
-        extra = {"reasoning_content": self.reasoning, "tool_call_id": self.tool_call_id, "name": self.name}
+        extra = {
+            "reasoning_content": self.reasoning,
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+        }
         return out | {k: v for k, v in extra.items() if v}
 
     def map_text(self, f: Callable[[str], str]) -> "Message":
         calls = tuple(ToolCall(f(c.name), f(c.arguments), f(c.id)) for c in self.tool_calls)
-        return Message(self.role, f(self.content), calls, f(self.reasoning), f(self.tool_call_id), f(self.name))
+        return Message(
+            self.role, f(self.content), calls, f(self.reasoning), f(self.tool_call_id), f(self.name)
+        )
 
     def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
         """What identifies the message for prefix matching: tool arguments as the template gets them (parsed);
         reasoning and call ids are left out, since harnesses often drop the first and may rename the second."""
-        calls = tuple((c.name, json.dumps(c.parsed_arguments(), sort_keys=True)) for c in self.tool_calls)
+        calls = tuple(
+            (c.name, json.dumps(c.parsed_arguments(), sort_keys=True)) for c in self.tool_calls
+        )
         return self.role, self.content.strip(), calls
 
 
@@ -93,8 +108,12 @@ class Params:
     top_k: int = -1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
-    template: JSON = field(default_factory=dict)  # the template's variables: `enable_thinking`, chat_template_kwargs
-    not_honoured: list[str] = field(default_factory=list)  # e.g. "thinking.budget_tokens", "tools.web_search"
+    template: JSON = field(
+        default_factory=dict
+    )  # the template's variables: `enable_thinking`, chat_template_kwargs
+    not_honoured: list[str] = field(
+        default_factory=list
+    )  # e.g. "thinking.budget_tokens", "tools.web_search"
 
 
 @dataclass(frozen=True)

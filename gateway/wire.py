@@ -49,10 +49,14 @@ class _Request(BaseModel):
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1, le=2**31 - 1)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1 - 16)  # plus the choice's index: still 64 bits
+    seed: int | None = Field(
+        None, ge=-(2**63), le=2**63 - 1 - 16
+    )  # plus the choice's index: still 64 bits
     stream: bool = False
 
-    def _params(self, max_tokens: int | None, stop: str | list[str] | None = None, n: int = 1) -> Params:
+    def _params(
+        self, max_tokens: int | None, stop: str | list[str] | None = None, n: int = 1
+    ) -> Params:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         return Params(n, max_tokens, self.temperature, self.top_p, self.top_k, stops, self.seed)
 
@@ -74,7 +78,9 @@ def text_of(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
-        raise RenderError(f"message content must be a string or a list of parts, not {type(content).__name__}")
+        raise RenderError(
+            f"message content must be a string or a list of parts, not {type(content).__name__}"
+        )
     return "".join(map(_part_text, content))
 
 
@@ -114,17 +120,23 @@ def validate_tools(tools: list[JSON] | None) -> list[JSON]:
     for tool in tools or []:
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise RenderError("each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}")
+            raise RenderError(
+                "each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}"
+            )
         if not isinstance(fn.get("parameters", {}), dict):
             raise RenderError(f"tool {fn['name']!r}: parameters must be a JSON schema object")
     return tools or []
 
 
 def _finish(c: Completion) -> str:
-    return "tool_calls" if c.reply.tool_calls else "length" if c.finish_reason == "length" else "stop"
+    return (
+        "tool_calls" if c.reply.tool_calls else "length" if c.finish_reason == "length" else "stop"
+    )
 
 
-def _openai_reply(prefix: str, kind: str, model: str, choices: list[JSON], completions: list[Completion]) -> JSON:
+def _openai_reply(
+    prefix: str, kind: str, model: str, choices: list[JSON], completions: list[Completion]
+) -> JSON:
     """The envelope of a Chat Completions or Completions reply; its choices share one prompt."""
     prompt, out = completions[0].prompt_tokens, sum(c.completion_tokens for c in completions)
     usage = {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
@@ -136,8 +148,12 @@ def _openai_reply(prefix: str, kind: str, model: str, choices: list[JSON], compl
 
 
 def _logprobs(c: Completion) -> JSON:
-    pairs: list[JSON] = [{"token": t, "logprob": lp} for t, lp in zip(c.tokens, c.logprobs, strict=False)]
-    return {"content": [p | {"bytes": list(p["token"].encode()), "top_logprobs": [p]} for p in pairs]}
+    pairs: list[JSON] = [
+        {"token": t, "logprob": lp} for t, lp in zip(c.tokens, c.logprobs, strict=False)
+    ]
+    return {
+        "content": [p | {"bytes": list(p["token"].encode()), "top_logprobs": [p]} for p in pairs]
+    }
 
 
 class ChatRequest(_Request):
@@ -152,7 +168,9 @@ class ChatRequest(_Request):
     stream_options: JSON | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    chat_template_kwargs: JSON | None = None  # the template's variables, as vLLM and sglang take them
+    chat_template_kwargs: JSON | None = (
+        None  # the template's variables, as vLLM and sglang take them
+    )
     response_format: JSON | None = None
     reasoning_effort: Any = None
 
@@ -179,17 +197,28 @@ class ChatRequest(_Request):
             if c.reply.reasoning:
                 message["reasoning_content"] = c.reply.reasoning
             logprobs = _logprobs(c) if self.logprobs else None
-            choices.append({"index": i, "message": message, "finish_reason": _finish(c), "logprobs": logprobs})
+            choices.append(
+                {"index": i, "message": message, "finish_reason": _finish(c), "logprobs": logprobs}
+            )
         return _openai_reply("chatcmpl-", "chat.completion", self.model, choices, completions)
 
     def events(self, response: JSON) -> Iterator[str]:
-        base = {k: response[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        base = {k: response[k] for k in ("id", "created", "model")} | {
+            "object": "chat.completion.chunk"
+        }
         for choice in response["choices"]:
             i, message = choice["index"], choice["message"]
             deltas: list[JSON] = [{"role": "assistant", "content": ""}]
-            deltas += [{key: message[key]} for key in ("reasoning_content", "content") if message.get(key)]
-            deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(message.get("tool_calls", []))]
-            for n, delta in enumerate([*deltas, {}]):  # the last, empty delta carries the finish reason
+            deltas += [
+                {key: message[key]} for key in ("reasoning_content", "content") if message.get(key)
+            ]
+            deltas += [
+                {"tool_calls": [{"index": k, **call}]}
+                for k, call in enumerate(message.get("tool_calls", []))
+            ]
+            for n, delta in enumerate(
+                [*deltas, {}]
+            ):  # the last, empty delta carries the finish reason
                 finish = choice["finish_reason"] if n == len(deltas) else None
                 chunk = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
                 yield _sse(base | {"choices": [chunk]})
@@ -239,7 +268,9 @@ def _functions(tools: list[JSON], not_honoured: list[str]) -> list[JSON]:
         elif kind == "namespace" and isinstance(t.get("tools"), list):
             out += _functions(t["tools"], not_honoured)
         elif kind is None or kind == "namespace":
-            raise RenderError("each tool must be an object with a `type`; a namespace tool needs a list of `tools`")
+            raise RenderError(
+                "each tool must be an object with a `type`; a namespace tool needs a list of `tools`"
+            )
         else:
             not_honoured.append(f"tools.{str(kind)[:64]}")
     return out
@@ -257,29 +288,54 @@ class ResponsesRequest(_Request):
 
     def parse(self, thinking_switch: bool = False) -> tuple[list[Message], list[JSON], Params]:
         messages = [Message("system", self.instructions)] if self.instructions else []
-        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        items = (
+            [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        )
         for item in items:
             kind = item.get("type", "message")
             if kind == "message":
-                messages.append(message_from_openai({"role": item.get("role"), "content": item.get("content")}))
+                messages.append(
+                    message_from_openai({"role": item.get("role"), "content": item.get("content")})
+                )
             elif kind == "function_call":
-                call = ToolCall(str(item.get("name", "")), str(item.get("arguments", "")), str(item.get("call_id", "")))
-                last = messages.pop() if messages and messages[-1].role == "assistant" else Message("assistant")
-                messages.append(Message("assistant", last.content, (*last.tool_calls, call), last.reasoning))
+                call = ToolCall(
+                    str(item.get("name", "")),
+                    str(item.get("arguments", "")),
+                    str(item.get("call_id", "")),
+                )
+                last = (
+                    messages.pop()
+                    if messages and messages[-1].role == "assistant"
+                    else Message("assistant")
+                )
+                messages.append(
+                    Message("assistant", last.content, (*last.tool_calls, call), last.reasoning)
+                )
             elif kind == "function_call_output":
-                messages.append(Message("tool", text_of(item.get("output")), tool_call_id=str(item.get("call_id", ""))))
+                messages.append(
+                    Message(
+                        "tool",
+                        text_of(item.get("output")),
+                        tool_call_id=str(item.get("call_id", "")),
+                    )
+                )
             elif kind != "reasoning":
                 raise RenderError(f"unsupported input item type {kind!r}")
         params = self._params(self.max_output_tokens)
-        tools = [] if self.tool_choice == "none" else _functions(self.tools or [], params.not_honoured)
-        if self.reasoning is not None:  # effort "none" or "minimal": off, else on; no template switch sets a level
+        tools = (
+            [] if self.tool_choice == "none" else _functions(self.tools or [], params.not_honoured)
+        )
+        if (
+            self.reasoning is not None
+        ):  # effort "none" or "minimal": off, else on; no template switch sets a level
             effort = self.reasoning.get("effort")
             self._thinking(params, "reasoning", effort not in ("none", "minimal"), thinking_switch)
             params.not_honoured += ["reasoning.effort"] if effort not in (None, "none") else []
         asked = {
             "tool_choice": self.tool_choice not in (None, "auto", "none"),
             "text.format": (self.text or {}).get("format") not in (None, {"type": "text"}),
-            "previous_response_id": self.previous_response_id is not None,  # no response is stored to continue
+            "previous_response_id": self.previous_response_id
+            is not None,  # no response is stored to continue
         }
         params.not_honoured += [name for name, unmet in asked.items() if unmet]
         return messages, validate_tools(tools), params
@@ -291,15 +347,31 @@ class ResponsesRequest(_Request):
             summary = [{"type": "summary_text", "text": c.reply.reasoning}]
             output.append({"type": "reasoning", "id": _id("rs_"), "summary": summary})
         if c.reply.content or not c.reply.tool_calls:
-            message = {"type": "message", "id": _id("msg_"), "status": "completed", "role": "assistant"}
-            output.append(message | {"content": [{"type": "output_text", "text": c.reply.content, "annotations": []}]})
+            message = {
+                "type": "message",
+                "id": _id("msg_"),
+                "status": "completed",
+                "role": "assistant",
+            }
+            output.append(
+                message
+                | {"content": [{"type": "output_text", "text": c.reply.content, "annotations": []}]}
+            )
         for t in c.reply.tool_calls:
-            call = {"call_id": t.id, "name": t.name, "arguments": t.arguments, "status": "completed"}
+            call = {
+                "call_id": t.id,
+                "name": t.name,
+                "arguments": t.arguments,
+                "status": "completed",
+            }
             output.append({"type": "function_call", "id": _id("fc_")} | call)
         cut = c.finish_reason == "length"
         usage: JSON = {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens}
         usage["total_tokens"] = c.prompt_tokens + c.completion_tokens
-        usage |= {"input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+        usage |= {
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
         return {
             "id": _id("resp_"),
             "object": "response",
@@ -332,8 +404,12 @@ class ResponsesRequest(_Request):
                 yield event("response.content_part.done", **ids, part=part)
             elif item["type"] == "function_call":
                 ids = {"item_id": item["id"], "output_index": i}
-                yield event("response.function_call_arguments.delta", **ids, delta=item["arguments"])
-                yield event("response.function_call_arguments.done", **ids, arguments=item["arguments"])
+                yield event(
+                    "response.function_call_arguments.delta", **ids, delta=item["arguments"]
+                )
+                yield event(
+                    "response.function_call_arguments.done", **ids, arguments=item["arguments"]
+                )
             yield event("response.output_item.done", output_index=i, item=item)
         yield event("response.completed", response=response)
 
@@ -354,8 +430,14 @@ class AnthropicRequest(_Request):
         messages = [Message("system", text_of(self.system))] if self.system else []
         for raw in self.messages:
             role, content = raw.get("role"), raw.get("content")
-            if role not in ("user", "assistant", "system"):  # Claude Code sends system turns mid-conversation
-                raise RenderError(f"unknown message role {role!r}; expected 'user', 'assistant' or 'system'")
+            if role not in (
+                "user",
+                "assistant",
+                "system",
+            ):  # Claude Code sends system turns mid-conversation
+                raise RenderError(
+                    f"unknown message role {role!r}; expected 'user', 'assistant' or 'system'"
+                )
             blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
             if not isinstance(blocks, list):
                 raise RenderError("message content must be a string or a list of content blocks")
@@ -366,26 +448,41 @@ class AnthropicRequest(_Request):
                     text.append(str(block.get("text", "")))
                 elif kind == "tool_use":
                     args = json.dumps(block.get("input", {}), ensure_ascii=False)
-                    calls.append(ToolCall(str(block.get("name", "")), args, str(block.get("id", ""))))
+                    calls.append(
+                        ToolCall(str(block.get("name", "")), args, str(block.get("id", "")))
+                    )
                 elif kind == "tool_result":
-                    output, result_of = text_of(block.get("content")), str(block.get("tool_use_id", ""))
+                    output, result_of = (
+                        text_of(block.get("content")),
+                        str(block.get("tool_use_id", "")),
+                    )
                     failed = block.get("is_error") is True
-                    messages.append(Message("tool", output, tool_call_id=result_of, is_error=failed))
+                    messages.append(
+                        Message("tool", output, tool_call_id=result_of, is_error=failed)
+                    )
                 elif kind != "thinking":
                     raise RenderError(f"unsupported content block type {kind!r}")
             if text or calls or role == "assistant":
                 messages.append(Message(role, "".join(text), tuple(calls)))
         params, tools = self._params(self.max_tokens, self.stop_sequences), []
         for t in self.tools or []:  # in the OpenAI shape the templates take
-            if t.get("type", "custom") != "custom":  # a server or schema-less tool: `web_search_20250305`, `bash_...`
+            if (
+                t.get("type", "custom") != "custom"
+            ):  # a server or schema-less tool: `web_search_20250305`, `bash_...`
                 params.not_honoured.append(f"tools.{str(t['type'])[:64]}")
                 continue
             fn = {"name": t.get("name"), "description": t.get("description", "")}
-            tools.append({"type": "function", "function": fn | {"parameters": t.get("input_schema", {})}})
+            tools.append(
+                {"type": "function", "function": fn | {"parameters": t.get("input_schema", {})}}
+            )
         if self.thinking is not None:  # no template switch sets a budget
-            on = {"enabled": True, "adaptive": True, "disabled": False}.get(str(self.thinking.get("type")))
+            on = {"enabled": True, "adaptive": True, "disabled": False}.get(
+                str(self.thinking.get("type"))
+            )
             self._thinking(params, "thinking", on, thinking_switch)
-            params.not_honoured += ["thinking.budget_tokens"] if "budget_tokens" in self.thinking else []
+            params.not_honoured += (
+                ["thinking.budget_tokens"] if "budget_tokens" in self.thinking else []
+            )
         choice = (self.tool_choice or {}).get("type")
         params.not_honoured += ["tool_choice"] if choice not in (None, "auto", "none") else []
         return messages, [] if choice == "none" else validate_tools(tools), params
@@ -420,18 +517,26 @@ class AnthropicRequest(_Request):
         yield _event("message_start", message=start)
         for i, block in enumerate(message["content"]):
             if block["type"] == "text":
-                empty, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+                empty, delta = (
+                    {"type": "text", "text": ""},
+                    {"type": "text_delta", "text": block["text"]},
+                )
             elif block["type"] == "thinking":
                 empty = {"type": "thinking", "thinking": "", "signature": ""}
                 delta = {"type": "thinking_delta", "thinking": block["thinking"]}
             else:
                 empty = block | {"input": {}}
-                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+                delta = {
+                    "type": "input_json_delta",
+                    "partial_json": json.dumps(block["input"], ensure_ascii=False),
+                }
             yield _event("content_block_start", index=i, content_block=empty)
             yield _event("content_block_delta", index=i, delta=delta)
             yield _event("content_block_stop", index=i)
         delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-        yield _event("message_delta", delta=delta, usage={"output_tokens": message["usage"]["output_tokens"]})
+        yield _event(
+            "message_delta", delta=delta, usage={"output_tokens": message["usage"]["output_tokens"]}
+        )
         yield _event("message_stop")
 
 

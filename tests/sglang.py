@@ -133,7 +133,10 @@ class SglangStandIn:
         wanted = [*self.tokenizer.encode(reply.text, add_special_tokens=False), self.end_id]
         max_new_tokens = params.get("max_new_tokens", 128)
         output_ids: list[int] = []
-        finish: dict[str, Any] = {"type": "stop", "matched": self.end_id}  # managers/schedule_batch.py FINISH_*
+        finish: dict[str, Any] = {
+            "type": "stop",
+            "matched": self.end_id,
+        }  # managers/schedule_batch.py FINISH_*
         for token in wanted:
             if len(output_ids) == max_new_tokens:
                 finish = {"type": "length", "length": max_new_tokens}
@@ -155,7 +158,9 @@ class SglangStandIn:
         }
         if body.get("return_logprob"):
             # sglang returns [logprob, token id, None] per output token when it skips the tokenizer
-            meta["output_token_logprobs"] = [[fake_logprob(i), t, None] for i, t in enumerate(output_ids)]
+            meta["output_token_logprobs"] = [
+                [fake_logprob(i), t, None] for i, t in enumerate(output_ids)
+            ]
         return JSONResponse({"output_ids": output_ids, "meta_info": meta})
 
     # ------------------------------------------------------------------ the HTTP face
@@ -238,7 +243,11 @@ class SglangStandIn:
             self.model_path = path
             if body.get("weight_version") is not None:
                 self.weight_version = str(body["weight_version"])
-            content = {"success": True, "message": "Succeeded to update model weights.", "num_paused_requests": 0}
+            content = {
+                "success": True,
+                "message": "Succeeded to update model weights.",
+                "num_paused_requests": 0,
+            }
             return JSONResponse(content)
 
         @app.post("/update_weight_version")

@@ -18,7 +18,9 @@ from omegaconf import DictConfig
 def engine_http(timeout_s: float) -> httpx.Client:
     """A client for the embedded engine, with its key (`AGL_ENGINE_API_KEY`, as the engine reads it) if it has one."""
     key = os.environ.get("AGL_ENGINE_API_KEY")
-    return httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else None)
+    return httpx.Client(
+        timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else None
+    )
 
 
 class EngineCallError(RuntimeError):
@@ -40,7 +42,11 @@ def _post(client: httpx.Client, url: str, body: dict[str, Any] | None = None) ->
 
 def set_weight_version(client: httpx.Client, url: str, version: int) -> None:
     """Tell an sglang server which version its weights are, and check that it says so."""
-    _post(client, url + "/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
+    _post(
+        client,
+        url + "/update_weight_version",
+        {"new_version": str(version), "abort_all_requests": False},
+    )
     served = client.get(url + "/model_info").json().get("weight_version")
     if served != str(version):
         raise EngineCallError(f"{url} reports weight version {served!r} after loading {version}")
@@ -58,7 +64,9 @@ class DiskEngine:
         self.weights = weights_dir
         self.save = save
         self.http = engine_http(600)
-        self.pushed: dict[str, str] | None = None  # the `/update_weights_from_disk` body `wake` sends
+        self.pushed: dict[str, str] | None = (
+            None  # the `/update_weights_from_disk` body `wake` sends
+        )
 
     def endpoints(self) -> list[str]:
         return [self.url]
@@ -98,10 +106,14 @@ class Collocated:
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.rollout.llm_server import LLMServerManager
 
-        self.servers = LLMServerManager.create(config=cfg, worker_group=wg, rollout_resource_pool=pool)
+        self.servers = LLMServerManager.create(
+            config=cfg, worker_group=wg, rollout_resource_pool=pool
+        )
         engine_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout.checkpoint_engine)
         engine_cfg.backend = "naive"  # collocated: weights move inside each GPU
-        self.weights = CheckpointEngineManager(config=engine_cfg, actor_wg=wg, replicas=self.servers.get_replicas())
+        self.weights = CheckpointEngineManager(
+            config=engine_cfg, actor_wg=wg, replicas=self.servers.get_replicas()
+        )
         self.http = engine_http(600)
         self.version = 0
         self.sleep()

@@ -55,23 +55,37 @@ def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
     return tasks
 
 
-STATE = ("step", "version", "cursor", "history", "trained", "best", "groups")  # the Trainer's checkpointed attributes
+STATE = (
+    "step",
+    "version",
+    "cursor",
+    "history",
+    "trained",
+    "best",
+    "groups",
+)  # the Trainer's checkpointed attributes
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, agl: AglConfig, backend: "Backend", gw: GatewayClient, tracker: Any) -> None:
+    def __init__(
+        self, cfg: DictConfig, agl: AglConfig, backend: "Backend", gw: GatewayClient, tracker: Any
+    ) -> None:
         self.cfg, self.agl, self.backend, self.gw, self.tracker = cfg, agl, backend, gw, tracker
         self.name = str(cfg.trainer.experiment_name)
         self.dir = Path(cfg.trainer.default_local_dir)
         self.tasks = read_tasks(agl.tasks, agl.spec)
-        random.Random(agl.seed).shuffle(self.tasks)  # the order is the seed's: a restart sees the same one
+        random.Random(agl.seed).shuffle(
+            self.tasks
+        )  # the order is the seed's: a restart sees the same one
         self.val_tasks = read_tasks(agl.val_tasks, agl.spec) if agl.val_tasks else []
         self.steps = int(cfg.trainer.total_training_steps)
         self.step, self.version, self.cursor = 0, 0, 0
         self.groups: list[Group] = []  # launched, not yet trained on, in launch order
         self.val: list[Group] = []  # validation groups of the round out
         self.history: list[dict[str, float]] = []
-        self.trained: list[list[str]] = []  # the group IDs of each step: none trained twice, none lost
+        self.trained: list[
+            list[str]
+        ] = []  # the group IDs of each step: none trained twice, none lost
         self.best: float | None = None  # the best validation reward so far (the guard's)
         self.stopped = False  # by the guard
         self.last_step_at = time.monotonic()
@@ -79,7 +93,11 @@ class Trainer:
 
     def progress(self, m: dict[str, float]) -> None:
         self.bar.update(self.step - self.bar.n)
-        shown = {"reward": m["reward/mean"], "stale": m["staleness/mean"], "calls/s": m["rollout/calls_per_s"]}
+        shown = {
+            "reward": m["reward/mean"],
+            "stale": m["staleness/mean"],
+            "calls/s": m["rollout/calls_per_s"],
+        }
         self.bar.set_postfix({k: f"{v:.2f}" for k, v in shown.items()})
         learned, update = "", "(no samples: no update)"
         if "timing/update_s" in m:
@@ -109,7 +127,9 @@ class Trainer:
                     await self.train_step(ready[: self.agl.batch_groups])
                 else:
                     await asyncio.sleep(self.agl.poll_s)
-            if not self.stopped and not self.val:  # the final validation, unless the last step launched it
+            if (
+                not self.stopped and not self.val
+            ):  # the final validation, unless the last step launched it
                 await self.launch_validation()
             while not await self.finish_validation():
                 await asyncio.sleep(self.agl.poll_s)
@@ -127,50 +147,81 @@ class Trainer:
 
     async def launch_groups(self) -> None:
         """Async: keep `active_groups` running. Sync: launch `batch_groups` once the last batch is trained."""
-        want = self.agl.active_groups if self.agl.mode == "async" else (0 if self.groups else self.agl.batch_groups)
+        want = (
+            self.agl.active_groups
+            if self.agl.mode == "async"
+            else (0 if self.groups else self.agl.batch_groups)
+        )
         while len(self.groups) < want:
             await self.launch_next()
 
     async def launch_next(self, known: Sequence[str] = ()) -> None:
         """The next task's group, `{experiment_name}/{cursor}`: `agl.n` rollouts, of which `known` exist already."""
         entry = self.tasks[self.cursor % len(self.tasks)]
-        group = await self.launch(f"{self.name}/{self.cursor}", entry, self.agl.n - len(known), Mode.TRAIN, None)
+        group = await self.launch(
+            f"{self.name}/{self.cursor}", entry, self.agl.n - len(known), Mode.TRAIN, None
+        )
         group.rollouts[:0] = known
         self.groups.append(group)
         self.cursor += 1
 
-    async def launch(self, group: str, entry: JSON, n: int, mode: Mode, sampling: JSON | None) -> Group:
+    async def launch(
+        self, group: str, entry: JSON, n: int, mode: Mode, sampling: JSON | None
+    ) -> Group:
         """`n` rollouts of one task entry: the task itself, or `{"task", "spec", "grader"}`."""
-        task, spec = (entry.get("task", {}), entry["spec"]) if "spec" in entry else (entry, self.agl.spec)
+        task, spec = (
+            (entry.get("task", {}), entry["spec"]) if "spec" in entry else (entry, self.agl.spec)
+        )
         meta = {"spec": spec, "trainer": self.name}
-        create = partial(self.gw.create_rollout, task, group, mode=mode, grader=entry.get("grader"), metadata=meta)
-        return Group(group, [(await create(sampling=sampling))["id"] for _ in range(n)], self.version)
+        create = partial(
+            self.gw.create_rollout,
+            task,
+            group,
+            mode=mode,
+            grader=entry.get("grader"),
+            metadata=meta,
+        )
+        return Group(
+            group, [(await create(sampling=sampling))["id"] for _ in range(n)], self.version
+        )
 
     async def members(self, groups: list[Group]) -> list[Rollout]:
         ids = {i for g in groups for i in g.rollouts}
-        listed = [r for g in groups for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 100)]
+        listed = [
+            r
+            for g in groups
+            for r in await self.gw.list_rollouts(group=g.id, limit=len(g.rollouts) + 100)
+        ]
         return [r for r in listed if r.id in ids]
 
     async def ended(self, groups: list[Group]) -> list[Rollout] | None:
         """The groups' rollouts once every one has ended, else None."""
         listed = await self.members(groups)
-        done = len(listed) >= sum(len(g.rollouts) for g in groups) and all(r.status.terminal for r in listed)
+        done = len(listed) >= sum(len(g.rollouts) for g in groups) and all(
+            r.status.terminal for r in listed
+        )
         return listed if done else None
 
     async def train_step(self, groups: list[Group]) -> None:
         """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume. A batch
         without samples (every group's rewards equal, or its rollouts stale or failed) makes a step without an
         update: nothing is paused or pushed and the version stays, unless a checkpoint is due."""
-        rollouts, calls, flags, intermediate = await self.fetch(groups)  # ended: built while harnesses still run
+        rollouts, calls, flags, intermediate = await self.fetch(
+            groups
+        )  # ended: built while harnesses still run
         base = self.version  # the policy the batch is trained against
-        settings = self.agl.adapter(self.backend.dp_size, int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size))
+        settings = self.agl.adapter(
+            self.backend.dp_size, int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+        )
         batch = build_batch(rollouts, calls, settings, version=base, intermediate=intermediate)
         self.check_temperature(batch, calls)
         self.step += 1
         self.trained.append([g.id for g in groups])
         self.groups = [g for g in self.groups if g not in groups]
         freq = int(self.cfg.trainer.save_freq)
-        due = (freq > 0 and self.step % freq == 0) or (freq >= 0 and self.step == self.steps)  # and the last
+        due = (freq > 0 and self.step % freq == 0) or (
+            freq >= 0 and self.step == self.steps
+        )  # and the last
         update = bool(batch.n_samples) or due
         started = drained = time.monotonic()
         metrics: dict[str, float] = {}
@@ -181,7 +232,10 @@ class Trainer:
             metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
             self.version += 1
         metrics |= self.step_metrics(rollouts, calls, batch, base, settings) | flags
-        metrics |= {"timing/drain_s": drained - started, "groups/carried_over": sum(g.version < base for g in groups)}
+        metrics |= {
+            "timing/drain_s": drained - started,
+            "groups/carried_over": sum(g.version < base for g in groups),
+        }
         self.history.append(metrics)
         if update:
             await self.publish(await asyncio.to_thread(self.save) if due else None)
@@ -197,7 +251,9 @@ class Trainer:
         m = batch.metrics
         if not m["calls_temperature_mismatch"]:
             return
-        seen = sorted({c.temperature for cs in calls.values() for c in cs}, key=lambda t: (t is None, t or 0))
+        seen = sorted(
+            {c.temperature for cs in calls.values() for c in cs}, key=lambda t: (t is None, t or 0)
+        )
         if m["calls_temperature_mismatch"] == m["calls"] - m["calls_untrained"]:
             raise ConfigError(
                 f"agl.temperature={self.agl.temperature} matches none of the batch's {int(m['calls'])} calls "
@@ -223,14 +279,26 @@ class Trainer:
             for e in (e for e in events if e["kind"] == "reward" and e["attempt"] == r.attempt):
                 if not e["data"].get("final", True) and e["data"].get("call_seq") is not None:
                     intermediate[r.id][e["data"]["call_seq"]] += e["data"]["value"]
-        return rollouts, calls, {f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()}, intermediate
+        return (
+            rollouts,
+            calls,
+            {f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()},
+            intermediate,
+        )
 
     def step_metrics(
-        self, rollouts: list[Rollout], calls: dict[str, list[Call]], batch: Batch, base: int, settings: AdapterSettings
+        self,
+        rollouts: list[Rollout],
+        calls: dict[str, list[Call]],
+        batch: Batch,
+        base: int,
+        settings: AdapterSettings,
     ) -> dict[str, float]:
         """The adapter's metrics, and the batch's rewards, lengths, staleness and pace since the last step."""
         rewards = [r.reward or 0.0 for r in rollouts]
-        staleness = [base - min((c.model_version for c in calls[r.id]), default=base) for r in rollouts]
+        staleness = [
+            base - min((c.model_version for c in calls[r.id]), default=base) for r in rollouts
+        ]
         lengths = [len(c.response_ids) for cs in calls.values() for c in cs]
         now = time.monotonic()
         elapsed, self.last_step_at = now - self.last_step_at, now
@@ -248,9 +316,16 @@ class Trainer:
             "version": float(self.version),
         }
         # calls per agent: calls/NAME/trained or calls/NAME/untrained, by the adapter's rule
-        per_agent = Counter((c.agent, settings.trains(c.agent)) for cs in calls.values() for c in cs)
-        metrics |= {f"calls/{a}/{'trained' if t else 'untrained'}": float(n) for (a, t), n in per_agent.items()}
-        return metrics | {f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))}
+        per_agent = Counter(
+            (c.agent, settings.trains(c.agent)) for cs in calls.values() for c in cs
+        )
+        metrics |= {
+            f"calls/{a}/{'trained' if t else 'untrained'}": float(n)
+            for (a, t), n in per_agent.items()
+        }
+        return metrics | {
+            f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))
+        }
 
     # ------------------------------------------------------------------ validation
 
@@ -264,7 +339,9 @@ class Trainer:
         if kw.do_sample:
             sampling = {"temperature": float(kw.temperature), "top_p": kw.top_p, "top_k": kw.top_k}
         self.val = [
-            await self.launch(f"{self.name}/val{self.step}/{i}", task, int(kw.n), Mode.VAL, sampling)
+            await self.launch(
+                f"{self.name}/val{self.step}/{i}", task, int(kw.n), Mode.VAL, sampling
+            )
             for i, task in enumerate(self.val_tasks)
         ]
 
@@ -275,9 +352,17 @@ class Trainer:
             return True
         if (rollouts := await self.ended(self.val)) is None:
             return False
-        counted = [r for r in rollouts if r.failure_kind is not FailureKind.INFRA and r.status is not Status.CANCELLED]
+        counted = [
+            r
+            for r in rollouts
+            if r.failure_kind is not FailureKind.INFRA and r.status is not Status.CANCELLED
+        ]
         reward = float(np.mean([r.reward or 0.0 for r in counted])) if counted else 0.0
-        m = {"val/reward_mean": reward, "val/step": float(self.step), "val/version": float(self.version)}
+        m = {
+            "val/reward_mean": reward,
+            "val/step": float(self.step),
+            "val/version": float(self.version),
+        }
         self.tracker.log(data=m | {"val/rollouts": float(len(counted))}, step=self.step)
         self.history.append(m)
         self.val = []
@@ -299,10 +384,16 @@ class Trainer:
             return
         if reward > self.best - drop:
             return
-        self.history.append({"guard/step": float(self.step), "guard/best": self.best, "guard/reward": reward})
+        self.history.append(
+            {"guard/step": float(self.step), "guard/best": self.best, "guard/reward": reward}
+        )
         self.tracker.log(data={"guard/triggered": 1.0}, step=self.step)
         log.warning(
-            "validation reward %.3f is more than %.3f below its best, %.3f: %s", reward, drop, self.best, action
+            "validation reward %.3f is more than %.3f below its best, %.3f: %s",
+            reward,
+            drop,
+            self.best,
+            action,
         )
         if action == "stop":
             self.stopped = True
@@ -317,7 +408,9 @@ class Trainer:
         """The paused gateway resumes on `self.version`: weights pushed (saved at `path`), engines awake, registered."""
         await asyncio.to_thread(self.backend.engine.push, path, self.version)
         self.backend.engine.wake()
-        await self.gw.register_model(self.version, path=str(path or ""), endpoints=self.backend.engine.endpoints())
+        await self.gw.register_model(
+            self.version, path=str(path or ""), endpoints=self.backend.engine.endpoints()
+        )
         await self.gw.resume(self.version)
 
     # ------------------------------------------------------------------ checkpoints
@@ -330,13 +423,17 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.backend.save(tmp)
-        (tmp / "state.json").write_text(json.dumps({k: getattr(self, k) for k in STATE}, default=dataclasses.asdict))
+        (tmp / "state.json").write_text(
+            json.dumps({k: getattr(self, k) for k in STATE}, default=dataclasses.asdict)
+        )
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
         if not name:
             (self.dir / "latest.tmp").write_text(path.name)
             os.replace(self.dir / "latest.tmp", self.dir / "latest")
-            keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)  # the engine serves the newest
+            keep = max(
+                int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2
+            )  # the engine serves the newest
             for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
         return path
@@ -357,7 +454,9 @@ class Trainer:
         """Continue from the latest checkpoint, adopting groups launched after it. Whenever a version was served
         before, the engines get the trainer's weights again, as a new version if updates after the checkpoint
         (or with no checkpoint, every update) were lost: what they serve is then what the trainer holds."""
-        registered = (await self.wait_for_gateway()).get("latest_model")  # only this trainer registers versions
+        registered = (await self.wait_for_gateway()).get(
+            "latest_model"
+        )  # only this trainer registers versions
         latest = self.dir / "latest"
         checkpoint = None
         if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
@@ -367,20 +466,31 @@ class Trainer:
                 setattr(self, key, state.get(key))
             self.groups = [Group(**g) for g in state["groups"]]
             self.bar.update(self.step)
-        if registered and registered["version"] > self.version:  # updates after the checkpoint were lost:
-            self.version = registered["version"] + 1  # the trainer's weights are served again, as a new version
+        if (
+            registered and registered["version"] > self.version
+        ):  # updates after the checkpoint were lost:
+            self.version = (
+                registered["version"] + 1
+            )  # the trainer's weights are served again, as a new version
         if checkpoint is not None or registered:
             self.backend.engine.sleep()  # first: sglang holds its share of the GPUs' memory until it sleeps
             if checkpoint is not None:
                 await asyncio.to_thread(self.backend.load, checkpoint)
             await asyncio.to_thread(self.backend.engine.push, checkpoint, self.version)
             self.backend.engine.wake()
-            log.info("resumed from %s: step %d, version %d", checkpoint or "the base weights", self.step, self.version)
+            log.info(
+                "resumed from %s: step %d, version %d",
+                checkpoint or "the base weights",
+                self.step,
+                self.version,
+            )
         if not registered or registered["version"] < self.version:
             await self.gw.register_model(self.version, endpoints=self.backend.engine.endpoints())
         await self.gw.resume(self.version)
         # groups launched after the checkpoint (or before a crash that left none): the cursor names them
-        while found := await self.gw.list_rollouts(group=f"{self.name}/{self.cursor}", limit=self.agl.n + 1):
+        while found := await self.gw.list_rollouts(
+            group=f"{self.name}/{self.cursor}", limit=self.agl.n + 1
+        ):
             await self.launch_next([r.id for r in found])
 
 
@@ -402,9 +512,13 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
             with engine_http(30) as http:
                 model_path = http.get(f"{agl.engine}/model_info").json()["model_path"]
             first.write_text(model_path)
-        cfg.actor_rollout_ref.model.path = model_path  # verl's config has the key: no open_dict needed
+        cfg.actor_rollout_ref.model.path = (
+            model_path  # verl's config has the key: no open_dict needed
+        )
     backend = Backend(cfg, agl)
-    (out / "engines.txt").write_text(",".join(backend.engine.endpoints()) + "\n")  # for `agl gateway --engine-url`
+    (out / "engines.txt").write_text(
+        ",".join(backend.engine.endpoints()) + "\n"
+    )  # for `agl gateway --engine-url`
     os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))
     tracker = Tracking(
         project_name=cfg.trainer.project_name,
@@ -425,13 +539,17 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="agl train", description=__doc__.split("\n")[0])
-    parser.add_argument("config", help="YAML: `defaults: [ppo_trainer, _self_]` plus an `agl:` section")
+    parser.add_argument(
+        "config", help="YAML: `defaults: [ppo_trainer, _self_]` plus an `agl:` section"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value (Hydra syntax), e.g. agl.n=8")
     args = parser.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call otherwise
     try:
         cfg, agl = load_config(args.config, args.overrides)
         asyncio.run(train(cfg, agl))
-    except ConfigError as e:  # also one found once calls are seen (a temperature none was sampled at)
+    except (
+        ConfigError
+    ) as e:  # also one found once calls are seen (a temperature none was sampled at)
         parser.error(str(e))
     return 0

@@ -49,7 +49,9 @@ def agl_policy_loss(
     }
 
 
-def agl_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+def agl_ppo_loss(
+    config: Any, model_output: Any, data: Any, dp_group: Any
+) -> tuple[torch.Tensor, dict[str, Any]]:
     """verl's `ppo_loss` (its actor's loss function) with our policy loss, and its KL-to-reference loss
     (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`) summed with the per-token
     `loss_weights` (0 off the trained tokens), per rollout as the policy loss is, where verl sums them unweighted."""
@@ -57,7 +59,9 @@ def agl_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any) -> tu
     from verl.workers.utils.padding import no_padding_2_padding
 
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
-    entropy = no_padding_2_padding(model_output["entropy"], data)  # backend.update asks for it (calculate_entropy)
+    entropy = no_padding_2_padding(
+        model_output["entropy"], data
+    )  # backend.update asks for it (calculate_entropy)
     config.global_batch_info["dp_size"] = dp = data["dp_size"]
     fields = ["response_mask", "rollout_log_probs", "advantages", "loss_weights"]
     fields += [k for k in ("old_log_probs", "ref_log_prob") if k in data]
@@ -66,8 +70,12 @@ def agl_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any) -> tu
     n = mask.sum().clamp(min=1)
     # without old log-probs the step is one epoch over one mini-batch: this forward pass is the old policy's
     old = d["old_log_probs"] if "old_log_probs" in d else log_prob.detach()
-    tis = (old - d["rollout_log_probs"]).detach().exp().clamp(max=data["is_cap"]) * mask  # truncated IS weights
-    pg, pg_metrics = agl_policy_loss(old, log_prob, d["advantages"], mask, "token-sum", config, d["loss_weights"] * tis)
+    tis = (old - d["rollout_log_probs"]).detach().exp().clamp(
+        max=data["is_cap"]
+    ) * mask  # truncated IS weights
+    pg, pg_metrics = agl_policy_loss(
+        old, log_prob, d["advantages"], mask, "token-sum", config, d["loss_weights"] * tis
+    )
     metrics: dict[str, Any] = Metric.from_dict(pg_metrics, aggregation=AggregationType.MEAN)
     metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)
     metrics["actor/tis_mean"] = Metric(value=(tis.sum() / n).item(), aggregation="mean")
@@ -80,9 +88,13 @@ def agl_ppo_loss(config: Any, model_output: Any, data: Any, dp_group: Any) -> tu
     if config.get("entropy_coeff"):
         bonus = (entropy * weights).sum()
         extra -= config.entropy_coeff * bonus
-        metrics["actor/entropy_loss"] = Metric(value=bonus.detach().item(), aggregation=AggregationType.SUM)
+        metrics["actor/entropy_loss"] = Metric(
+            value=bonus.detach().item(), aggregation=AggregationType.SUM
+        )
     # the policy's entropy at the trained tokens (mean)
-    metrics["actor/entropy"] = Metric(value=((entropy.detach() * mask).sum() / n).item(), aggregation="mean")
+    metrics["actor/entropy"] = Metric(
+        value=((entropy.detach() * mask).sum() / n).item(), aggregation="mean"
+    )
     return pg + extra * dp, metrics
 
 
@@ -93,7 +105,11 @@ def to_dataproto(batch: Batch, *, temperature: float = 1.0) -> DataProto:
     starts, ends = batch.offsets[:-1], batch.offsets[1:]
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
     first = np.array(
-        [s + int(np.argmax(batch.loss_mask[s:e])) if batch.loss_mask[s:e].any() else e for s, e in spans], np.int64
+        [
+            s + int(np.argmax(batch.loss_mask[s:e])) if batch.loss_mask[s:e].any() else e
+            for s, e in spans
+        ],
+        np.int64,
     )
     P, R = int((first - starts).max(initial=1)), int((ends - first).max(initial=1))
     # the token in each cell: a prompt ends at `first` (left-padded), its response starts there (right-padded)

@@ -47,7 +47,24 @@ INSTRUCTIONS = (
     "tool (keywords, such as a town's or a river's name); search again if a passage names something you need. "
     "Finish with one line: Answer: <short answer>"
 )
-STOP = {"a", "an", "and", "the", "of", "in", "on", "is", "was", "what", "which", "who", "when", "how", "does", "to"}
+STOP = {
+    "a",
+    "an",
+    "and",
+    "the",
+    "of",
+    "in",
+    "on",
+    "is",
+    "was",
+    "what",
+    "which",
+    "who",
+    "when",
+    "how",
+    "does",
+    "to",
+}
 
 
 def words(text: str) -> list[str]:
@@ -66,7 +83,10 @@ class Index:
     def score(self, terms: list[str], doc: Counter[str]) -> float:
         n, length = len(self.docs), sum(doc.values())
         idf = {w: math.log(1 + (n - self.df[w] + 0.5) / (self.df[w] + 0.5)) for w in terms}
-        return sum(idf[w] * doc[w] * 2.5 / (doc[w] + 1.5 * (0.25 + 0.75 * length / self.avg)) for w in terms)
+        return sum(
+            idf[w] * doc[w] * 2.5 / (doc[w] + 1.5 * (0.25 + 0.75 * length / self.avg))
+            for w in terms
+        )
 
     def search(self, query: str, k: int = 3) -> str:
         """The best `k` passages, one a line (`[id] title: text`), or a text starting with `Error:`."""
@@ -74,7 +94,10 @@ class Index:
             return "Error: the query is empty; give keywords, such as a town's name."
         if not (terms := words(query)):
             return f"Error: the query {query!r} has no keywords."
-        scored = sorted(((self.score(terms, d), i) for i, d in enumerate(self.docs)), key=lambda s: (-s[0], s[1]))
+        scored = sorted(
+            ((self.score(terms, d), i) for i, d in enumerate(self.docs)),
+            key=lambda s: (-s[0], s[1]),
+        )
         found = [self.passages[i] for s, i in scored[:k] if s > 0]
         if not found:
             return f"Error: no passage matches {query!r}; try other keywords."
@@ -111,14 +134,22 @@ def reward(final: str | None, answer: str) -> float:
         return 0.0
     lines = [line.strip() for line in final.strip().splitlines() if line.strip()]
     formatted = bool(lines) and re.fullmatch(r"Answer:\s*\S.*", lines[-1]) is not None
-    given = (final.rsplit("Answer:", 1)[1].strip().splitlines() or [""])[0] if "Answer:" in final else final
+    given = (
+        (final.rsplit("Answer:", 1)[1].strip().splitlines() or [""])[0]
+        if "Answer:" in final
+        else final
+    )
     return 0.9 * (normalize(given) == normalize(answer)) + 0.1 * formatted
 
 
 def make_agent(client: openai.AsyncOpenAI) -> Agent:
     model = OpenAIChatCompletionsModel(model="qa", openai_client=client)
-    settings = ModelSettings(temperature=0.7, max_tokens=96)  # agl.temperature is 0.7: log-probs are computed there
-    return Agent(name="qa", instructions=INSTRUCTIONS, tools=[search], model=model, model_settings=settings)
+    settings = ModelSettings(
+        temperature=0.7, max_tokens=96
+    )  # agl.temperature is 0.7: log-probs are computed there
+    return Agent(
+        name="qa", instructions=INSTRUCTIONS, tools=[search], model=model, model_settings=settings
+    )
 
 
 async def run(task: dict) -> str | None:
@@ -142,7 +173,11 @@ def main() -> int:
     value = reward(final, str(task["answer"]))
     rollout = os.environ["AGL_ROLLOUT_ID"]
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{rollout}/reward"
-    httpx.post(url, json={"reward": value}, headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"})
+    httpx.post(
+        url,
+        json={"reward": value},
+        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
+    )
     print(json.dumps({"final": final, "expected": task["answer"], "reward": value}))
     return 0
 

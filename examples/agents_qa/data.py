@@ -14,16 +14,82 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TOWNS = [
-    *["Orlen", "Brevik", "Tamsel", "Kestow", "Ardum", "Velsey", "Marrow", "Quillon", "Dunmere", "Hollis"],
-    *["Saltry", "Penfold", "Crask", "Ebbing", "Fallow", "Gorsey", "Hythe", "Ivel", "Jarrow", "Lunde"],
-    *["Moss Fen", "Nether Cray", "Oakhollow", "Pridd", "Rushby", "Stennet", "Tolling", "Upwick", "Wendle", "Yarrow"],
+    *[
+        "Orlen",
+        "Brevik",
+        "Tamsel",
+        "Kestow",
+        "Ardum",
+        "Velsey",
+        "Marrow",
+        "Quillon",
+        "Dunmere",
+        "Hollis",
+    ],
+    *[
+        "Saltry",
+        "Penfold",
+        "Crask",
+        "Ebbing",
+        "Fallow",
+        "Gorsey",
+        "Hythe",
+        "Ivel",
+        "Jarrow",
+        "Lunde",
+    ],
+    *[
+        "Moss Fen",
+        "Nether Cray",
+        "Oakhollow",
+        "Pridd",
+        "Rushby",
+        "Stennet",
+        "Tolling",
+        "Upwick",
+        "Wendle",
+        "Yarrow",
+    ],
 ]
 TRADES = [
-    *["blue glass", "river pearls", "goat cheese", "copper bells", "linen", "slate roofs", "honey mead", "clocks"],
+    *[
+        "blue glass",
+        "river pearls",
+        "goat cheese",
+        "copper bells",
+        "linen",
+        "slate roofs",
+        "honey mead",
+        "clocks",
+    ],
     *["wool blankets", "paper", "barrels", "candles", "rope", "pottery", "saddles", "ink"],
 ]
-FIRST = ["Ilse", "Tomas", "Wren", "Odile", "Bram", "Signe", "Pell", "Ansel", "Mira", "Corin", "Hedda", "Lorcan"]
-LAST = ["Harrow", "Vance", "Quist", "Dorrel", "Fenwick", "Ashby", "Morrow", "Castell", "Brin", "Tallis"]
+FIRST = [
+    "Ilse",
+    "Tomas",
+    "Wren",
+    "Odile",
+    "Bram",
+    "Signe",
+    "Pell",
+    "Ansel",
+    "Mira",
+    "Corin",
+    "Hedda",
+    "Lorcan",
+]
+LAST = [
+    "Harrow",
+    "Vance",
+    "Quist",
+    "Dorrel",
+    "Fenwick",
+    "Ashby",
+    "Morrow",
+    "Castell",
+    "Brin",
+    "Tallis",
+]
 RIVERS = [
     ("Sarn", "Mount Orrin", "Lake Vey"),
     ("Idle", "Mount Keld", "Lake Vey"),
@@ -41,7 +107,10 @@ def build() -> tuple[list[dict], list[dict], list[dict]]:
     rng = random.Random(23)
     corpus, questions = [], []
     mayors = rng.sample([f"{f} {last}" for f in FIRST for last in LAST], len(TOWNS))
-    years, trades = rng.sample(range(1420, 1890), len(TOWNS)), [TRADES[i % len(TRADES)] for i in range(len(TOWNS))]
+    years, trades = (
+        rng.sample(range(1420, 1890), len(TOWNS)),
+        [TRADES[i % len(TRADES)] for i in range(len(TOWNS))],
+    )
     rng.shuffle(trades)
     river_of = {}
     for i, (name, mayor, year, trade) in enumerate(zip(TOWNS, mayors, years, trades, strict=True)):
@@ -54,7 +123,11 @@ def build() -> tuple[list[dict], list[dict], list[dict]]:
         corpus.append({"id": f"town-{i}", "title": name, "text": text})
         questions += [
             {"question": f"In what year was {name} founded?", "answer": str(year), "kind": "year"},
-            {"question": f"What is the town of {name} known for?", "answer": trade, "kind": "trade"},
+            {
+                "question": f"What is the town of {name} known for?",
+                "answer": trade,
+                "kind": "trade",
+            },
             {"question": f"Who is the mayor of {name}?", "answer": mayor, "kind": "mayor"},
             {"question": f"On which river does {name} lie?", "answer": river, "kind": "river"},
         ]
@@ -66,8 +139,16 @@ def build() -> tuple[list[dict], list[dict], list[dict]]:
         )
         corpus.append({"id": f"river-{i}", "title": f"River {river}", "text": text})
         questions += [
-            {"question": f"How long is the river {river}, in kilometres?", "answer": str(length), "kind": "length"},
-            {"question": f"On which mountain does the river {river} rise?", "answer": source, "kind": "source"},
+            {
+                "question": f"How long is the river {river}, in kilometres?",
+                "answer": str(length),
+                "kind": "length",
+            },
+            {
+                "question": f"On which mountain does the river {river} rise?",
+                "answer": source,
+                "kind": "source",
+            },
         ]
     sources = {river: source for river, source, _ in RIVERS}
     questions += [

@@ -29,6 +29,7 @@ import openai
 from autogen_agentchat.agents import AssistantAgent
 from autogen_core.models import ModelFamily, ModelInfo
 from autogen_ext.models.openai import OpenAIChatCompletionClient
+
 from tools import calculator, final_number, reward  # this folder's tools.py (first on sys.path)
 
 AGENT = "solver"
@@ -38,7 +39,11 @@ SYSTEM = (
 )
 # The model is not an OpenAI one, so AutoGen cannot look up what it supports: it calls functions, nothing else.
 MODEL_INFO = ModelInfo(
-    vision=False, function_calling=True, json_output=False, family=ModelFamily.UNKNOWN, structured_output=False
+    vision=False,
+    function_calling=True,
+    json_output=False,
+    family=ModelFamily.UNKNOWN,
+    structured_output=False,
 )
 
 
@@ -71,9 +76,14 @@ async def solve(question: str) -> str:
 def post_reward(value: float) -> None:
     """Post the rollout's reward with its own token."""
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{os.environ['AGL_ROLLOUT_ID']}/reward"
-    headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}", "Content-Type": "application/json"}
+    headers = {
+        "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}",
+        "Content-Type": "application/json",
+    }
     body = json.dumps({"reward": value}).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, body, headers, method="POST"), timeout=30):
+    with urllib.request.urlopen(
+        urllib.request.Request(url, body, headers, method="POST"), timeout=30
+    ):
         pass
 
 
@@ -85,7 +95,16 @@ def main() -> int:
         return 0  # the rollout was ended from outside (e.g. cancelled): stop at once
     value = reward(reply, float(task["answer"]))
     post_reward(value)
-    print(json.dumps({"reply": reply, "answer": final_number(reply), "expected": task["answer"], "reward": value}))
+    print(
+        json.dumps(
+            {
+                "reply": reply,
+                "answer": final_number(reply),
+                "expected": task["answer"],
+                "reward": value,
+            }
+        )
+    )
     return 0
 
 

@@ -71,7 +71,11 @@ def final_number(text: str) -> float | None:
 def main() -> int:
     task = json.loads(os.environ["AGL_TASK"])
     client = openai.OpenAI(max_retries=2)
-    messages: list = [{"role": "system", "content": SYSTEM}, *EXAMPLE, {"role": "user", "content": task["question"]}]
+    messages: list = [
+        {"role": "system", "content": SYSTEM},
+        *EXAMPLE,
+        {"role": "user", "content": task["question"]},
+    ]
     answer, reminded = None, False
     try:
         for _ in range(int(task.get("max_turns", 4))):
@@ -82,13 +86,17 @@ def main() -> int:
             messages.append({"role": "assistant", "content": text})
             if call := CALL.search(text):
                 expression = call.group(1)
-                messages.append({"role": "user", "content": f"calc({expression}) = {calculate(expression)}"})
+                messages.append(
+                    {"role": "user", "content": f"calc({expression}) = {calculate(expression)}"}
+                )
             elif "Answer:" in text or reminded:
                 answer = final_number(text)
                 break
             else:
                 reminded = True  # one more turn to state the result in the asked format
-                messages.append({"role": "user", "content": "State the final result as: Answer: <number>"})
+                messages.append(
+                    {"role": "user", "content": "State the final result as: Answer: <number>"}
+                )
     except openai.PermissionDeniedError:
         return 0  # the rollout was ended from outside (e.g. cancelled): stop at once
     report(task, answer)
@@ -100,7 +108,11 @@ def report(task: dict, answer: float | None) -> None:
     reward = 1.0 if answer is not None and abs(answer - float(task["answer"])) < 1e-6 else 0.0
     rollout = os.environ["AGL_ROLLOUT_ID"]
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{rollout}/reward"
-    httpx.post(url, json={"reward": reward}, headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"})
+    httpx.post(
+        url,
+        json={"reward": reward},
+        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
+    )
     print(json.dumps({"answer": answer, "expected": task["answer"], "reward": reward}))
 
 

@@ -79,11 +79,24 @@ def percent(rng: random.Random) -> tuple[str, float]:
 
 KINDS: dict[str, Kind] = {
     k.__name__: k
-    for k in (times, multiply, product, two_products, minus_product, divided, squared, twice, add, percent)
+    for k in (
+        times,
+        multiply,
+        product,
+        two_products,
+        minus_product,
+        divided,
+        squared,
+        twice,
+        add,
+        percent,
+    )
 }
 
 
-def draw(rng: random.Random, kinds: dict[str, Kind], per_kind: int, seen: set[str]) -> list[dict[str, object]]:
+def draw(
+    rng: random.Random, kinds: dict[str, Kind], per_kind: int, seen: set[str]
+) -> list[dict[str, object]]:
     tasks = []
     for _ in range(per_kind):
         for name, kind in kinds.items():

@@ -35,11 +35,16 @@ from langchain_openai import ChatOpenAI
 DATABASE = Path(__file__).resolve().parent / "shop.sql"
 MAX_ROUNDS = 2  # checks (each followed by a rewrite on WRONG)
 SHOWN_ROWS = 10  # result rows the checker sees
-MAX_STEPS = 2_000_000  # SQLite virtual-machine steps before a query is stopped (a cross join of everything)
+MAX_STEPS = (
+    2_000_000  # SQLite virtual-machine steps before a query is stopped (a cross join of everything)
+)
 
 WRITE = ChatPromptTemplate.from_messages(
     [
-        ("system", "You write SQLite queries. Database schema:\n{schema}\nReply with one query in a ```sql block."),
+        (
+            "system",
+            "You write SQLite queries. Database schema:\n{schema}\nReply with one query in a ```sql block.",
+        ),
         ("human", "{question}"),
     ]
 )
@@ -55,7 +60,10 @@ CHECK = ChatPromptTemplate.from_messages(
 )
 REWRITE = ChatPromptTemplate.from_messages(
     [
-        ("system", "You fix SQLite queries. Database schema:\n{schema}\nReply with one query in a ```sql block."),
+        (
+            "system",
+            "You fix SQLite queries. Database schema:\n{schema}\nReply with one query in a ```sql block.",
+        ),
         (
             "human",
             "Question: {question}\nQuery:\n```sql\n{query}\n```\nResult: {result}\nReview: {feedback}\n"
@@ -79,7 +87,9 @@ def open_database() -> sqlite3.Connection:
 
 
 def schema(db: sqlite3.Connection) -> str:
-    return "\n".join(row[0] + ";" for row in db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'"))
+    return "\n".join(
+        row[0] + ";" for row in db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'")
+    )
 
 
 def run(db: sqlite3.Connection, query: str) -> list[tuple]:
@@ -113,7 +123,10 @@ def describe(db: sqlite3.Connection, query: str) -> str:
 
 def approved(review: str) -> bool:
     """The checker said OK and not WRONG."""
-    return re.search(r"\bOK\b", review) is not None and re.search(r"\bWRONG\b", review, re.IGNORECASE) is None
+    return (
+        re.search(r"\bOK\b", review) is not None
+        and re.search(r"\bWRONG\b", review, re.IGNORECASE) is None
+    )
 
 
 def normalized(rows: list[tuple]) -> list[tuple]:
@@ -134,7 +147,9 @@ def reward(db: sqlite3.Connection, query: str, task: dict) -> float:
 def solve(db: sqlite3.Connection, question: str) -> tuple[str, list[dict]]:
     """The final query and the trace of rounds (query, result, review)."""
     writer = agent(WRITE, "writer", temperature=0.7, max_tokens=160)
-    checker = agent(CHECK, "checker", temperature=0.0, max_tokens=120)  # a judge, greedy; it is not trained
+    checker = agent(
+        CHECK, "checker", temperature=0.0, max_tokens=120
+    )  # a judge, greedy; it is not trained
     rewriter = agent(REWRITE, "rewriter", temperature=0.7, max_tokens=160)
     context = {"schema": schema(db), "question": question}
     query = extract_sql(writer.invoke(context))
@@ -145,7 +160,9 @@ def solve(db: sqlite3.Connection, question: str) -> tuple[str, list[dict]]:
         trace.append({"query": query, "result": result, "review": review})
         if approved(review):
             break
-        query = extract_sql(rewriter.invoke({**context, "query": query, "result": result, "feedback": review}))
+        query = extract_sql(
+            rewriter.invoke({**context, "query": query, "result": result, "feedback": review})
+        )
     return query, trace
 
 
@@ -163,7 +180,11 @@ def main() -> int:
 def report(value: float, query: str, trace: list[dict]) -> None:
     """Post the reward with the rollout's own token, and print it."""
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{os.environ['AGL_ROLLOUT_ID']}/reward"
-    httpx.post(url, json={"reward": value}, headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"})
+    httpx.post(
+        url,
+        json={"reward": value},
+        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
+    )
     print(json.dumps({"query": query, "rounds": trace, "reward": value}))
 
 

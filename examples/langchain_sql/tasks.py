@@ -18,14 +18,34 @@ HERE = Path(__file__).resolve().parent
 # (question, gold query, ordered)
 TRAIN = [
     ("List the names of all departments.", "SELECT name FROM departments", False),
-    ("Which departments are in London?", "SELECT name FROM departments WHERE city = 'London'", False),
+    (
+        "Which departments are in London?",
+        "SELECT name FROM departments WHERE city = 'London'",
+        False,
+    ),
     ("How many employees are there?", "SELECT COUNT(*) FROM employees", False),
-    ("Which employees earn more than 100000?", "SELECT name FROM employees WHERE salary > 100000", False),
-    ("Which employees were hired before 2018?", "SELECT name FROM employees WHERE hire_year < 2018", False),
+    (
+        "Which employees earn more than 100000?",
+        "SELECT name FROM employees WHERE salary > 100000",
+        False,
+    ),
+    (
+        "Which employees were hired before 2018?",
+        "SELECT name FROM employees WHERE hire_year < 2018",
+        False,
+    ),
     ("What is the highest salary?", "SELECT MAX(salary) FROM employees", False),
     ("What is the total amount of all sales?", "SELECT SUM(amount) FROM sales", False),
-    ("How many sales were made in the West region?", "SELECT COUNT(*) FROM sales WHERE region = 'West'", False),
-    ("Which employees have the title Engineer?", "SELECT name FROM employees WHERE title = 'Engineer'", False),
+    (
+        "How many sales were made in the West region?",
+        "SELECT COUNT(*) FROM sales WHERE region = 'West'",
+        False,
+    ),
+    (
+        "Which employees have the title Engineer?",
+        "SELECT name FROM employees WHERE title = 'Engineer'",
+        False,
+    ),
     (
         "Which employees work in the Marketing department?",
         "SELECT e.name FROM employees e JOIN departments d ON e.department_id = d.id WHERE d.name = 'Marketing'",
@@ -143,10 +163,22 @@ TRAIN = [
 ]
 
 VAL = [
-    ("Which departments are in Berlin?", "SELECT name FROM departments WHERE city = 'Berlin'", False),
+    (
+        "Which departments are in Berlin?",
+        "SELECT name FROM departments WHERE city = 'Berlin'",
+        False,
+    ),
     ("How many departments are there?", "SELECT COUNT(*) FROM departments", False),
-    ("Which employees earn less than 60000?", "SELECT name FROM employees WHERE salary < 60000", False),
-    ("Which employees were hired in 2024?", "SELECT name FROM employees WHERE hire_year = 2024", False),
+    (
+        "Which employees earn less than 60000?",
+        "SELECT name FROM employees WHERE salary < 60000",
+        False,
+    ),
+    (
+        "Which employees were hired in 2024?",
+        "SELECT name FROM employees WHERE hire_year = 2024",
+        False,
+    ),
     ("What is the lowest salary?", "SELECT MIN(salary) FROM employees", False),
     ("What is the average sale amount?", "SELECT AVG(amount) FROM sales", False),
     (

@@ -43,8 +43,14 @@ def main() -> int:
     answer, reminded = None, False
     try:
         for _ in range(int(task.get("max_turns", 4))):
-            question = task["question"] + (f"\nResults so far: {'; '.join(results)}" if results else "")
-            messages = [{"role": "system", "content": SYSTEM}, *EXAMPLE, {"role": "user", "content": question}]
+            question = task["question"] + (
+                f"\nResults so far: {'; '.join(results)}" if results else ""
+            )
+            messages = [
+                {"role": "system", "content": SYSTEM},
+                *EXAMPLE,
+                {"role": "user", "content": question},
+            ]
             reply = client.chat.completions.create(
                 model="calculator-agent", messages=messages + turns, max_tokens=40, temperature=0.7
             )

@@ -34,31 +34,44 @@ from examples.swe.tasks import Task, load
 PREFIX = "val-"
 
 
-async def collect(gw: GatewayClient, tasks: list[Task], name: str, prefix: str = PREFIX) -> tuple[dict, float]:
+async def collect(
+    gw: GatewayClient, tasks: list[Task], name: str, prefix: str = PREFIX
+) -> tuple[dict, float]:
     """(preds, Pass@1): each task's first counted rollout's patch; the mean reward over all counted rollouts."""
     preds: dict[str, dict[str, Any]] = {}
     rewards: list[float] = []
     for task in tasks:
-        rollouts = sorted(await gw.list_rollouts(group=prefix + task.instance_id), key=lambda r: r.created_at)
+        rollouts = sorted(
+            await gw.list_rollouts(group=prefix + task.instance_id), key=lambda r: r.created_at
+        )
         ran = [r for r in rollouts if r.status.terminal and counted(r)]
         rewards += [r.reward or 0.0 for r in ran]
         for r in ran:
             patches = [e["data"] for e in await gw.events(r.id) if e["kind"] == "swe_patch"]
             if patches:
-                preds[task.instance_id] = {"instance_id": task.instance_id, "model_name_or_path": name}
+                preds[task.instance_id] = {
+                    "instance_id": task.instance_id,
+                    "model_name_or_path": name,
+                }
                 preds[task.instance_id]["model_patch"] = patches[-1]["model_patch"]
                 break
     return preds, sum(rewards) / len(rewards) if rewards else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.swe.evaluate", description=__doc__.split("\n")[0])
-    parser.add_argument("--tasks", required=True, help="validation tasks: JSONL or Hugging Face dataset name")
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.swe.evaluate", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--tasks", required=True, help="validation tasks: JSONL or Hugging Face dataset name"
+    )
     parser.add_argument("--split", default="test")
     parser.add_argument("--gateway", default="http://127.0.0.1:8000")
     parser.add_argument("--admin-key", required=True)
     parser.add_argument("--name", required=True, help="model_name_or_path in preds.json")
-    parser.add_argument("--settings", type=Path, help="SpecSettings as YAML (default: the pod defaults)")
+    parser.add_argument(
+        "--settings", type=Path, help="SpecSettings as YAML (default: the pod defaults)"
+    )
     parser.add_argument("--k", type=int, default=1)
     parser.add_argument("--collect-only", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("preds.json"))
@@ -69,12 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> tuple[dict, float]:
         async with GatewayClient(args.gateway, args.admin_key) as gw:
             if not args.collect_only:
-                await run_rollouts(gw, tasks, settings, k=args.k, prefix=PREFIX, mode="val", poll_s=10.0)
+                await run_rollouts(
+                    gw, tasks, settings, k=args.k, prefix=PREFIX, mode="val", poll_s=10.0
+                )
             return await collect(gw, tasks, args.name)
 
     preds, pass_at_1 = asyncio.run(run())
     args.out.write_text(json.dumps(preds, indent=1) + "\n")
-    print(f"{len(preds)}/{len(tasks)} tasks with a patch in {args.out}; agl Pass@1 (grader reward) {pass_at_1:.3f}")
+    print(
+        f"{len(preds)}/{len(tasks)} tasks with a patch in {args.out}; agl Pass@1 (grader reward) {pass_at_1:.3f}"
+    )
     return 0
 
 

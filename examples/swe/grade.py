@@ -42,7 +42,14 @@ import sys
 import urllib.request
 from pathlib import Path
 
-TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "sitecustomize.py"}
+TEST_CONFIG = {
+    "conftest.py",
+    "pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "sitecustomize.py",
+}
 TEST_CONFIG |= {"usercustomize.py"}
 TEST_DIRS = {"test", "tests", "testing"}
 MAX_PATCH_CHARS = 1_000_000  # a patch beyond this is cut in its event (it earned its reward whole)
@@ -89,14 +96,20 @@ def commands(text: str) -> list[str]:
 
 def scan(command: str) -> list[tuple[str, str]]:
     """(flag, matched text) for each kind of forbidden action in one command."""
-    return [(name, m.group(0).strip()) for name, pattern in FLAGS.items() if (m := pattern.search(command))]
+    return [
+        (name, m.group(0).strip())
+        for name, pattern in FLAGS.items()
+        if (m := pattern.search(command))
+    ]
 
 
 # ------------------------------------------------------------------ the repository
 
 
 def git(repo: Path, *args: str, stdin: bytes | None = None) -> str:
-    done = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False)
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False
+    )
     if done.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)}: {done.stderr.decode(errors='replace')[-500:]}")
     return done.stdout.decode(errors="replace")
@@ -111,7 +124,9 @@ def exists(repo: Path, commit: str, path: str) -> bool:
 
 
 def apply(repo: Path, patch: bytes) -> bool:
-    return not patch.strip() or succeeds("git", "-C", str(repo), "apply", "--binary", "-", stdin=patch)
+    return not patch.strip() or succeeds(
+        "git", "-C", str(repo), "apply", "--binary", "-", stdin=patch
+    )
 
 
 def file_kind(path: str, named: set[str]) -> str | None:
@@ -141,7 +156,9 @@ def checkout(source: Path, repo: Path, commit: str) -> None:
     git(repo, "clean", "-fdq")
 
 
-def safeguard(repo: Path, base: str, tests_at: str, named: set[str]) -> tuple[list[dict], list[str]]:
+def safeguard(
+    repo: Path, base: str, tests_at: str, named: set[str]
+) -> tuple[list[dict], list[str]]:
     """Revert test edits (module docstring, step 2); the flags and the removed new test files."""
     git(repo, "add", "-A")
     flags, removed = [], []
@@ -167,9 +184,15 @@ def safeguard(repo: Path, base: str, tests_at: str, named: set[str]) -> tuple[li
 def run_tests(repo: Path, tests: list[str], command: str, timeout_s: float) -> dict[str, str]:
     """Each test ID -> PASSED / FAILED / ... / MISSING / TIMEOUT."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
-    argv = shlex.split(command) if command else [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider"]
+    argv = (
+        shlex.split(command)
+        if command
+        else [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider"]
+    )
     try:
-        done = subprocess.run([*argv, *tests], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(
+            [*argv, *tests], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         return dict.fromkeys(tests, "TIMEOUT")
     print(done.stdout[-5000:], done.stderr[-2000:], sep="\n", flush=True)
@@ -185,11 +208,16 @@ class Gateway:
 
     def __init__(self) -> None:
         self.url = f"{os.environ['AGL_GATEWAY_URL'].rstrip('/')}/api/rollouts/{os.environ['AGL_ROLLOUT_ID']}"
-        self.headers = {"Authorization": "Bearer " + os.environ["AGL_GRADER_TOKEN"], "Content-Type": "application/json"}
+        self.headers = {
+            "Authorization": "Bearer " + os.environ["AGL_GRADER_TOKEN"],
+            "Content-Type": "application/json",
+        }
 
     def call(self, method: str, path: str, body: object = None) -> object:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
+        request = urllib.request.Request(
+            self.url + path, data=data, headers=self.headers, method=method
+        )
         with urllib.request.urlopen(request, timeout=60) as reply:
             return json.loads(reply.read() or b"null")
 
@@ -221,7 +249,11 @@ def main() -> int:
     workspace, source = Path.cwd(), Path(args.source)
     repo = (workspace / args.repo).resolve()
     gateway = Gateway()
-    harness = json.loads((workspace / "harness.json").read_text()) if (workspace / "harness.json").exists() else {}
+    harness = (
+        json.loads((workspace / "harness.json").read_text())
+        if (workspace / "harness.json").exists()
+        else {}
+    )
     patch = (workspace / "patch.diff").read_bytes() if (workspace / "patch.diff").exists() else b""
 
     base = resolve(source, task["base_commit"])
@@ -241,17 +273,34 @@ def main() -> int:
     for call in calls:
         for command in commands((call.get("response") or {}).get("text", "")):
             for name, match in scan(command):
-                flags.append({"flag": name, "call_seq": call.get("seq"), "match": match, "command": command[:500]})
+                flags.append(
+                    {
+                        "flag": name,
+                        "call_seq": call.get("seq"),
+                        "match": match,
+                        "command": command[:500],
+                    }
+                )
     reward = shaped(1.0 if passed else 0.0, calls, args)
     for flag in flags:
         gateway.event("flag", flag)
     text = patch.decode(errors="replace")
-    cut = {"truncated": True} if len(text) > MAX_PATCH_CHARS else {}  # preds.json gets what fits in an event
-    gateway.event("swe_patch", {"instance_id": task["instance_id"], "model_patch": text[:MAX_PATCH_CHARS], **cut})
+    cut = (
+        {"truncated": True} if len(text) > MAX_PATCH_CHARS else {}
+    )  # preds.json gets what fits in an event
+    gateway.event(
+        "swe_patch",
+        {"instance_id": task["instance_id"], "model_patch": text[:MAX_PATCH_CHARS], **cut},
+    )
     counts: dict[str, int] = {}
     for flag in flags:
         counts[flag["flag"]] = counts.get(flag["flag"], 0) + 1
-    summary = {"instance_id": task["instance_id"], "reward": reward, "patch_applied": applied, "results": results}
+    summary = {
+        "instance_id": task["instance_id"],
+        "reward": reward,
+        "patch_applied": applied,
+        "results": results,
+    }
     summary.update(flags=counts, removed_test_files=removed, exit_status=harness.get("exit_status"))
     gateway.event("swe_grade", summary)
     gateway.call("POST", "/reward", {"reward": reward, "source": "grader"})

@@ -27,11 +27,17 @@ import sys
 from pathlib import Path
 
 GIT = ["git", "-c", "user.name=agl", "-c", "user.email=agl@localhost", "-c", "commit.gpgsign=false"]
-MINI_ENV = {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+MINI_ENV = {
+    "MSWEA_CONFIGURED": "true",
+    "MSWEA_COST_TRACKING": "ignore_errors",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+}
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run([*GIT, "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        [*GIT, "-C", str(repo), *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def resolve(repo: Path, ref: str) -> str:
@@ -55,7 +61,9 @@ def prepare(source: Path, repo: Path, ref: str) -> None:
         shutil.rmtree(repo / ".git")
     else:
         repo.mkdir(parents=True, exist_ok=True)
-        tree = subprocess.run(["git", "-C", str(source), "archive", commit], check=True, capture_output=True).stdout
+        tree = subprocess.run(
+            ["git", "-C", str(source), "archive", commit], check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(repo)], input=tree, check=True)
     git(repo, "init", "-q")
     git(repo, "add", "-A")
@@ -66,16 +74,22 @@ def diff(repo: Path) -> bytes:
     """The agent's changes, new files included, as a binary diff against the task's commit."""
     git(repo, "add", "-A")
     return subprocess.run(
-        [*GIT, "-C", str(repo), "diff", "--cached", "--binary", "HEAD"], check=True, capture_output=True
+        [*GIT, "-C", str(repo), "diff", "--cached", "--binary", "HEAD"],
+        check=True,
+        capture_output=True,
     ).stdout
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="the task repository with its history")
-    parser.add_argument("--repo", required=True, help="where the agent works (relative: to the workspace)")
+    parser.add_argument(
+        "--repo", required=True, help="where the agent works (relative: to the workspace)"
+    )
     parser.add_argument("--model", default="openai/policy", help="litellm model name")
-    parser.add_argument("--config", action="append", default=[], help="mini-swe-agent config merged over mini.yaml")
+    parser.add_argument(
+        "--config", action="append", default=[], help="mini-swe-agent config merged over mini.yaml"
+    )
     parser.add_argument("--step-limit", type=int, default=100)
     args = parser.parse_args()
     task = json.loads(os.environ["AGL_TASK"])
@@ -87,7 +101,17 @@ def main() -> int:
     configs = ["mini.yaml", *args.config, f"agent.step_limit={args.step_limit}"]
     configs.append(f"model.model_kwargs.api_base={os.environ['OPENAI_BASE_URL']}")
     mini = str(Path(sys.executable).parent / "mini")
-    cmd = [mini, "-y", "--exit-immediately", "-m", args.model, "-t", task["problem_statement"], "-o", str(traj)]
+    cmd = [
+        mini,
+        "-y",
+        "--exit-immediately",
+        "-m",
+        args.model,
+        "-t",
+        task["problem_statement"],
+        "-o",
+        str(traj),
+    ]
     cmd += [arg for c in configs for arg in ("-c", c)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
     env |= MINI_ENV | {"MSWEA_GLOBAL_CONFIG_DIR": str(workspace / ".mswea")}
@@ -102,7 +126,10 @@ def main() -> int:
         patch, info["patch_error"] = b"", (e.stderr or b"").decode(errors="replace")[-500:]
     (workspace / "patch.diff").write_bytes(patch)
     (workspace / "harness.json").write_text(json.dumps(info))
-    print(f"harness: mini exited {code} ({info.get('exit_status')}); patch {len(patch)} bytes", flush=True)
+    print(
+        f"harness: mini exited {code} ({info.get('exit_status')}); patch {len(patch)} bytes",
+        flush=True,
+    )
     return 0 if traj.exists() else code or 1
 
 

@@ -30,7 +30,14 @@ PREFIX = "probe-"
 
 
 async def run_rollouts(
-    gw: GatewayClient, tasks: list[Task], settings: SpecSettings, *, k: int, prefix: str, mode: str, poll_s: float
+    gw: GatewayClient,
+    tasks: list[Task],
+    settings: SpecSettings,
+    *,
+    k: int,
+    prefix: str,
+    mode: str,
+    poll_s: float,
 ) -> list[Rollout]:
     """Create k rollouts per task (group `<prefix><instance_id>`) and wait until all have ended."""
     pending = set(await create_rollouts(gw, tasks, settings, k=k, prefix=prefix, mode=mode))
@@ -63,12 +70,16 @@ async def probe(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.swe.probe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.swe.probe", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--tasks", required=True, help="JSONL file or Hugging Face dataset name")
     parser.add_argument("--k", type=int, default=4, help="rollouts per task")
     parser.add_argument("--gateway", default="http://127.0.0.1:8000")
     parser.add_argument("--admin-key", required=True)
-    parser.add_argument("--settings", type=Path, help="SpecSettings as YAML (default: the pod defaults)")
+    parser.add_argument(
+        "--settings", type=Path, help="SpecSettings as YAML (default: the pod defaults)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     settings = load_settings(args.settings) if args.settings else SpecSettings()

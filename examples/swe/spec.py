@@ -45,7 +45,9 @@ class SpecSettings:
     harness_timeout_s: float = 3600.0
     grader_timeout_s: float = 900.0
     test_timeout_s: float = 600.0
-    shaping: dict[str, float] = field(default_factory=dict)  # grade.py flags: turn_penalty, free_turns, ...
+    shaping: dict[str, float] = field(
+        default_factory=dict
+    )  # grade.py flags: turn_penalty, free_turns, ...
     namespace: str = "default"
     workspace: str = "/workspace"
     cpu: str | None = "2"
@@ -62,14 +64,38 @@ def task_spec(task: Task, s: SpecSettings) -> dict[str, Any]:
     image = s.image.format(**task.record())
     resources = {k: v for k, v in {"cpu": s.cpu, "memory": s.memory}.items() if v}
     harness = [s.python, f"{s.recipe_dir}/harness.py", "--source", s.source, "--repo", s.repo]
-    harness += ["--model", s.model, "--step-limit", str(s.step_limit), "--config", f"{s.recipe_dir}/agent.yaml"]
-    grader = [s.grader_python, f"{s.recipe_dir}/grade.py", "--source", s.source, "--repo", s.grade_repo]
+    harness += [
+        "--model",
+        s.model,
+        "--step-limit",
+        str(s.step_limit),
+        "--config",
+        f"{s.recipe_dir}/agent.yaml",
+    ]
+    grader = [
+        s.grader_python,
+        f"{s.recipe_dir}/grade.py",
+        "--source",
+        s.source,
+        "--repo",
+        s.grade_repo,
+    ]
     grader += ["--test-timeout", str(s.test_timeout_s)]
     for name, value in s.shaping.items():
         grader += [f"--{name.replace('_', '-')}", str(value)]
     return {
-        "harness": {"command": harness, "timeout_s": s.harness_timeout_s, "image": image, "resources": resources},
-        "grader": {"command": grader, "timeout_s": s.grader_timeout_s, "image": image, "resources": resources},
+        "harness": {
+            "command": harness,
+            "timeout_s": s.harness_timeout_s,
+            "image": image,
+            "resources": resources,
+        },
+        "grader": {
+            "command": grader,
+            "timeout_s": s.grader_timeout_s,
+            "image": image,
+            "resources": resources,
+        },
         "max_attempts": s.max_attempts,
         "namespace": s.namespace,
         "workspace": s.workspace,
@@ -82,7 +108,9 @@ def entry(task: Task, s: SpecSettings) -> dict[str, Any]:
     return {"task": task.rollout_task(), "spec": task_spec(task, s), "grader": True}
 
 
-async def create_rollouts(gw: Any, tasks: list[Task], s: SpecSettings, *, k: int, prefix: str, mode: str) -> list[str]:
+async def create_rollouts(
+    gw: Any, tasks: list[Task], s: SpecSettings, *, k: int, prefix: str, mode: str
+) -> list[str]:
     """k rollouts per task (group `<prefix><instance_id>`), each carrying its spec; their IDs.
     `gw` is an `agl.client.GatewayClient`."""
     ids = []
@@ -90,7 +118,11 @@ async def create_rollouts(gw: Any, tasks: list[Task], s: SpecSettings, *, k: int
         e = entry(task, s)
         for _ in range(k):
             created = await gw.create_rollout(
-                e["task"], prefix + task.instance_id, mode=mode, grader=True, metadata={"spec": e["spec"]}
+                e["task"],
+                prefix + task.instance_id,
+                mode=mode,
+                grader=True,
+                metadata={"spec": e["spec"]},
             )
             ids.append(created["id"])
     return ids
@@ -101,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Write agl train's task file: one entry (task, spec, grader) per task."
     )
-    parser.add_argument("--tasks", required=True, help="cleaned task records (JSONL) or a Hugging Face dataset")
+    parser.add_argument(
+        "--tasks", required=True, help="cleaned task records (JSONL) or a Hugging Face dataset"
+    )
     parser.add_argument("--split", default="train")
     parser.add_argument("--settings", default=str(HERE / "settings.yaml"))
     parser.add_argument("--out", required=True, type=Path)

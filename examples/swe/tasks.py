@@ -109,7 +109,10 @@ Checker = Callable[[Task], str | None]  # a reason when the task's image or bran
 
 def listing_checker(path: Path) -> Checker:
     found = json.loads(path.read_text())
-    images, branches = set(found.get("images", [])), {k: set(v) for k, v in found.get("branches", {}).items()}
+    images, branches = (
+        set(found.get("images", [])),
+        {k: set(v) for k, v in found.get("branches", {}).items()},
+    )
 
     def check(task: Task) -> str | None:
         if task.image_name not in images:
@@ -134,9 +137,7 @@ def online_checker(timeout_s: float = 10.0) -> Checker:
     def image_exists(image: str) -> bool:
         name, _, tag = image.partition(":")
         namespace, _, repo = name.rpartition("/")
-        url = (
-            f"https://hub.docker.com/v2/namespaces/{namespace or 'library'}/repositories/{repo}/tags/{tag or 'latest'}"
-        )
+        url = f"https://hub.docker.com/v2/namespaces/{namespace or 'library'}/repositories/{repo}/tags/{tag or 'latest'}"
         try:
             with urllib.request.urlopen(url, timeout=timeout_s):
                 return True
@@ -150,12 +151,18 @@ def online_checker(timeout_s: float = 10.0) -> Checker:
     def branches(repo: str) -> set[str]:
         url = f"https://github.com/{repo}"
         try:
-            done = subprocess.run(["git", "ls-remote", "--heads", url], capture_output=True, text=True, timeout=120)
+            done = subprocess.run(
+                ["git", "ls-remote", "--heads", url], capture_output=True, text=True, timeout=120
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise Unreachable(f"{url}: {e}") from e
         if done.returncode != 0 and "not found" not in done.stderr:
             raise Unreachable(f"{url}: {done.stderr.strip()[:200]}")
-        return {line.split("refs/heads/", 1)[1] for line in done.stdout.splitlines() if "refs/heads/" in line}
+        return {
+            line.split("refs/heads/", 1)[1]
+            for line in done.stdout.splitlines()
+            if "refs/heads/" in line
+        }
 
     def check(task: Task) -> str | None:
         if task.image_name not in images:
@@ -164,7 +171,11 @@ def online_checker(timeout_s: float = 10.0) -> Checker:
             return f"image {task.image_name} not found"
         if task.repo not in heads:
             heads[task.repo] = branches(task.repo)
-        return None if task.base_commit in heads[task.repo] else f"branch {task.base_commit} not in {task.repo}"
+        return (
+            None
+            if task.base_commit in heads[task.repo]
+            else f"branch {task.base_commit} not in {task.repo}"
+        )
 
     return check
 
@@ -180,7 +191,9 @@ class Report:
     kept: int = 0
     split: dict[str, int] = field(default_factory=dict)
 
-    def step(self, name: str, tasks: Iterable[Task], reason: Callable[[Task], str | None]) -> list[Task]:
+    def step(
+        self, name: str, tasks: Iterable[Task], reason: Callable[[Task], str | None]
+    ) -> list[Task]:
         kept, removed = [], []
         for task in tasks:
             why = reason(task)
@@ -189,13 +202,17 @@ class Report:
             {
                 "step": name,
                 "removed": len(removed),
-                "examples": [{"instance_id": t.instance_id, "why": why} for t, why in removed[:MAX_EXAMPLES]],
+                "examples": [
+                    {"instance_id": t.instance_id, "why": why} for t, why in removed[:MAX_EXAMPLES]
+                ],
             }
         )
         return [t for t, _ in kept]
 
 
-def difficulty(probe: dict[str, list[float]], never_solved_share: float, seed: int) -> Callable[[Task], str | None]:
+def difficulty(
+    probe: dict[str, list[float]], never_solved_share: float, seed: int
+) -> Callable[[Task], str | None]:
     def reason(task: Task) -> str | None:
         rewards = probe.get(task.instance_id)
         if not rewards:
@@ -222,7 +239,9 @@ def clean(
 ) -> tuple[list[Task], list[Task], Report]:
     """The cleaning pipeline (module docstring); returns (train, validation, report)."""
     report = Report(input=len(tasks))
-    tasks = report.step("empty_problem_statement", tasks, lambda t: None if t.problem_statement.strip() else "empty")
+    tasks = report.step(
+        "empty_problem_statement", tasks, lambda t: None if t.problem_statement.strip() else "empty"
+    )
 
     def too_many(task: Task) -> str | None:
         n = len(task.FAIL_TO_PASS) + len(task.PASS_TO_PASS)
@@ -230,7 +249,9 @@ def clean(
 
     tasks = report.step("too_many_tests", tasks, too_many)
     if checker is None:
-        report.notes.append("missing_image_or_branch: not checked (no listing given, --online not set)")
+        report.notes.append(
+            "missing_image_or_branch: not checked (no listing given, --online not set)"
+        )
     else:
         try:
             tasks = report.step("missing_image_or_branch", tasks, checker)
@@ -241,7 +262,11 @@ def clean(
     def duplicate(task: Task) -> str | None:
         keys = {("id", task.instance_id), (task.repo, " ".join(task.problem_statement.split()))}
         if hit := keys & seen:
-            return "same instance ID" if ("id", task.instance_id) in hit else "same problem statement in this repo"
+            return (
+                "same instance ID"
+                if ("id", task.instance_id) in hit
+                else "same problem statement in this repo"
+            )
         seen.update(keys)
         return None
 
@@ -250,7 +275,9 @@ def clean(
         report.notes.append("difficulty: not probed (no --probe file)")
     else:
         tasks = report.step("difficulty", tasks, difficulty(probe, never_solved_share, seed))
-    validation = [t for t in tasks if stable_fraction("split:" + t.instance_id, seed) < validation_share]
+    validation = [
+        t for t in tasks if stable_fraction("split:" + t.instance_id, seed) < validation_share
+    ]
     train = [t for t in tasks if t not in validation]
     report.kept, report.split = len(tasks), {"train": len(train), "validation": len(validation)}
     return train, validation, report
@@ -261,21 +288,37 @@ def write_jsonl(path: Path, tasks: Iterable[Task]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m examples.swe.tasks", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.swe.tasks", description=__doc__.split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("clean", help="run the cleaning pipeline; write train/validation JSONL and report.json")
-    c.add_argument("--tasks", required=True, help="JSONL file or Hugging Face dataset name (e.g. SWE-bench/SWE-smith)")
+    c = sub.add_parser(
+        "clean", help="run the cleaning pipeline; write train/validation JSONL and report.json"
+    )
+    c.add_argument(
+        "--tasks",
+        required=True,
+        help="JSONL file or Hugging Face dataset name (e.g. SWE-bench/SWE-smith)",
+    )
     c.add_argument("--split", default="train", help="dataset split (Hugging Face datasets only)")
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--max-tests", type=int, default=200)
     c.add_argument("--available", type=Path, help="JSON listing of existing images and branches")
-    c.add_argument("--online", action="store_true", help="check images on Docker Hub and branches on GitHub")
+    c.add_argument(
+        "--online", action="store_true", help="check images on Docker Hub and branches on GitHub"
+    )
     c.add_argument("--probe", type=Path, help="difficulty probe results (examples/swe/probe.py)")
     c.add_argument("--never-solved-share", type=float, default=0.2)
     c.add_argument("--validation-share", type=float, default=0.05)
     c.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    checker = listing_checker(args.available) if args.available else online_checker() if args.online else None
+    checker = (
+        listing_checker(args.available)
+        if args.available
+        else online_checker()
+        if args.online
+        else None
+    )
     probe = json.loads(args.probe.read_text())["rewards"] if args.probe else None
     train, validation, report = clean(
         load(args.tasks, args.split),

@@ -39,10 +39,20 @@ def rollout(
     status: Status = Status.SUCCEEDED,
     failure: FailureKind | None = None,
 ) -> Rollout:
-    return Rollout(id=rid, task={}, group=group, mode=Mode.TRAIN, status=status, reward=reward, failure_kind=failure)
+    return Rollout(
+        id=rid,
+        task={},
+        group=group,
+        mode=Mode.TRAIN,
+        status=status,
+        reward=reward,
+        failure_kind=failure,
+    )
 
 
-def chain(rid: str, turns: Sequence[tuple[Sequence[int], Sequence[int]]], *, agent: str = "main") -> list[Call]:
+def chain(
+    rid: str, turns: Sequence[tuple[Sequence[int], Sequence[int]]], *, agent: str = "main"
+) -> list[Call]:
     """Calls whose prompts each extend the last: turn k is (new fed tokens, response)."""
     calls, context = [], []
     for seq, (fed, response) in enumerate(turns):

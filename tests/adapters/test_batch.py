@@ -28,7 +28,9 @@ def worlds(draw: st.DrawFn) -> tuple[list[Rollout], dict[str, list[Call]]]:
             rid = f"g{g}r{k}"
             infra = draw(st.integers(0, 9)) == 0
             reward = draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, -1.0, 3.0]))
-            rollouts.append(rollout(rid, f"task{g}", reward, failure=FailureKind.INFRA if infra else None))
+            rollouts.append(
+                rollout(rid, f"task{g}", reward, failure=FailureKind.INFRA if infra else None)
+            )
             context: dict[str, list[int]] = {}
             calls[rid] = []
             for seq in range(draw(st.integers(0, 7))):
@@ -67,29 +69,42 @@ def token_logprobs(w: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
     return torch.cat([torch.zeros(1, dtype=w.dtype), logits.gather(1, x[1:, None])[:, 0]])
 
 
-def token_loss(w: torch.Tensor, ids: np.ndarray, old: np.ndarray, adv: torch.Tensor) -> torch.Tensor:
+def token_loss(
+    w: torch.Tensor, ids: np.ndarray, old: np.ndarray, adv: torch.Tensor
+) -> torch.Tensor:
     """The vanilla policy-gradient token loss, -A * exp(logp - old)."""
     return -adv * torch.exp(token_logprobs(w, ids) - torch.as_tensor(old, dtype=w.dtype))
 
 
-def expected_rollouts(rollouts: list[Rollout], calls: dict[str, list[Call]], s: AdapterSettings) -> set[str]:
+def expected_rollouts(
+    rollouts: list[Rollout], calls: dict[str, list[Call]], s: AdapterSettings
+) -> set[str]:
     """Which rollouts should be trained, worked out independently of the adapter."""
     valid = [r for r in rollouts if r.failure_kind is not FailureKind.INFRA]
     by_group = defaultdict(list)
     for r in valid:
         by_group[r.group].append(r.reward)
     keep = {
-        r.id for r in valid if not s.drop_degenerate or (len(by_group[r.group]) > 1 and len(set(by_group[r.group])) > 1)
+        r.id
+        for r in valid
+        if not s.drop_degenerate or (len(by_group[r.group]) > 1 and len(set(by_group[r.group])) > 1)
     }
     return {rid for rid in keep if trained_tokens(calls[rid], s)}
 
 
 def trained_tokens(calls: list[Call], s: AdapterSettings) -> int:
-    return sum(len(c.response_ids) for c in calls if s.trained_agents is None or c.agent in s.trained_agents)
+    return sum(
+        len(c.response_ids)
+        for c in calls
+        if s.trained_agents is None or c.agent in s.trained_agents
+    )
 
 
 def sample_slices(batch: Batch) -> list[slice]:
-    return [slice(int(lo), int(hi)) for lo, hi in zip(batch.offsets[:-1], batch.offsets[1:], strict=True)]
+    return [
+        slice(int(lo), int(hi))
+        for lo, hi in zip(batch.offsets[:-1], batch.offsets[1:], strict=True)
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -103,14 +118,20 @@ def test_gradient_equals_the_rollout_level_reference_however_rollouts_split(worl
     for mb in range(int(batch.sample_minibatch.max(initial=-1)) + 1):
         # Reference: (1/|M|) sum_r (1/T_r) sum_t l_t, straight from the calls, in one full batch.
         members = [
-            batch.rollout_ids[r] for r in np.unique(batch.sample_rollout[batch.sample_minibatch == mb]) if r >= 0
+            batch.rollout_ids[r]
+            for r in np.unique(batch.sample_rollout[batch.sample_minibatch == mb])
+            if r >= 0
         ]
         reference = torch.zeros((), dtype=w.dtype)
         for rid in members:
-            adv = torch.tensor(float(batch.rollout_advantages[batch.rollout_ids.index(rid)]), dtype=w.dtype)
+            adv = torch.tensor(
+                float(batch.rollout_advantages[batch.rollout_ids.index(rid)]), dtype=w.dtype
+            )
             n_tokens = trained_tokens(calls[rid], s)
             for c in calls[rid]:
-                if (s.trained_agents is None or c.agent in s.trained_agents) and len(c.response_ids):
+                if (s.trained_agents is None or c.agent in s.trained_agents) and len(
+                    c.response_ids
+                ):
                     ids = np.array(list(c.prompt_ids) + list(c.response_ids))
                     old = np.concatenate([np.zeros(len(c.prompt_ids)), np.array(c.logprobs)])
                     losses = token_loss(w, ids, old, adv)[len(c.prompt_ids) :]
@@ -129,7 +150,10 @@ def test_gradient_equals_the_rollout_level_reference_however_rollouts_split(worl
                     sl = sample_slices(batch)[j]
                     adv = torch.as_tensor(batch.advantages[sl], dtype=w.dtype)
                     per_token = token_loss(w, batch.input_ids[sl], batch.logprobs[sl], adv)
-                    loss = loss + (torch.as_tensor(batch.loss_weights[sl], dtype=w.dtype) * per_token).sum()
+                    loss = (
+                        loss
+                        + (torch.as_tensor(batch.loss_weights[sl], dtype=w.dtype) * per_token).sum()
+                    )
                 if loss.requires_grad:
                     got += torch.autograd.grad(loss, w)[0]
         assert torch.allclose(got, want, atol=1e-6, rtol=0), (got - want).abs().max()
@@ -141,7 +165,10 @@ def test_packing_keeps_every_trained_token_and_rollout_weight_is_split_invariant
     rollouts, calls = world
     batch = build_batch(rollouts, calls, s)
     token_rollout = np.repeat(batch.sample_rollout, np.diff(batch.offsets))
-    rollout_mb = [np.unique(batch.sample_minibatch[batch.sample_rollout == r]) for r in range(len(batch.rollout_ids))]
+    rollout_mb = [
+        np.unique(batch.sample_minibatch[batch.sample_rollout == r])
+        for r in range(len(batch.rollout_ids))
+    ]
     assert all(len(m) == 1 for m in rollout_mb)  # all samples of a rollout are in one mini-batch
     for r, rid in enumerate(batch.rollout_ids):
         mine = token_rollout == r
@@ -149,7 +176,9 @@ def test_packing_keeps_every_trained_token_and_rollout_weight_is_split_invariant
         trained = [c for c in calls[rid] if s.trained_agents is None or c.agent in s.trained_agents]
         want = sorted(float(x) for c in trained for x in c.logprobs)
         assert sorted(batch.logprobs[mine & batch.loss_mask].tolist()) == want
-        merged = [seq for j in np.flatnonzero(batch.sample_rollout == r) for seq in batch.sample_calls[j]]
+        merged = [
+            seq for j in np.flatnonzero(batch.sample_rollout == r) for seq in batch.sample_calls[j]
+        ]
         assert sorted(merged) == [c.seq for c in trained]
         # Its total weight is 1/|M|, however many samples it became.
         size = sum(m[0] == rollout_mb[r][0] for m in rollout_mb)
@@ -181,7 +210,9 @@ def test_k_minibatches_average_to_the_one_minibatch_gradient(world, k) -> None:
 
     def per_rollout_token(b: Batch) -> dict[int, list[float]]:
         token_rollout = np.repeat(b.sample_rollout, np.diff(b.offsets))
-        return {r: sorted(b.loss_weights[(token_rollout == r) & b.loss_mask].tolist()) for r in range(n)}
+        return {
+            r: sorted(b.loss_weights[(token_rollout == r) & b.loss_mask].tolist()) for r in range(n)
+        }
 
     want, got = per_rollout_token(one), per_rollout_token(split)
     for r in range(n):
@@ -197,9 +228,16 @@ def test_an_intermediate_reward_shifts_only_its_own_calls_tokens(mode: str) -> N
     rollouts = [rollout("a", reward=1.0), rollout("b", reward=0.0)]
     intermediate = {"a": {1: -1.0, 7: 5.0}, "b": {}}
     base = build_batch(rollouts, calls, AdapterSettings(mode=mode), intermediate=intermediate)
-    shaped = build_batch(rollouts, calls, AdapterSettings(mode=mode, intermediate_coef=0.5), intermediate=intermediate)
+    shaped = build_batch(
+        rollouts,
+        calls,
+        AdapterSettings(mode=mode, intermediate_coef=0.5),
+        intermediate=intermediate,
+    )
     assert base.metrics["calls_shaped"] == 0 and shaped.metrics["calls_shaped"] == 1
-    assert np.array_equal(base.input_ids, shaped.input_ids) and np.array_equal(base.loss_mask, shaped.loss_mask)
+    assert np.array_equal(base.input_ids, shaped.input_ids) and np.array_equal(
+        base.loss_mask, shaped.loss_mask
+    )
     response_of = {3: 1, 4: 1, 6: 2, 7: 2, 8: 2, 10: 3}  # token -> its call's seq + 1 (0: fed)
     token_rollout = np.repeat(base.sample_rollout, np.diff(base.offsets))
     for t in np.flatnonzero(base.loss_mask):
@@ -244,11 +282,21 @@ def test_balanced_partitions_match_verl(lengths: list[int], k: int) -> None:
 
 
 def test_stale_rollouts_are_dropped() -> None:
-    rollouts = [rollout("fresh", reward=1.0), rollout("mixed", reward=0.0), rollout("stale", reward=0.5)]
+    rollouts = [
+        rollout("fresh", reward=1.0),
+        rollout("mixed", reward=0.0),
+        rollout("stale", reward=0.5),
+    ]
     calls = {
         "fresh": [call("fresh", 0, [1], [2], version=5)],
-        "mixed": [call("mixed", 0, [1], [2], version=4), call("mixed", 1, [1, 2, 3], [4], version=5)],
-        "stale": [call("stale", 0, [1], [2], version=3), call("stale", 1, [1, 2, 3], [4], version=5)],
+        "mixed": [
+            call("mixed", 0, [1], [2], version=4),
+            call("mixed", 1, [1, 2, 3], [4], version=5),
+        ],
+        "stale": [
+            call("stale", 0, [1], [2], version=3),
+            call("stale", 1, [1, 2, 3], [4], version=5),
+        ],
     }
     batch = build_batch(rollouts, calls, AdapterSettings(max_staleness=1), version=5)
     assert batch.rollout_ids == ("fresh", "mixed")
@@ -257,7 +305,13 @@ def test_stale_rollouts_are_dropped() -> None:
         build_batch(rollouts, calls, AdapterSettings(max_staleness=1))
 
 
-BAD_SETTINGS = {"mode": "tree", "loss_mode": "sum", "max_length": 0, "dp_size": 0, "minibatch_rollouts": 0}
+BAD_SETTINGS = {
+    "mode": "tree",
+    "loss_mode": "sum",
+    "max_length": 0,
+    "dp_size": 0,
+    "minibatch_rollouts": 0,
+}
 BAD_SETTINGS |= {"max_staleness": -1, "eps": -1.0}
 
 

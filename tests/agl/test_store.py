@@ -50,7 +50,8 @@ def make_call(rollout_id: str, n_prompt: int = 5, n_response: int = 3, **kw) -> 
 def counts(store: Store) -> tuple[int, int, int]:
     with store._read_engine.connect() as conn:
         return tuple(
-            conn.execute(sa.select(sa.func.count()).select_from(t)).scalar() for t in (rollouts, calls, events)
+            conn.execute(sa.select(sa.func.count()).select_from(t)).scalar()
+            for t in (rollouts, calls, events)
         )
 
 
@@ -61,7 +62,9 @@ def test_create_rollout_returns_tokens_and_stores_only_hashes(store):
     created = store.create_rollout({"q": "2+2"}, "g1", grader=True, metadata={"k": 1}).result()
     r = created.rollout
     assert r.status is Status.QUEUED and r.attempt == 1 and r.has_grader and r.task == {"q": "2+2"}
-    assert created.agent_token and created.grader_token and created.agent_token != created.grader_token
+    assert (
+        created.agent_token and created.grader_token and created.agent_token != created.grader_token
+    )
     assert store.rollout_for_token(created.agent_token) == (r, "agent")
     assert store.rollout_for_token(created.grader_token) == (r, "grader")
     assert store.rollout_for_token("nope") is None
@@ -128,7 +131,9 @@ def test_retry_starts_a_new_attempt_and_only_its_calls_count(store):
     store.append_call(make_call(rid)).result()
     store.append_call(make_call(rid)).result()
     store.set_reward(rid, 1.0).result()
-    store.transition(rid, Status.QUEUED, failure_kind="infra", reason="pod evicted", attempt=1).result()
+    store.transition(
+        rid, Status.QUEUED, failure_kind="infra", reason="pod evicted", attempt=1
+    ).result()
     assert store.get_rollout(rid).reward is None  # the failed attempt's reward does not carry over
     store.transition(rid, Status.RUNNING, attempt=2).result()
     third = store.append_call(make_call(rid, n_response=7)).result()
@@ -147,12 +152,27 @@ def test_token_arrays_round_trip(store, n):
     response = array("i", [(i * 104_729) % 2_147_483_647 for i in range(n)])
     logprobs = array("f", [-(i % 1000) / 37.0 for i in range(n)])
     stored = store.append_call(
-        Call(rid, prompt, response, logprobs, agent="solver", model_version=3, temperature=0.7, request={"m": [1]})
+        Call(
+            rid,
+            prompt,
+            response,
+            logprobs,
+            agent="solver",
+            model_version=3,
+            temperature=0.7,
+            request={"m": [1]},
+        )
     ).result()
     (got,) = store.calls_for([rid])[rid]
     assert got.prompt_ids == prompt and got.response_ids == response and got.logprobs == logprobs
     assert got.prompt_ids.typecode == "i" and got.logprobs.typecode == "f"
-    assert (got.seq, stored.seq, got.agent, got.model_version, got.request) == (0, 0, "solver", 3, {"m": [1]})
+    assert (got.seq, stored.seq, got.agent, got.model_version, got.request) == (
+        0,
+        0,
+        "solver",
+        3,
+        {"m": [1]},
+    )
     assert got.temperature == 0.7
     assert got.id is not None
     with store._read_engine.connect() as conn:
@@ -195,7 +215,9 @@ def test_extreme_ids_and_logprobs_round_trip(db_url):
         ([1] * 11, [], [], "more than the limit"),
     ],
 )
-def test_bad_arrays_are_rejected_and_nothing_is_written(db_url, prompt, response, logprobs, message):
+def test_bad_arrays_are_rejected_and_nothing_is_written(
+    db_url, prompt, response, logprobs, message
+):
 
     with Store(db_url, StoreSettings(max_tokens_per_array=10)) as store:
         rid = _drive_to(store, Status.RUNNING)
@@ -227,12 +249,16 @@ def test_calls_for_many_rollouts_at_once(store):
     assert all([c.seq for c in cs] == list(range(len(cs))) for cs in got.values())
 
 
-def conversation_call(rid: str, prompt: list[int], response: list[int], request: dict, agent: str = "a") -> Call:
+def conversation_call(
+    rid: str, prompt: list[int], response: list[int], request: dict, agent: str = "a"
+) -> Call:
     lp = array("f", [-0.25] * len(response))
     return Call(rid, array("i", prompt), array("i", response), lp, agent=agent, request=request)
 
 
-def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries_and_reopening(db_url):
+def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries_and_reopening(
+    db_url,
+):
     """Each call is stored as the extension of its agent's last one (`base`); reads must return exactly what was
     appended, whatever the chain: two agents interleaved, n > 1 choices of one prompt, a prompt that rewrites the
     history, a request key that changes or goes, a retried attempt, and a new Store that remembers no chain."""
@@ -246,26 +272,40 @@ def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries
         messages: dict[str, list] = {"a": [{"role": "system", "content": "s"}], "b": []}
         for turn in range(40):
             agent = "b" if turn % 5 == 4 else "a"
-            messages[agent].append({"role": "user", "content": f"turn {turn}", "n": [turn, {"x": None}]})
+            messages[agent].append(
+                {"role": "user", "content": f"turn {turn}", "n": [turn, {"x": None}]}
+            )
             if turn == 17:  # the harness rewrites history: a prompt that extends nothing
                 history[agent], messages[agent] = [7] * 5, messages[agent][-2:]
-            request = {"messages": list(messages[agent]), "tools": [{"name": "t"}], "max_tokens": 8 + turn % 2}
+            request = {
+                "messages": list(messages[agent]),
+                "tools": [{"name": "t"}],
+                "max_tokens": 8 + turn % 2,
+            }
             if turn == 23:
                 del request["tools"]
             prompt = history[agent] + [rng.randrange(50_000) for _ in range(rng.randrange(0, 6))]
             for _ in range(2 if turn % 7 == 3 else 1):  # n > 1: choices of one prompt
                 response = [rng.randrange(50_000) for _ in range(rng.randrange(1, 5))]
-                appended.append(store.append_call(conversation_call(rid, prompt, response, request, agent)).result())
+                appended.append(
+                    store.append_call(
+                        conversation_call(rid, prompt, response, request, agent)
+                    ).result()
+                )
             history[agent] = prompt + response
             messages[agent].append({"role": "assistant", "content": str(response)})
             if turn == 29:
                 store.transition(rid, Status.QUEUED, failure_kind=FailureKind.INFRA).result()
                 store.transition(rid, Status.RUNNING).result()
         with store._read_engine.connect() as conn:
-            bases = [row.base for row in conn.execute(sa.select(calls.c.base).order_by(calls.c.seq))]
+            bases = [
+                row.base for row in conn.execute(sa.select(calls.c.base).order_by(calls.c.seq))
+            ]
 
     def same(got: list[Call], want: list[Call]) -> None:
-        assert [(c.seq, c.attempt, c.agent) for c in got] == [(c.seq, c.attempt, c.agent) for c in want]
+        assert [(c.seq, c.attempt, c.agent) for c in got] == [
+            (c.seq, c.attempt, c.agent) for c in want
+        ]
         for g, w in zip(got, want, strict=True):
             assert (list(g.prompt_ids), list(g.response_ids), g.request) == (
                 list(w.prompt_ids),
@@ -274,16 +314,27 @@ def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries
             )
             assert list(g.request) == list(w.request)  # in the order the harness sent its keys
 
-    assert sum(b is None for b in bases) == 4  # a's first, b's first, and both agents' first after the retry
-    assert any(b and b["prompt_from"] == 0 for b in bases)  # the rewritten history: chained, nothing shared
+    assert (
+        sum(b is None for b in bases) == 4
+    )  # a's first, b's first, and both agents' first after the retry
+    assert any(
+        b and b["prompt_from"] == 0 for b in bases
+    )  # the rewritten history: chained, nothing shared
     with Store(db_url) as store:
         same(store.calls_for([rid], all_attempts=True)[rid], appended)
         same(store.calls_for([rid])[rid], [c for c in appended if c.attempt == 2])
         same(store.last_calls(rid, 3), appended[-3:])
-        more = store.append_call(conversation_call(rid, [*appended[-1].prompt_ids, 5], [6], {"k": 1})).result()
-        same(store.calls_for([rid])[rid][-1:], [more])  # stored whole: this Store remembers no chain
+        more = store.append_call(
+            conversation_call(rid, [*appended[-1].prompt_ids, 5], [6], {"k": 1})
+        ).result()
+        same(
+            store.calls_for([rid])[rid][-1:], [more]
+        )  # stored whole: this Store remembers no chain
         with store._read_engine.connect() as conn:
-            assert conn.execute(sa.select(calls.c.base).where(calls.c.seq == more.seq)).scalar() is None
+            assert (
+                conn.execute(sa.select(calls.c.base).where(calls.c.seq == more.seq)).scalar()
+                is None
+            )
 
 
 def test_a_growing_conversation_stores_its_new_tokens_not_its_whole_prompt(store):
@@ -292,17 +343,24 @@ def test_a_growing_conversation_stores_its_new_tokens_not_its_whole_prompt(store
     for turn in range(30):
         messages.append({"role": "user", "content": f"tool output {turn} " * 100})
         prompt += list(range(turn * 1000, turn * 1000 + 500))
-        call = store.append_call(conversation_call(rid, prompt, [1] * 64, {"messages": list(messages)})).result()
+        call = store.append_call(
+            conversation_call(rid, prompt, [1] * 64, {"messages": list(messages)})
+        ).result()
         prompt = list(call.prompt_ids) + list(call.response_ids)
         messages.append({"role": "assistant", "content": "ok"})
     with store._read_engine.connect() as conn:
         sizes = conn.execute(
-            sa.select(sa.func.length(calls.c.prompt_ids), sa.func.length(sa.cast(calls.c.request, sa.Text))).order_by(
-                calls.c.seq
-            )
+            sa.select(
+                sa.func.length(calls.c.prompt_ids),
+                sa.func.length(sa.cast(calls.c.request, sa.Text)),
+            ).order_by(calls.c.seq)
         ).all()
-    assert sizes[0][0] == 4 * 2_500 and all(ids == 4 * 500 for ids, _ in sizes[1:])  # the reply is in response_ids
-    assert all(request < 2_000 for _, request in sizes[1:])  # the new messages, not 30 turns of them
+    assert sizes[0][0] == 4 * 2_500 and all(
+        ids == 4 * 500 for ids, _ in sizes[1:]
+    )  # the reply is in response_ids
+    assert all(
+        request < 2_000 for _, request in sizes[1:]
+    )  # the new messages, not 30 turns of them
     assert len(store.calls_for([rid])[rid][-1].request["messages"]) == 60
 
 
@@ -474,7 +532,10 @@ def test_a_write_that_raises_after_writing_is_undone_alone_or_in_a_group(store):
     started, release = threading.Event(), threading.Event()
 
     def write_then_fail(conn: sa.Connection) -> None:
-        conn.execute(events.insert(), {"rollout_id": rid, "attempt": 1, "kind": "partial", "data": {}, "created_at": 0})
+        conn.execute(
+            events.insert(),
+            {"rollout_id": rid, "attempt": 1, "kind": "partial", "data": {}, "created_at": 0},
+        )
         raise InvalidData("refused after writing")
 
     def hold_the_writer(conn: sa.Connection) -> None:
@@ -486,7 +547,11 @@ def test_a_write_that_raises_after_writing_is_undone_alone_or_in_a_group(store):
     assert store.append_call(make_call(rid)).result(timeout=10).seq == 0
     store._submit(hold_the_writer)
     assert started.wait(10)
-    futures = [store.append_call(make_call(rid)), store._submit(write_then_fail), store.append_call(make_call(rid))]
+    futures = [
+        store.append_call(make_call(rid)),
+        store._submit(write_then_fail),
+        store.append_call(make_call(rid)),
+    ]
     futures.append(store.append_event(rid, "harness", {"k": 1}))
     release.set()
     assert [futures[0].result(timeout=10).seq, futures[2].result(timeout=10).seq] == [1, 2]
@@ -591,7 +656,9 @@ def test_closed_store_refuses_writes(db_url):
 def test_a_write_the_database_rejects_is_isolated_from_its_group(store):
     """A bulk run that the database refuses is retried write by write: only the bad one fails."""
     good, bad = _drive_to(store, Status.RUNNING), _drive_to(store, Status.RUNNING)
-    with store._write_engine.begin() as conn:  # a row the store did not count: seq 0 of `bad` is taken
+    with (
+        store._write_engine.begin() as conn
+    ):  # a row the store did not count: seq 0 of `bad` is taken
         conn.execute(
             calls.insert().values(
                 rollout_id=bad,
@@ -611,7 +678,10 @@ def test_a_write_the_database_rejects_is_isolated_from_its_group(store):
         )
 
     async def main() -> list[object]:
-        jobs = [asyncio.wrap_future(store.append_call(make_call(good if i % 3 else bad))) for i in range(30)]
+        jobs = [
+            asyncio.wrap_future(store.append_call(make_call(good if i % 3 else bad)))
+            for i in range(30)
+        ]
         return await asyncio.gather(*jobs, return_exceptions=True)
 
     results = asyncio.run(main())

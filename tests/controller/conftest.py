@@ -72,13 +72,21 @@ def harness_spec(tmp_path: Path, **harness: Any) -> dict:
 
 def settings(gateway: Stack, tmp_path: Path, **fields: Any) -> ControllerSettings:
     return ControllerSettings(
-        gateway=gateway.url, admin_key=ADMIN, state_dir=str(tmp_path / "state"), poll_s=0.1, **fields
+        gateway=gateway.url,
+        admin_key=ADMIN,
+        state_dir=str(tmp_path / "state"),
+        poll_s=0.1,
+        **fields,
     )
 
 
 @contextmanager
 def controller(
-    gateway: Stack, tmp_path: Path, spec: dict | Spec | None, runner: Launcher | None = None, **fields: Any
+    gateway: Stack,
+    tmp_path: Path,
+    spec: dict | Spec | None,
+    runner: Launcher | None = None,
+    **fields: Any,
 ) -> Iterator[Controller]:
     """A controller running in a thread with its own event loop; stopped (runs left alive) on exit."""
     cfg = settings(gateway, tmp_path, **fields)
@@ -114,7 +122,9 @@ def controller(
     assert "error" not in box, repr(box.get("error"))
 
 
-def wait_status(gateway: Stack, rollout_id: str, want: set[str] = TERMINAL, timeout: float = 60) -> dict:
+def wait_status(
+    gateway: Stack, rollout_id: str, want: set[str] = TERMINAL, timeout: float = 60
+) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         rollout = gateway.admin.get(f"/api/rollouts/{rollout_id}").json()

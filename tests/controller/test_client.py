@@ -23,15 +23,24 @@ def test_client_round_trip_and_errors(gateway) -> None:
                 True,
                 {"k": "v", "grader": True},
             )
-            assert [r.id for r in await gw.list_rollouts(status=Status.QUEUED, group="grp")] == [made["id"]]
+            assert [r.id for r in await gw.list_rollouts(status=Status.QUEUED, group="grp")] == [
+                made["id"]
+            ]
             fresh = await gw.rotate_tokens(made["id"], attempt=1)
-            assert fresh["agent_token"] != made["agent_token"] and fresh["grader_token"] != made["grader_token"]
+            assert (
+                fresh["agent_token"] != made["agent_token"]
+                and fresh["grader_token"] != made["grader_token"]
+            )
             async with httpx.AsyncClient(base_url=gateway.url) as raw:
                 for token, code in [(made["agent_token"], 401), (fresh["agent_token"], 200)]:
-                    reply = await raw.get(f"/api/rollouts/{made['id']}", headers={"Authorization": f"Bearer {token}"})
+                    reply = await raw.get(
+                        f"/api/rollouts/{made['id']}", headers={"Authorization": f"Bearer {token}"}
+                    )
                     assert reply.status_code == code
             await gw.set_status(made["id"], Status.RUNNING, attempt=1)
-            retried = await gw.set_status(made["id"], Status.QUEUED, failure_kind=FailureKind.INFRA, attempt=1)
+            retried = await gw.set_status(
+                made["id"], Status.QUEUED, failure_kind=FailureKind.INFRA, attempt=1
+            )
             assert retried.attempt == 2
             with pytest.raises(GatewayError) as stale:
                 await gw.rotate_tokens(made["id"], attempt=1)
@@ -66,7 +75,10 @@ def test_an_idle_connection_is_not_reused_after_a_server_may_have_closed_it() ->
             if answered:
                 break  # the keep-alive timer fired as this request came in
             body = b'{"version": 0}'
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                % len(body)
+            )
             writer.write(body)
             await writer.drain()
         writer.close()

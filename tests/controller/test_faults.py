@@ -30,7 +30,9 @@ sys.exit(int(sys.argv[2]))
 def test_children_that_outlive_the_harness_are_killed(gateway, tmp_path: Path, code: int) -> None:
     rid = gateway.rollout()["id"]
     pidfile = tmp_path / "child.pid"
-    spec = {"harness": {"command": [*script(tmp_path, "h.py", LEAVES_A_CHILD), str(pidfile), str(code)]}}
+    spec = {
+        "harness": {"command": [*script(tmp_path, "h.py", LEAVES_A_CHILD), str(pidfile), str(code)]}
+    }
     with controller(gateway, tmp_path, spec):
         done = wait_status(gateway, rid)
     want = ("succeeded", None) if code == 0 else ("failed", "task")
@@ -42,7 +44,9 @@ def test_children_that_outlive_the_harness_are_killed(gateway, tmp_path: Path, c
         time.sleep(0.05)
 
 
-def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controller(tmp_path: Path, monkeypatch) -> None:
+def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controller(
+    tmp_path: Path, monkeypatch
+) -> None:
     """The controller dies between starting a process and recording it. SIGKILL cannot be aimed
     between two lines, so an exception raised right after the real spawn stands in for it."""
     real_spawn, spawned = os.posix_spawn, []
@@ -59,7 +63,9 @@ def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controlle
     monkeypatch.undo()
     try:
         restarted = LocalLauncher(tmp_path)
-        assert asyncio.run(restarted.adopt()) == [("r1", 1)]  # not forgotten: relaunching it would run it twice
+        assert asyncio.run(restarted.adopt()) == [
+            ("r1", 1)
+        ]  # not forgotten: relaunching it would run it twice
         ((key, outcome),) = asyncio.run(restarted.poll())
         assert key == ("r1", 1) and outcome.failure_kind == "infra"  # so attempt 2 gets new tokens
     finally:
@@ -88,7 +94,13 @@ def test_rollouts_that_are_someone_elses_do_not_block_the_queue(gateway, tmp_pat
     of them than it may run at once: its own still run."""
     for _ in range(3):
         gateway.rollout(group="theirs")
-    spec = {"harness": {"command": [*script(tmp_path, "h.py", LEAVES_A_CHILD), str(tmp_path / "pid"), "0"]}}
+    spec = {
+        "harness": {
+            "command": [*script(tmp_path, "h.py", LEAVES_A_CHILD), str(tmp_path / "pid"), "0"]
+        }
+    }
     mine = gateway.rollout(group="mine", metadata={"spec": spec})["id"]
     with controller(gateway, tmp_path, None, max_running=2):
-        assert wait_status(gateway, mine, timeout=30)["status"] == "succeeded", reasons(gateway, mine)
+        assert wait_status(gateway, mine, timeout=30)["status"] == "succeeded", reasons(
+            gateway, mine
+        )

@@ -12,10 +12,14 @@ from controller import jobs
 from tests.gateway.stack import ADMIN
 
 
-def test_list_and_cancel_a_group_of_rendered_rollouts(gateway, tmp_path: Path, capsys, monkeypatch) -> None:
+def test_list_and_cancel_a_group_of_rendered_rollouts(
+    gateway, tmp_path: Path, capsys, monkeypatch
+) -> None:
     (tmp_path / "spec.yaml").write_text("harness: {command: [python, harness.py]}\n")
     common = ["--group", "batch-1", "--gateway", gateway.url, "--admin-key", ADMIN]
-    assert jobs.main(["render", "--spec", str(tmp_path / "spec.yaml"), "--count", "3", *common]) == 0
+    assert (
+        jobs.main(["render", "--spec", str(tmp_path / "spec.yaml"), "--count", "3", *common]) == 0
+    )
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs] == ["Secret", "Job"] * 3
     # the tokens expire an hour (--apply-within-s) after the Job's deadline from now: the harness's default 3600 s
@@ -24,7 +28,11 @@ def test_list_and_cancel_a_group_of_rendered_rollouts(gateway, tmp_path: Path, c
     assert abs(expiry - (time.time() + 3600 + 120 + 3600)) < 60
     other = gateway.rollout(group="batch-2")["id"]
     ids = [r["id"] for r in gateway.admin.get("/api/rollouts", params={"group": "batch-1"}).json()]
-    for rid, status in [(ids[0], "running"), (ids[1], "running"), (ids[1], "failed")]:  # one runs, one has ended
+    for rid, status in [
+        (ids[0], "running"),
+        (ids[1], "running"),
+        (ids[1], "failed"),
+    ]:  # one runs, one has ended
         body = {"status": status, "failure_kind": "task" if status == "failed" else None}
         gateway.admin.post(f"/api/rollouts/{rid}/status", json=body).raise_for_status()
 
@@ -35,7 +43,9 @@ def test_list_and_cancel_a_group_of_rendered_rollouts(gateway, tmp_path: Path, c
     assert listed("list") == {ids[0]: "running", ids[1]: "failed", ids[2]: "queued"}
     assert listed("cancel") == {ids[0]: "cancelled", ids[1]: "failed", ids[2]: "cancelled"}
     assert listed("list") == {ids[0]: "cancelled", ids[1]: "failed", ids[2]: "cancelled"}
-    assert gateway.admin.get(f"/api/rollouts/{other}").json()["status"] == "queued"  # another group's
+    assert (
+        gateway.admin.get(f"/api/rollouts/{other}").json()["status"] == "queued"
+    )  # another group's
     monkeypatch.delenv("AGL_CONTROLLER_ADMIN_KEY", raising=False)
     with pytest.raises(SystemExit) as refused:
         jobs.main(["cancel", "--group", "batch-2", "--gateway", gateway.url])

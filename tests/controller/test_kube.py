@@ -51,8 +51,15 @@ def kube_launcher(namespace: str):
 
 def graded_spec(tmp_path: Path, namespace: str, **harness_env: str) -> dict:
     spec = harness_spec(tmp_path, env=harness_env)
-    spec["grader"] = {"command": script(tmp_path, "grader.py", GRADER), "env": {"GRADER_OUT": str(tmp_path / "g")}}
-    return spec | {"namespace": namespace, "workspace": str(tmp_path / "ws"), "retry_backoff_s": 0.1}
+    spec["grader"] = {
+        "command": script(tmp_path, "grader.py", GRADER),
+        "env": {"GRADER_OUT": str(tmp_path / "g")},
+    }
+    return spec | {
+        "namespace": namespace,
+        "workspace": str(tmp_path / "ws"),
+        "retry_backoff_s": 0.1,
+    }
 
 
 def test_job_end_to_end_with_grader(gateway, tmp_path: Path, namespace: str) -> None:
@@ -60,7 +67,9 @@ def test_job_end_to_end_with_grader(gateway, tmp_path: Path, namespace: str) -> 
 
     rid = gateway.rollout(grader=True)["id"]
     launcher = kube_launcher(namespace)
-    with controller(gateway, tmp_path, graded_spec(tmp_path, namespace), launcher, launcher="kubernetes"):
+    with controller(
+        gateway, tmp_path, graded_spec(tmp_path, namespace), launcher, launcher="kubernetes"
+    ):
         done = wait_status(gateway, rid, timeout=90)
         secret = client.CoreV1Api().read_namespaced_secret(f"agl-{rid}-1", namespace)
     launcher.close()
@@ -70,10 +79,15 @@ def test_job_end_to_end_with_grader(gateway, tmp_path: Path, namespace: str) -> 
     harness_env = json.loads((tmp_path / "harness.1.env").read_text())
     grader_env = json.loads((tmp_path / "g").read_text())
     assert "AGL_GRADER_TOKEN" not in harness_env and "OPENAI_API_KEY" not in grader_env
-    assert harness_env["OPENAI_BASE_URL"] == gateway.url + "/v1" and harness_env["AGL_ROLLOUT_ID"] == rid
+    assert (
+        harness_env["OPENAI_BASE_URL"] == gateway.url + "/v1"
+        and harness_env["AGL_ROLLOUT_ID"] == rid
+    )
 
 
-def test_deleted_job_is_an_infra_failure_and_retried(gateway, tmp_path: Path, namespace: str) -> None:
+def test_deleted_job_is_an_infra_failure_and_retried(
+    gateway, tmp_path: Path, namespace: str
+) -> None:
     from kubernetes import client
 
     rid = gateway.rollout(grader=True)["id"]
@@ -88,12 +102,16 @@ def test_deleted_job_is_an_infra_failure_and_retried(gateway, tmp_path: Path, na
         client.BatchV1Api().delete_namespaced_job(f"agl-{rid}-1", namespace, body=options)
         done = wait_status(gateway, rid, timeout=90)
     launcher.close()
-    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 0.5), reasons(gateway, rid)
+    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 0.5), reasons(
+        gateway, rid
+    )
     assert any("deleted" in r and "infra" in r for r in reasons(gateway, rid))
     assert [c["attempt"] for c in gateway.admin.get(f"/api/rollouts/{rid}/calls").json()] == [2]
 
 
-def test_cancelling_a_running_rollout_deletes_its_job(gateway, tmp_path: Path, namespace: str) -> None:
+def test_cancelling_a_running_rollout_deletes_its_job(
+    gateway, tmp_path: Path, namespace: str
+) -> None:
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
@@ -105,7 +123,9 @@ def test_cancelling_a_running_rollout_deletes_its_job(gateway, tmp_path: Path, n
         while not (tmp_path / "harness.1.called").exists():
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        gateway.admin.post(f"/api/rollouts/{rid}/status", json={"status": "cancelled"}).raise_for_status()
+        gateway.admin.post(
+            f"/api/rollouts/{rid}/status", json={"status": "cancelled"}
+        ).raise_for_status()
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -122,7 +142,11 @@ def test_cancelling_a_running_rollout_deletes_its_job(gateway, tmp_path: Path, n
 def test_api_422_is_a_task_failure(gateway, tmp_path: Path, namespace: str) -> None:
     rid = gateway.rollout()["id"]
     launcher = kube_launcher(namespace)
-    spec = {"harness": {"command": ["true"]}, "namespace": namespace, "labels": {"team": "not a valid value!"}}
+    spec = {
+        "harness": {"command": ["true"]},
+        "namespace": namespace,
+        "labels": {"team": "not a valid value!"},
+    }
     with controller(gateway, tmp_path, spec, launcher, launcher="kubernetes"):
         done = wait_status(gateway, rid, timeout=60)
     launcher.close()
@@ -130,29 +154,49 @@ def test_api_422_is_a_task_failure(gateway, tmp_path: Path, namespace: str) -> N
     assert any("422" in r for r in reasons(gateway, rid))
     from kubernetes import client
 
-    assert not client.CoreV1Api().list_namespaced_secret(namespace, label_selector="agl.dev/rollout").items
+    assert (
+        not client.CoreV1Api()
+        .list_namespaced_secret(namespace, label_selector="agl.dev/rollout")
+        .items
+    )
 
 
-def test_rendered_manifests_validate_apply_and_are_adopted(gateway, tmp_path: Path, namespace: str, capsys) -> None:
+def test_rendered_manifests_validate_apply_and_are_adopted(
+    gateway, tmp_path: Path, namespace: str, capsys
+) -> None:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl is not installed")
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(graded_spec(tmp_path, namespace)))
-    argv = ["render", "--spec", str(spec_file), "--count", "1", "--group", "manual", "--task", '{"n": 7}']
+    argv = [
+        "render",
+        "--spec",
+        str(spec_file),
+        "--count",
+        "1",
+        "--group",
+        "manual",
+        "--task",
+        '{"n": 7}',
+    ]
     assert jobs.main([*argv, "--gateway", gateway.url, "--admin-key", ADMIN]) == 0
     rendered = capsys.readouterr().out
     (tmp_path / "rendered.yaml").write_text(rendered)
     validate = Path(__file__).parents[2] / ".venv/bin/kubernetes-validate"
     if validate.exists():
-        checked = subprocess.run([str(validate), "--strict", str(tmp_path / "rendered.yaml")], capture_output=True)
+        checked = subprocess.run(
+            [str(validate), "--strict", str(tmp_path / "rendered.yaml")], capture_output=True
+        )
         assert checked.returncode == 0, checked.stdout
     (rollout,) = gateway.admin.get("/api/rollouts", params={"group": "manual"}).json()
     launcher = kube_launcher(namespace)
     with controller(gateway, tmp_path, None, launcher, launcher="kubernetes"):
         time.sleep(1.0)  # a running controller does not launch a manifest rollout itself
         assert gateway.admin.get(f"/api/rollouts/{rollout['id']}").json()["status"] == "queued"
-        applied = subprocess.run([kubectl, "apply", "-f", "-"], input=rendered, capture_output=True, text=True)
+        applied = subprocess.run(
+            [kubectl, "apply", "-f", "-"], input=rendered, capture_output=True, text=True
+        )
         assert applied.returncode == 0, applied.stderr
         done = wait_status(gateway, rollout["id"], timeout=90)
     launcher.close()
@@ -183,7 +227,9 @@ def test_an_applied_job_that_vanished_while_no_controller_ran_is_an_infra_failur
     (rollout,) = gateway.admin.get("/api/rollouts", params={"group": "manual"}).json()
     wait_status(gateway, rollout["id"], {"running"}, timeout=60)
     batch, name = client.BatchV1Api(), f"agl-{rollout['id']}-1"
-    batch.delete_namespaced_job(name, namespace, body=client.V1DeleteOptions(propagation_policy="Background"))
+    batch.delete_namespaced_job(
+        name, namespace, body=client.V1DeleteOptions(propagation_policy="Background")
+    )
     deadline = time.monotonic() + 30
     with pytest.raises(ApiException):  # 404 once it is gone
         while time.monotonic() < deadline:
@@ -200,14 +246,23 @@ def test_an_applied_job_that_vanished_while_no_controller_ran_is_an_infra_failur
         while [s for s in core.list_namespaced_secret(namespace).items if s.metadata.name == name]:
             assert time.monotonic() < deadline, "the Secret of a Job that is gone is still there"
             time.sleep(0.2)
-        assert core.read_namespaced_secret(f"agl-{rollout['id']}-2", namespace).metadata.owner_references
+        assert core.read_namespaced_secret(
+            f"agl-{rollout['id']}-2", namespace
+        ).metadata.owner_references
     launcher.close()
-    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 0.5), reasons(gateway, rollout["id"])
+    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 0.5), reasons(
+        gateway, rollout["id"]
+    )
     assert any("not found" in r and "infra" in r for r in reasons(gateway, rollout["id"]))
 
 
 def test_pod_outcomes_map_to_failure_kinds(gateway, tmp_path: Path, namespace: str) -> None:
-    base = {"namespace": namespace, "max_attempts": 2, "retry_backoff_s": 0.1, "workspace": str(tmp_path / "ws")}
+    base = {
+        "namespace": namespace,
+        "max_attempts": 2,
+        "retry_backoff_s": 0.1,
+        "workspace": str(tmp_path / "ws"),
+    }
     exit3 = base | {"harness": {"command": ["sh", "-c", "exit 3"]}}
     grader_fails = base | {"harness": {"command": ["true"]}, "grader": {"command": ["false"]}}
     missing = base | {"harness": {"command": ["/no/such/harness"]}}
@@ -283,7 +338,9 @@ def test_controller_waits_for_a_gateway_that_is_down_at_start(namespace: str) ->
     from agl.client import GatewayClient
     from controller.loop import Controller, ControllerSettings
 
-    cfg = ControllerSettings(gateway="http://127.0.0.1:9", admin_key="k", launcher="kubernetes", poll_s=0.05)
+    cfg = ControllerSettings(
+        gateway="http://127.0.0.1:9", admin_key="k", launcher="kubernetes", poll_s=0.05
+    )
     launcher = kube_launcher(namespace)
 
     async def run() -> None:
@@ -319,8 +376,12 @@ def test_a_controller_started_before_its_gateway_then_beside_a_wrong_key_recover
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cfg = ControllerSettings(gateway=f"http://127.0.0.1:{port}", admin_key=ADMIN, launcher="kubernetes", poll_s=0.1)
-    spec = parse_spec(harness_spec(tmp_path) | {"namespace": namespace, "workspace": str(tmp_path / "ws")})
+    cfg = ControllerSettings(
+        gateway=f"http://127.0.0.1:{port}", admin_key=ADMIN, launcher="kubernetes", poll_s=0.1
+    )
+    spec = parse_spec(
+        harness_spec(tmp_path) | {"namespace": namespace, "workspace": str(tmp_path / "ws")}
+    )
     launcher = kube_launcher(namespace)
     box: dict = {}
     for name in ("wrong", "right"):
@@ -367,11 +428,17 @@ def test_applied_jobs_end_on_their_own_and_gc_takes_their_secrets(
     specs = {
         ("succeeded", None, 0.5): graded_spec(tmp_path, namespace) | quick,
         ("succeeded", None, 1.0): harness_spec(tmp_path) | {"namespace": namespace} | quick,
-        ("failed", "task", 1.0): harness_spec(tmp_path, env={"HARNESS_EXIT": "3"}) | {"namespace": namespace} | quick,
-        ("timed_out", "task", None): harness_spec(tmp_path, env={"HARNESS_SLEEP_1": "60"}, timeout_s=3)
+        ("failed", "task", 1.0): harness_spec(tmp_path, env={"HARNESS_EXIT": "3"})
         | {"namespace": namespace}
         | quick,
-        ("failed", "infra", None): graded_spec(tmp_path, namespace) | quick | {"grader": {"command": ["false"]}},
+        ("timed_out", "task", None): harness_spec(
+            tmp_path, env={"HARNESS_SLEEP_1": "60"}, timeout_s=3
+        )
+        | {"namespace": namespace}
+        | quick,
+        ("failed", "infra", None): graded_spec(tmp_path, namespace)
+        | quick
+        | {"grader": {"command": ["false"]}},
     }
     rendered, ids = [], {}
     for i, (want, spec) in enumerate(specs.items()):
@@ -379,7 +446,9 @@ def test_applied_jobs_end_on_their_own_and_gc_takes_their_secrets(
         argv = ["render", "--spec", str(tmp_path / f"spec{i}.json"), "--group", f"g{i}"]
         assert jobs.main([*argv, "--gateway", gateway.url, "--admin-key", ADMIN]) == 0
         rendered.append(capsys.readouterr().out)
-        (ids[want],) = [r["id"] for r in gateway.admin.get("/api/rollouts", params={"group": f"g{i}"}).json()]
+        (ids[want],) = [
+            r["id"] for r in gateway.admin.get("/api/rollouts", params={"group": f"g{i}"}).json()
+        ]
     applied = subprocess.run(
         [kubectl, "apply", "-f", "-"], input="---\n".join(rendered), capture_output=True, text=True
     )
@@ -391,7 +460,9 @@ def test_applied_jobs_end_on_their_own_and_gc_takes_their_secrets(
     assert any("grader exited with 1" in r for r in reasons(gateway, ids["failed", "infra", None]))
     batch, core = client.BatchV1Api(), client.CoreV1Api()
     deadline = time.monotonic() + 60
-    while batch.list_namespaced_job(namespace).items:  # the TTL controller takes them; their Secrets stay
+    while batch.list_namespaced_job(
+        namespace
+    ).items:  # the TTL controller takes them; their Secrets stay
         assert time.monotonic() < deadline, "finished Jobs outlived their TTL"
         time.sleep(0.5)
     labelled = {"label_selector": "agl.dev/rollout"}

@@ -20,7 +20,9 @@ def test_success_env_and_logs(gateway, tmp_path: Path) -> None:
         done = wait_status(gateway, rid)
     assert done["status"] == "succeeded" and done["reward"] == 1.0, reasons(gateway, rid)
     env = json.loads((tmp_path / "harness.1.env").read_text())
-    assert env["OPENAI_BASE_URL"] == gateway.url + "/v1" and env["ANTHROPIC_BASE_URL"] == gateway.url
+    assert (
+        env["OPENAI_BASE_URL"] == gateway.url + "/v1" and env["ANTHROPIC_BASE_URL"] == gateway.url
+    )
     assert env["OPENAI_API_KEY"] == env["ANTHROPIC_API_KEY"] and env["AGL_ROLLOUT_ID"] == rid
     assert json.loads(env["AGL_TASK"]) == {"q": "what"} and env["AGL_GATEWAY_URL"] == gateway.url
     assert env["EXTRA"] == "yes" and "AGL_GRADER_TOKEN" not in env and ADMIN not in json.dumps(env)
@@ -30,11 +32,15 @@ def test_success_env_and_logs(gateway, tmp_path: Path) -> None:
     assert "harness says hello" in log.read_text()
     assert not list((tmp_path / "state" / "runs").glob("*.json"))  # released once recorded
     # the attempt's token died with the rollout
-    reply = gateway.admin.post("/v1/chat/completions", headers={"Authorization": f"Bearer {env['OPENAI_API_KEY']}"})
+    reply = gateway.admin.post(
+        "/v1/chat/completions", headers={"Authorization": f"Bearer {env['OPENAI_API_KEY']}"}
+    )
     assert reply.status_code == 403
 
 
-def test_a_relative_state_dir_works_from_every_run_s_own_folder(gateway, tmp_path: Path, monkeypatch) -> None:
+def test_a_relative_state_dir_works_from_every_run_s_own_folder(
+    gateway, tmp_path: Path, monkeypatch
+) -> None:
     """`agl controller --state-dir runs/x` (and the default, `agl-controller`): each run starts in its own
     workspace, and still writes its exit code where the controller reads it."""
     from controller.launcher import LocalLauncher
@@ -86,7 +92,9 @@ time.sleep(300)
         time.sleep(0.05)
 
 
-def test_a_cancelled_rollout_s_run_is_stopped_even_when_no_controller_ran(gateway, tmp_path: Path) -> None:
+def test_a_cancelled_rollout_s_run_is_stopped_even_when_no_controller_ran(
+    gateway, tmp_path: Path
+) -> None:
     """Cancelled while its controller runs, or while none does (the next one adopts the run and stops it):
     the run's whole process group is gone within seconds, long before its timeout."""
     harness = """
@@ -96,15 +104,24 @@ open(sys.argv[1] + "." + os.environ["AGL_ROLLOUT_ID"], "w").write(str(child.pid)
 time.sleep(300)
 """
     first, second = gateway.rollout(task={"n": 1})["id"], gateway.rollout(task={"n": 2})["id"]
-    spec = {"harness": {"command": [*script(tmp_path, "slow.py", harness), str(tmp_path / "pid")], "timeout_s": 300}}
+    spec = {
+        "harness": {
+            "command": [*script(tmp_path, "slow.py", harness), str(tmp_path / "pid")],
+            "timeout_s": 300,
+        }
+    }
 
     def cancel(rid: str) -> None:
-        gateway.admin.post(f"/api/rollouts/{rid}/status", json={"status": "cancelled"}).raise_for_status()
+        gateway.admin.post(
+            f"/api/rollouts/{rid}/status", json={"status": "cancelled"}
+        ).raise_for_status()
 
     def wait_stopped(rid: str) -> None:
         grandchild, deadline = int((tmp_path / f"pid.{rid}").read_text()), time.monotonic() + 10
         while _alive(grandchild):
-            assert time.monotonic() < deadline, f"the cancelled rollout's run is still alive: {reasons(gateway, rid)}"
+            assert time.monotonic() < deadline, (
+                f"the cancelled rollout's run is still alive: {reasons(gateway, rid)}"
+            )
             time.sleep(0.05)
 
     with controller(gateway, tmp_path, spec, max_running=2) as running:
@@ -121,7 +138,10 @@ time.sleep(300)
     assert _alive(int((tmp_path / f"pid.{second}").read_text()))  # nothing stopped it yet
     with controller(gateway, tmp_path, spec, max_running=2):
         wait_stopped(second)
-    assert [wait_status(gateway, rid)["status"] for rid in (first, second)] == ["cancelled", "cancelled"]
+    assert [wait_status(gateway, rid)["status"] for rid in (first, second)] == [
+        "cancelled",
+        "cancelled",
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -135,15 +155,22 @@ def _alive(pid: int) -> bool:
 def test_grader_runs_after_the_harness_with_its_own_token(gateway, tmp_path: Path) -> None:
     rid = gateway.rollout(grader=True)["id"]
     spec = harness_spec(tmp_path)
-    spec["grader"] = {"command": script(tmp_path, "grader.py", GRADER), "env": {"GRADER_OUT": str(tmp_path / "g")}}
+    spec["grader"] = {
+        "command": script(tmp_path, "grader.py", GRADER),
+        "env": {"GRADER_OUT": str(tmp_path / "g")},
+    }
     with controller(gateway, tmp_path, spec):
         done = wait_status(gateway, rid)
     assert done["status"] == "succeeded" and done["reward"] == 0.5, reasons(gateway, rid)
     harness_env = json.loads((tmp_path / "harness.1.env").read_text())
     grader_env = json.loads((tmp_path / "g").read_text())
     assert "AGL_GRADER_TOKEN" not in harness_env and grader_env["AGL_GRADER_TOKEN"]
-    assert "OPENAI_API_KEY" not in grader_env and grader_env["AGL_GRADER_TOKEN"] not in json.dumps(harness_env)
-    assert (tmp_path / "harness.1.reward").read_text() == "403"  # the agent token may not grade itself
+    assert "OPENAI_API_KEY" not in grader_env and grader_env["AGL_GRADER_TOKEN"] not in json.dumps(
+        harness_env
+    )
+    assert (
+        tmp_path / "harness.1.reward"
+    ).read_text() == "403"  # the agent token may not grade itself
     events = gateway.admin.get(f"/api/rollouts/{rid}/events").json()
     assert [e["data"].get("source") for e in events if e["kind"] == "reward"] == ["grader"]
 
@@ -151,7 +178,10 @@ def test_grader_runs_after_the_harness_with_its_own_token(gateway, tmp_path: Pat
 def test_harness_failure_skips_the_grader(gateway, tmp_path: Path) -> None:
     rid = gateway.rollout(grader=True)["id"]
     spec = harness_spec(tmp_path, env={"HARNESS_EXIT": "1"})
-    spec["grader"] = {"command": script(tmp_path, "grader.py", GRADER), "env": {"GRADER_OUT": str(tmp_path / "g")}}
+    spec["grader"] = {
+        "command": script(tmp_path, "grader.py", GRADER),
+        "env": {"GRADER_OUT": str(tmp_path / "g")},
+    }
     with controller(gateway, tmp_path, spec):
         done = wait_status(gateway, rid)
     assert (done["status"], done["failure_kind"]) == ("failed", "task")
@@ -160,7 +190,11 @@ def test_harness_failure_skips_the_grader(gateway, tmp_path: Path) -> None:
 
 def test_launch_error_is_retried_then_fails_as_infra(gateway, tmp_path: Path) -> None:
     rid = gateway.rollout()["id"]
-    spec = {"harness": {"command": ["no-such-harness-binary"]}, "max_attempts": 2, "retry_backoff_s": 0.1}
+    spec = {
+        "harness": {"command": ["no-such-harness-binary"]},
+        "max_attempts": 2,
+        "retry_backoff_s": 0.1,
+    }
     with controller(gateway, tmp_path, spec):
         done = wait_status(gateway, rid)
     assert (done["status"], done["failure_kind"], done["attempt"]) == ("failed", "infra", 2)
@@ -174,9 +208,13 @@ def test_lost_process_is_retried_and_only_the_last_attempt_counts(gateway, tmp_p
     with controller(gateway, tmp_path, spec) as ctl:
         _wait_file(tmp_path / "harness.1.called")
         run = ctl.launcher.runs[(rid, 1)]  # type: ignore[attr-defined]
-        os.killpg(run.pid, signal.SIGKILL)  # the whole run vanishes, as in an OOM kill of its cgroup
+        os.killpg(
+            run.pid, signal.SIGKILL
+        )  # the whole run vanishes, as in an OOM kill of its cgroup
         done = wait_status(gateway, rid)
-    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 1.0), reasons(gateway, rid)
+    assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 1.0), reasons(
+        gateway, rid
+    )
     assert any("lost" in r for r in reasons(gateway, rid))
     assert [c["attempt"] for c in gateway.admin.get(f"/api/rollouts/{rid}/calls").json()] == [2]
     every = gateway.admin.get(f"/api/rollouts/{rid}/calls", params={"all_attempts": "true"}).json()
@@ -208,12 +246,16 @@ def test_restart_adopts_running_processes_and_fails_lost_ones(gateway, tmp_path:
     assert _alive(pid_alive)
     with controller(gateway, tmp_path, spec, max_running=2):
         done_alive, done_lost = wait_status(gateway, alive), wait_status(gateway, lost)
-    assert (done_alive["status"], done_alive["attempt"]) == ("succeeded", 1), reasons(gateway, alive)
+    assert (done_alive["status"], done_alive["attempt"]) == ("succeeded", 1), reasons(
+        gateway, alive
+    )
     assert (done_lost["status"], done_lost["attempt"]) == ("succeeded", 2), reasons(gateway, lost)
     assert any("lost" in r for r in reasons(gateway, lost))
 
 
-def test_the_kubernetes_launcher_with_no_cluster_says_in_one_line_what_to_set(tmp_path: Path) -> None:
+def test_the_kubernetes_launcher_with_no_cluster_says_in_one_line_what_to_set(
+    tmp_path: Path,
+) -> None:
     env = {**os.environ, "KUBECONFIG": str(tmp_path / "missing"), "AGL_CONTROLLER_ADMIN_KEY": ADMIN}
     env.pop("KUBERNETES_SERVICE_HOST", None)  # not in a pod
     argv = [
@@ -228,5 +270,8 @@ def test_the_kubernetes_launcher_with_no_cluster_says_in_one_line_what_to_set(tm
     ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.startswith("agl controller: error: no Kubernetes cluster") and "KUBECONFIG" in done.stderr
+    assert (
+        done.stderr.startswith("agl controller: error: no Kubernetes cluster")
+        and "KUBECONFIG" in done.stderr
+    )
     assert done.stderr.count("\n") == 1, done.stderr  # one line, no traceback

@@ -15,7 +15,9 @@ from controller.launcher import Credentials
 from controller.manifests import job_outcome, key_of, manifests
 from controller.spec import parse_spec
 
-CREDS = Credentials("r" * 32, 2, {"q": 1}, "http://gw", "http://gw/v1", "AGENT-SECRET", "GRADER-SECRET")
+CREDS = Credentials(
+    "r" * 32, 2, {"q": 1}, "http://gw", "http://gw/v1", "AGENT-SECRET", "GRADER-SECRET"
+)
 
 
 def _env(container: dict) -> dict:
@@ -23,25 +25,35 @@ def _env(container: dict) -> dict:
 
 
 def test_job_without_grader() -> None:
-    spec = parse_spec({"harness": {"command": ["run"], "timeout_s": 90.5, "resources": {"cpu": "1"}}})
+    spec = parse_spec(
+        {"harness": {"command": ["run"], "timeout_s": 90.5, "resources": {"cpu": "1"}}}
+    )
     secret, job = manifests(spec, CREDS)
     assert key_of(job) == key_of(secret) == key_of(job["spec"]["template"]) == ("r" * 32, 2)
     assert secret["stringData"] == {"agent-token": "AGENT-SECRET", "grader-token": "GRADER-SECRET"}
     assert "SECRET" not in json.dumps(job)  # tokens only in the Secret
     js = job["spec"]
-    assert (js["backoffLimit"], js["activeDeadlineSeconds"], js["ttlSecondsAfterFinished"]) == (0, 91, 3600)
+    assert (js["backoffLimit"], js["activeDeadlineSeconds"], js["ttlSecondsAfterFinished"]) == (
+        0,
+        91,
+        3600,
+    )
     pod = js["template"]["spec"]
     assert pod["restartPolicy"] == "Never" and "initContainers" not in pod
     (harness,) = pod["containers"]
     env = _env(harness)
-    assert env["OPENAI_API_KEY"] == {"secretKeyRef": {"name": job["metadata"]["name"], "key": "agent-token"}}
+    assert env["OPENAI_API_KEY"] == {
+        "secretKeyRef": {"name": job["metadata"]["name"], "key": "agent-token"}
+    }
     assert env["OPENAI_BASE_URL"] == "http://gw/v1" and json.loads(env["AGL_TASK"]) == {"q": 1}
     assert "AGL_GRADER_TOKEN" not in env
     assert harness["resources"] == {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
 
 
 def test_job_with_grader_separates_tokens() -> None:
-    spec = parse_spec({"harness": {"command": ["run"]}, "grader": {"command": ["grade"], "image": "g:1"}})
+    spec = parse_spec(
+        {"harness": {"command": ["run"]}, "grader": {"command": ["grade"], "image": "g:1"}}
+    )
     _, job = manifests(spec, CREDS)
     pod = job["spec"]["template"]["spec"]
     (harness,), (grader,) = pod["initContainers"], pod["containers"]
@@ -49,7 +61,11 @@ def test_job_with_grader_separates_tokens() -> None:
     assert _env(grader)["AGL_GRADER_TOKEN"]["secretKeyRef"]["key"] == "grader-token"
     assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"} & set(_env(grader))
     assert "AGL_GRADER_TOKEN" not in _env(harness)
-    assert harness["volumeMounts"] == grader["volumeMounts"] == [{"name": "workspace", "mountPath": "/workspace"}]
+    assert (
+        harness["volumeMounts"]
+        == grader["volumeMounts"]
+        == [{"name": "workspace", "mountPath": "/workspace"}]
+    )
     assert pod["volumes"] == [{"name": "workspace", "emptyDir": {}}]
 
 
@@ -65,7 +81,11 @@ def _ended(name: str, code: int, reason: str = "Error") -> dict:
 
 
 def _job(kind: str | None, reason: str = "") -> dict:
-    return {"status": {"conditions": [{"type": kind, "status": "True", "reason": reason}] if kind else []}}
+    return {
+        "status": {
+            "conditions": [{"type": kind, "status": "True", "reason": reason}] if kind else []
+        }
+    }
 
 
 @pytest.mark.parametrize(
@@ -73,14 +93,26 @@ def _job(kind: str | None, reason: str = "") -> dict:
     [
         (_job("Complete"), [], (Status.SUCCEEDED, None)),
         (_job("Failed", "DeadlineExceeded"), [], (Status.TIMED_OUT, FailureKind.TASK)),
-        (_job("Failed", "BackoffLimitExceeded"), [_pod([_ended("harness", 2)])], (Status.FAILED, FailureKind.TASK)),
+        (
+            _job("Failed", "BackoffLimitExceeded"),
+            [_pod([_ended("harness", 2)])],
+            (Status.FAILED, FailureKind.TASK),
+        ),
         (
             _job("Failed", "BackoffLimitExceeded"),
             [_pod([_ended("grader", 1)], [_ended("harness", 0, "Completed")])],
             (Status.FAILED, FailureKind.INFRA),
         ),
-        (_job("Failed", "BackoffLimitExceeded"), [_pod([], reason="Evicted")], (Status.FAILED, FailureKind.INFRA)),
-        (_job("Failed", "BackoffLimitExceeded"), [_pod([], reason="NodeLost")], (Status.FAILED, FailureKind.INFRA)),
+        (
+            _job("Failed", "BackoffLimitExceeded"),
+            [_pod([], reason="Evicted")],
+            (Status.FAILED, FailureKind.INFRA),
+        ),
+        (
+            _job("Failed", "BackoffLimitExceeded"),
+            [_pod([], reason="NodeLost")],
+            (Status.FAILED, FailureKind.INFRA),
+        ),
         (
             _job("Failed", "BackoffLimitExceeded"),
             [_pod([_ended("harness", 128, "StartError")])],
@@ -93,7 +125,11 @@ def _job(kind: str | None, reason: str = "") -> dict:
             (Status.FAILED, FailureKind.INFRA),
         ),
         (_job(None), [_pod([{"name": "harness", "state": {"running": {}}}])], None),
-        (_job(None), [_pod([_ended("harness", 1)])], None),  # the Job controller has not caught up yet
+        (
+            _job(None),
+            [_pod([_ended("harness", 1)])],
+            None,
+        ),  # the Job controller has not caught up yet
     ],
 )
 def test_outcomes(job: dict, pods: list[dict], want: tuple | None) -> None:
@@ -102,12 +138,18 @@ def test_outcomes(job: dict, pods: list[dict], want: tuple | None) -> None:
 
 
 def test_rendered_manifests_pass_strict_validation(tmp_path: Path) -> None:
-    tool = shutil.which("kubernetes-validate") or str(Path(__file__).parents[2] / ".venv/bin/kubernetes-validate")
+    tool = shutil.which("kubernetes-validate") or str(
+        Path(__file__).parents[2] / ".venv/bin/kubernetes-validate"
+    )
     if not Path(tool).exists():
         pytest.skip("kubernetes-validate is not installed")
     spec = parse_spec(
         {
-            "harness": {"command": ["run"], "resources": {"cpu": "500m", "memory": "64Mi"}, "env": {"A": "b"}},
+            "harness": {
+                "command": ["run"],
+                "resources": {"cpu": "500m", "memory": "64Mi"},
+                "env": {"A": "b"},
+            },
             "grader": {"command": ["grade"]},
             "labels": {"team": "rl"},
             "node_selector": {"pool": "cpu"},
@@ -117,22 +159,40 @@ def test_rendered_manifests_pass_strict_validation(tmp_path: Path) -> None:
     path = tmp_path / "all.yaml"
     path.write_text(yaml.safe_dump_all(manifests(spec, CREDS)))
     for version in ("1.25.0", "1.37.0"):  # its oldest schema; 1.20 is checked by kubectl apply
-        done = subprocess.run([tool, "--strict", "-k", version, str(path)], capture_output=True, text=True)
+        done = subprocess.run(
+            [tool, "--strict", "-k", version, str(path)], capture_output=True, text=True
+        )
         assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_a_rendered_job_reports_its_own_end_with_the_graders_token() -> None:
-    spec = parse_spec({"harness": {"command": ["run", "x"], "timeout_s": 60}, "grader": {"command": ["grade"]}})
+    spec = parse_spec(
+        {"harness": {"command": ["run", "x"], "timeout_s": 60}, "grader": {"command": ["grade"]}}
+    )
     _, job = manifests(spec, CREDS, reported=True)
     pod = job["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == ["harness", "grader"]
     (last,) = pod["containers"]
-    assert last["name"] == "report" and last["image"] == "python:3.11-slim" and last["command"][:2] == ["python3", "-c"]
-    assert _env(last)["AGL_TOKEN"] == {"secretKeyRef": {"name": job["metadata"]["name"], "key": "grader-token"}}
+    assert (
+        last["name"] == "report"
+        and last["image"] == "python:3.11-slim"
+        and last["command"][:2] == ["python3", "-c"]
+    )
+    assert _env(last)["AGL_TOKEN"] == {
+        "secretKeyRef": {"name": job["metadata"]["name"], "key": "grader-token"}
+    }
     assert "OPENAI_API_KEY" not in _env(last) and "AGL_GRADER_TOKEN" not in _env(last)
     harness = pod["initContainers"][0]["command"]
-    assert harness[:2] == ["sh", "-c"] and harness[-5:] == ["/workspace/.agl-harness", "", "60.0", "run", "x"]
-    assert job["spec"]["activeDeadlineSeconds"] == 60 + 3600 + 120  # the grader's default timeout, the report's
+    assert harness[:2] == ["sh", "-c"] and harness[-5:] == [
+        "/workspace/.agl-harness",
+        "",
+        "60.0",
+        "run",
+        "x",
+    ]
+    assert (
+        job["spec"]["activeDeadlineSeconds"] == 60 + 3600 + 120
+    )  # the grader's default timeout, the report's
     ungraded = parse_spec({"harness": {"command": ["run"]}})
     (last,) = manifests(ungraded, CREDS, reported=True)[1]["spec"]["template"]["spec"]["containers"]
     assert _env(last)["AGL_TOKEN"]["secretKeyRef"]["key"] == "agent-token"

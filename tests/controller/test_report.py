@@ -19,17 +19,35 @@ def timed(ws: Path, name: str, seconds: float, *command: str, after: str = "") -
     assert subprocess.run(argv, timeout=30).returncode == 0  # always: the next container must run
 
 
-def test_the_wrapper_keeps_exit_codes_times_out_and_skips_the_grader_after_a_failure(tmp_path: Path) -> None:
+def test_the_wrapper_keeps_exit_codes_times_out_and_skips_the_grader_after_a_failure(
+    tmp_path: Path,
+) -> None:
     timed(tmp_path, "harness", 30, "sh", "-c", "exit 3")
     assert (tmp_path / ".agl-harness").read_text().strip() == "3"
-    timed(tmp_path, "grader", 30, "touch", str(tmp_path / "graded"), after=str(tmp_path / ".agl-harness"))
+    timed(
+        tmp_path,
+        "grader",
+        30,
+        "touch",
+        str(tmp_path / "graded"),
+        after=str(tmp_path / ".agl-harness"),
+    )
     assert not (tmp_path / "graded").exists() and not (tmp_path / ".agl-grader").exists()
     timed(tmp_path, "harness", 0.5, "sleep", "30")
     assert (tmp_path / ".agl-harness").read_text().strip() == "124"
-    timed(tmp_path, "harness", 0.5, "sh", "-c", "trap '' TERM; sleep 30")  # ignores TERM: killed 10 s later
+    timed(
+        tmp_path, "harness", 0.5, "sh", "-c", "trap '' TERM; sleep 30"
+    )  # ignores TERM: killed 10 s later
     assert (tmp_path / ".agl-harness").read_text().strip() == "137"
     timed(tmp_path, "harness", 30, "true")
-    timed(tmp_path, "grader", 30, "touch", str(tmp_path / "graded"), after=str(tmp_path / ".agl-harness"))
+    timed(
+        tmp_path,
+        "grader",
+        30,
+        "touch",
+        str(tmp_path / "graded"),
+        after=str(tmp_path / ".agl-harness"),
+    )
     assert (tmp_path / "graded").exists() and (tmp_path / ".agl-grader").read_text().strip() == "0"
 
 
@@ -58,12 +76,16 @@ def run_report(gateway: Stack, made: dict, ws: Path, codes: dict[str, int], toke
         ({"harness": 0}, True, None, ("failed", "infra")),  # the grader never ran
     ],
 )
-def test_the_reporter_posts_the_end_the_controller_would(gateway: Stack, tmp_path: Path, codes, grader, reward, want):
+def test_the_reporter_posts_the_end_the_controller_would(
+    gateway: Stack, tmp_path: Path, codes, grader, reward, want
+):
     made = gateway.rollout(grader=grader or None)
     token = "grader_token" if grader else "agent_token"
     if reward is not None:
         auth = {"Authorization": f"Bearer {made[token]}"}
-        gateway.admin.post(f"/api/rollouts/{made['id']}/reward", json={"reward": reward}, headers=auth)
+        gateway.admin.post(
+            f"/api/rollouts/{made['id']}/reward", json={"reward": reward}, headers=auth
+        )
     assert run_report(gateway, made, tmp_path, codes, token) == 0
     done = gateway.admin.get(f"/api/rollouts/{made['id']}").json()
     assert (done["status"], done["failure_kind"]) == want
@@ -72,6 +94,8 @@ def test_the_reporter_posts_the_end_the_controller_would(gateway: Stack, tmp_pat
 
 def test_the_reporter_leaves_a_cancelled_rollout_alone(gateway: Stack, tmp_path: Path) -> None:
     made = gateway.rollout()
-    gateway.admin.post(f"/api/rollouts/{made['id']}/status", json={"status": "cancelled"}).raise_for_status()
+    gateway.admin.post(
+        f"/api/rollouts/{made['id']}/status", json={"status": "cancelled"}
+    ).raise_for_status()
     assert run_report(gateway, made, tmp_path, {"harness": 0}, "agent_token") == 0
     assert gateway.admin.get(f"/api/rollouts/{made['id']}").json()["status"] == "cancelled"

@@ -18,8 +18,14 @@ from tests.gateway.stack import ADMIN
         ({"harness": {"env": {}}}, "harness.command: Field required"),
         ({"harness": {"command": []}}, "harness.command"),
         ({"harness": {"command": ["x"], "resources": {"cpu": "lots"}}}, "harness.resources.cpu"),
-        ({"harness": {"command": ["x"], "resources": {"memory": "1 GB"}}}, "harness.resources.memory"),
-        ({"harness": {"command": ["x"], "colour": "red"}}, "harness.colour: Extra inputs are not permitted"),
+        (
+            {"harness": {"command": ["x"], "resources": {"memory": "1 GB"}}},
+            "harness.resources.memory",
+        ),
+        (
+            {"harness": {"command": ["x"], "colour": "red"}},
+            "harness.colour: Extra inputs are not permitted",
+        ),
         ({"harness": {"command": ["x"]}, "retries": 3}, "retries: Extra inputs"),
         ({"harness": {"command": ["x"], "timeout_s": 0}}, "harness.timeout_s"),
         ({"harness": {"command": ["x"], "env": {"1BAD": "v"}}}, "harness.env"),
@@ -32,8 +38,12 @@ def test_bad_spec_names_the_field(spec: dict, field: str) -> None:
 
 
 def test_yaml_and_json_load(tmp_path: Path) -> None:
-    (tmp_path / "s.yaml").write_text("harness:\n  command: [echo, hi]\n  resources: {cpu: 500m, memory: 64Mi}\n")
-    (tmp_path / "s.json").write_text(json.dumps({"harness": {"command": ["echo"]}, "max_attempts": 2}))
+    (tmp_path / "s.yaml").write_text(
+        "harness:\n  command: [echo, hi]\n  resources: {cpu: 500m, memory: 64Mi}\n"
+    )
+    (tmp_path / "s.json").write_text(
+        json.dumps({"harness": {"command": ["echo"]}, "max_attempts": 2})
+    )
     assert load_spec(tmp_path / "s.yaml").harness.resources.cpu == "500m"
     assert load_spec(tmp_path / "s.json").max_attempts == 2
     (tmp_path / "bad.yaml").write_text("harness: [unclosed\n")
@@ -41,7 +51,9 @@ def test_yaml_and_json_load(tmp_path: Path) -> None:
         load_spec(tmp_path / "bad.yaml")
 
 
-def test_clis_reject_a_bad_spec_before_touching_the_gateway(gateway, tmp_path: Path, capsys) -> None:
+def test_clis_reject_a_bad_spec_before_touching_the_gateway(
+    gateway, tmp_path: Path, capsys
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("harness:\n  command: [x]\n  resources: {cpu: lots}\n")
     for main, argv in [
@@ -55,7 +67,9 @@ def test_clis_reject_a_bad_spec_before_touching_the_gateway(gateway, tmp_path: P
     assert gateway.admin.get("/api/rollouts").json() == []
 
 
-def test_a_bad_spec_in_metadata_fails_that_rollout_as_a_task_failure(gateway, tmp_path: Path) -> None:
+def test_a_bad_spec_in_metadata_fails_that_rollout_as_a_task_failure(
+    gateway, tmp_path: Path
+) -> None:
     from tests.controller.conftest import controller, reasons, wait_status
 
     rid = gateway.rollout(metadata={"spec": {"harness": {"command": ["true"], "nice": 1}}})["id"]

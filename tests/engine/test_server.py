@@ -49,7 +49,9 @@ def reference(tiny_path: Path) -> Any:
     return models.load_model(tiny_path)
 
 
-def teacher_forced(model: Any, prompt: list[int], output: list[int], temperature: float) -> list[float]:
+def teacher_forced(
+    model: Any, prompt: list[int], output: list[int], temperature: float
+) -> list[float]:
     """Logprobs of `output` after `prompt` from one plain forward pass (no cache, no padding)."""
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
@@ -70,7 +72,9 @@ async def test_logprobs_equal_a_teacher_forced_pass_while_batched(url: str, refe
         {"max_new_tokens": 14, "temperature": 0.5, "top_k": 20, "top_p": 0.8},
     ]
     async with EngineClient([url]) as client:
-        gens = await asyncio.gather(*(client.generate(p, s) for p, s in zip(PROMPTS, params, strict=True)))
+        gens = await asyncio.gather(
+            *(client.generate(p, s) for p, s in zip(PROMPTS, params, strict=True))
+        )
     for prompt, p, g in zip(PROMPTS, params, gens, strict=True):
         assert len(g.output_ids) == len(g.logprobs) and g.output_ids
         if g.finish_reason == "length":
@@ -92,7 +96,9 @@ async def test_batched_and_one_at_a_time_greedy_agree(url: str, engine: Engine) 
     assert [g.output_ids for g in rest] == alone and long_together == long_alone
 
 
-async def test_prompts_that_extend_earlier_sequences_reuse_their_keys_and_values(url: str, reference: Any) -> None:
+async def test_prompts_that_extend_earlier_sequences_reuse_their_keys_and_values(
+    url: str, reference: Any
+) -> None:
     """Agent-like traffic: each call re-sends the conversation so far, with a shared start. The
     prefix cache must change nothing but the work done: logprobs still equal a plain pass, also
     when rows with different cached lengths are prefilled together and decode beside rows
@@ -101,7 +107,8 @@ async def test_prompts_that_extend_earlier_sequences_reuse_their_keys_and_values
     async def generate(http: httpx.AsyncClient, prompt: list[int], seed: int) -> dict[str, Any]:
         params = {"max_new_tokens": 10, "temperature": 1.0, "sampling_seed": seed}
         resp = await http.post(
-            "/generate", json={"input_ids": prompt, "sampling_params": params, "return_logprob": True}
+            "/generate",
+            json={"input_ids": prompt, "sampling_params": params, "return_logprob": True},
         )
         return dict(resp.json())
 
@@ -119,7 +126,9 @@ async def test_prompts_that_extend_earlier_sequences_reuse_their_keys_and_values
         turn = [*system, 5, 6, 7, *first["output_ids"], 9, 10]
         fresh = [*range(400, 420)]
         other = [*system, 11, 12]
-        replies = await asyncio.gather(*(generate(http, p, i) for i, p in enumerate([turn, fresh, other])))
+        replies = await asyncio.gather(
+            *(generate(http, p, i) for i, p in enumerate([turn, fresh, other]))
+        )
         cached = [check(p, r) for p, r in zip([turn, fresh, other], replies, strict=True)]
         assert cached == [len(system) + 3 + len(first["output_ids"]) - 1, 0, len(system)]
         await http.post("/flush_cache")
@@ -149,7 +158,9 @@ def load(path: Path, version: int) -> dict[str, str]:
     return {"model_path": str(path), "weight_version": str(version)}
 
 
-async def test_update_weights_from_disk_changes_outputs_and_version(url: str, tiny_path: Path, tmp_path: Path) -> None:
+async def test_update_weights_from_disk_changes_outputs_and_version(
+    url: str, tiny_path: Path, tmp_path: Path
+) -> None:
     changed = models.load_model(tiny_path)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -167,7 +178,9 @@ async def test_update_weights_from_disk_changes_outputs_and_version(url: str, ti
         with pytest.raises(EngineRejected, match="failed to load"):
             await client.call("POST", "/update_weights_from_disk", load(tmp_path / "missing", 7))
     assert after.output_ids != before.output_ids and info["weight_version"] == "5"
-    assert info["model_path"] == str(tmp_path / "changed") and info["tokenizer_path"] == str(tiny_path)
+    assert info["model_path"] == str(tmp_path / "changed") and info["tokenizer_path"] == str(
+        tiny_path
+    )
     assert back.output_ids == before.output_ids and back_info["weight_version"] == "6"
 
 
@@ -193,15 +206,22 @@ async def test_release_makes_generate_a_clear_error_until_resume(url: str) -> No
         ({"input_ids": [1], "sampling_params": {"max_new_tokens": 40000}}, "exceed the context"),
         ({"input_ids": [1], "sampling_params": {"temperature": -0.5}}, "temperature"),
         ({"input_ids": [1], "sampling_params": {"top_p": 0}}, "top_p"),
-        ({"input_ids": [1], "sampling_params": {"top_k": 0}}, "top_k must be -1 (disable) or at least 1"),
+        (
+            {"input_ids": [1], "sampling_params": {"top_k": 0}},
+            "top_k must be -1 (disable) or at least 1",
+        ),
         ({"input_ids": [1], "sampling_params": {"n": 2}}, "n: Extra inputs"),
         ({"input_ids": "hello"}, "input_ids"),
     ],
 )
-async def test_bad_input_is_400_and_the_server_keeps_serving(url: str, body: Any, message: str) -> None:
+async def test_bad_input_is_400_and_the_server_keeps_serving(
+    url: str, body: Any, message: str
+) -> None:
     async with httpx.AsyncClient(base_url=url) as http:
         resp = await (
-            http.post("/generate", content=body) if isinstance(body, bytes) else http.post("/generate", json=body)
+            http.post("/generate", content=body)
+            if isinstance(body, bytes)
+            else http.post("/generate", json=body)
         )
         assert resp.status_code == 400 and message in resp.json()["error"]["message"]
         ok = await http.post("/generate", json={"input_ids": [1], "sampling_params": greedy(2)})
@@ -210,9 +230,18 @@ async def test_bad_input_is_400_and_the_server_keeps_serving(url: str, body: Any
 
 @pytest.mark.parametrize(
     "params",
-    [{"top_k": 0}, {"top_k": -2}, {"top_p": 0}, {"top_p": 1.5}, {"temperature": -0.5}, {"max_new_tokens": -1}],
+    [
+        {"top_k": 0},
+        {"top_k": -2},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"temperature": -0.5},
+        {"max_new_tokens": -1},
+    ],
 )
-async def test_what_sglang_refuses_the_embedded_engine_refuses(url: str, tiny_path: Path, params: Any) -> None:
+async def test_what_sglang_refuses_the_embedded_engine_refuses(
+    url: str, tiny_path: Path, params: Any
+) -> None:
     """A config that works on the CPU must work on sglang: the stand-in's checks are sglang's own."""
     assert SglangStandIn(tiny_path).check([1, 2], params) is not None
     async with httpx.AsyncClient(base_url=url) as http:
@@ -220,7 +249,9 @@ async def test_what_sglang_refuses_the_embedded_engine_refuses(url: str, tiny_pa
     assert resp.status_code == 400, resp.text
 
 
-async def test_v1_models_and_the_weight_version_as_sglang_serves_them(url: str, engine: Engine) -> None:
+async def test_v1_models_and_the_weight_version_as_sglang_serves_them(
+    url: str, engine: Engine
+) -> None:
     async with httpx.AsyncClient(base_url=url) as http:
         card = (await http.get("/v1/models")).json()["data"][0]
         renamed = await http.post("/update_weight_version", json={"new_version": "12"})
@@ -235,7 +266,11 @@ async def test_a_client_that_disconnects_aborts_its_request(url: str, engine: En
     async with httpx.AsyncClient(base_url=url, timeout=0.3) as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.post(
-                "/generate", json={"input_ids": [1], "sampling_params": {"max_new_tokens": 30000, "ignore_eos": True}}
+                "/generate",
+                json={
+                    "input_ids": [1],
+                    "sampling_params": {"max_new_tokens": 30000, "ignore_eos": True},
+                },
             )
     deadline = time.monotonic() + 5
     while engine.stats["aborted"] == aborted:
@@ -245,15 +280,24 @@ async def test_a_client_that_disconnects_aborts_its_request(url: str, engine: En
         assert len((await client.generate(PROMPTS[0], greedy(4))).output_ids) == 4
 
 
-async def test_scripted_mode_replays_texts_with_the_models_logprobs(tiny_path: Path, reference: Any) -> None:
-    texts = ["THOUGHT: look around.\n```bash\nls -la\n```", '<tool_call>\n{"name": "bash"}\n</tool_call>']
+async def test_scripted_mode_replays_texts_with_the_models_logprobs(
+    tiny_path: Path, reference: Any
+) -> None:
+    texts = [
+        "THOUGHT: look around.\n```bash\nls -la\n```",
+        '<tool_call>\n{"name": "bash"}\n</tool_call>',
+    ]
     eng = Engine(tiny_path, script=texts)
     try:
         with serve(create_app(eng)) as base:
             async with EngineClient([base]) as client, httpx.AsyncClient(base_url=base) as http:
                 first = await http.post(
                     "/generate",
-                    json={"input_ids": PROMPTS[1], "sampling_params": {"temperature": 0.8}, "return_logprob": True},
+                    json={
+                        "input_ids": PROMPTS[1],
+                        "sampling_params": {"temperature": 0.8},
+                        "return_logprob": True,
+                    },
                 )
                 second = await client.generate(PROMPTS[0], {"max_new_tokens": 4})
                 with pytest.raises(EngineRejected, match="no completions left"):
@@ -266,22 +310,34 @@ async def test_scripted_mode_replays_texts_with_the_models_logprobs(tiny_path: P
     assert reply["text"] == texts[0] and reply["meta_info"]["finish_reason"]["type"] == "stop"
     logprobs = [lp for lp, _, _ in reply["meta_info"]["output_token_logprobs"]]
     assert (
-        max(abs(a - b) for a, b in zip(logprobs, teacher_forced(reference, PROMPTS[1], out, 0.8), strict=True)) < 1e-4
+        max(
+            abs(a - b)
+            for a, b in zip(logprobs, teacher_forced(reference, PROMPTS[1], out, 0.8), strict=True)
+        )
+        < 1e-4
     )
     assert second.finish_reason == "length" and len(second.output_ids) == 4
     assert eng.tokenizer.decode(second.output_ids).startswith("<tool_call>")
 
 
-def test_the_tiny_model_is_built_deterministically_and_its_tokenizer_round_trips(tmp_path: Path) -> None:
+def test_the_tiny_model_is_built_deterministically_and_its_tokenizer_round_trips(
+    tmp_path: Path,
+) -> None:
     a, b = models.resolve("tiny", tmp_path / "a"), models.resolve("tiny", tmp_path / "b")
     digest = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(a.iterdir())}
-    assert digest == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(b.iterdir())}
-    assert models.resolve("tiny", tmp_path / "a") == a and not [p for p in (tmp_path / "a").iterdir() if p != a]
+    assert digest == {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(b.iterdir())
+    }
+    assert models.resolve("tiny", tmp_path / "a") == a and not [
+        p for p in (tmp_path / "a").iterdir() if p != a
+    ]
     tok = models.load_tokenizer(a)
     text = 'def f(x):\n\treturn {"k": x}  # ünï 日本 🙂 \x00 <tool_call>\n{}\n</tool_call>'
     ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text and tok.convert_tokens_to_ids("<tool_call>") in ids
-    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.eos_token == "<|im_end|>"
 
@@ -306,7 +362,8 @@ def test_agl_engine_serves_from_the_command_line(tiny_path: Path) -> None:
                 time.sleep(0.2)
         assert info["model_path"] == str(tiny_path)
         reply = httpx.post(
-            f"http://127.0.0.1:{port}/generate", json={"input_ids": [1, 2], "sampling_params": greedy(3)}
+            f"http://127.0.0.1:{port}/generate",
+            json={"input_ids": [1, 2], "sampling_params": greedy(3)},
         )
         assert len(reply.json()["output_ids"]) == 3
     finally:
@@ -323,14 +380,18 @@ async def test_smollm2_answers_from_its_gguf() -> None:
     eng = Engine(models.resolve("smollm2", EngineSettings().cache_dir))
     try:
         ids = eng.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, tokenize=False
+            [{"role": "user", "content": "What is 2+2?"}],
+            add_generation_prompt=True,
+            tokenize=False,
         )
         with serve(create_app(eng)) as base:
             async with EngineClient([base]) as client:
                 g = await client.generate(eng.tokenizer.encode(ids), greedy(24))
     finally:
         eng.close()
-    assert g.finish_reason == "stop" and g.output_ids[-1] == eng.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert g.finish_reason == "stop" and g.output_ids[-1] == eng.tokenizer.convert_tokens_to_ids(
+        "<|im_end|>"
+    )
     assert "4" in eng.tokenizer.decode(g.output_ids)
 
 

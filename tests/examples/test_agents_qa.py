@@ -46,7 +46,9 @@ def test_the_shipped_data_is_what_data_py_writes_and_every_answer_is_in_the_corp
     assert (rows("corpus.jsonl"), rows("tasks.jsonl"), rows("val.jsonl")) == (corpus, train, val)
     assert 20 <= len(corpus) <= 60 and 20 <= len(train) <= 40 and 10 <= len(val) <= 20
     questions = [t["question"] for t in train + val]
-    assert len(set(questions)) == len(questions)  # none asked twice, none both trained on and validated
+    assert len(set(questions)) == len(
+        questions
+    )  # none asked twice, none both trained on and validated
     text = " ".join(p["text"] for p in corpus)
     assert all(t["answer"] in text for t in train + val)
 
@@ -74,7 +76,9 @@ def test_search_ranks_the_passage_named_first_and_reports_failures_as_errors() -
         (None, 0.0),  # no final reply (too many turns)
     ],
 )
-def test_reward_is_0_9_for_the_exact_answer_and_0_1_for_the_format(final: str | None, value: float) -> None:
+def test_reward_is_0_9_for_the_exact_answer_and_0_1_for_the_format(
+    final: str | None, value: float
+) -> None:
     assert reward(final, "paper") == pytest.approx(value)
 
 
@@ -92,11 +96,22 @@ def test_the_harness_answers_through_the_gateway_and_air_penalizes_the_failed_se
 ) -> None:
     task = rows("tasks.jsonl")[0]
     script = [tool_call(NOTHING), tool_call("Penfold"), f"Answer: {task['answer']}"]
-    with stack(tiny_path, tmp_path, script, air_tool_error_reward=-0.5, air_error_pattern=ERROR) as gw:
+    with stack(
+        tiny_path, tmp_path, script, air_tool_error_reward=-0.5, air_error_pattern=ERROR
+    ) as gw:
         rollout = gw.rollout(task=task)
-        env = os.environ | {"OPENAI_BASE_URL": rollout["base_url"], "OPENAI_API_KEY": rollout["agent_token"]}
-        env |= {"AGL_GATEWAY_URL": gw.url, "AGL_ROLLOUT_ID": rollout["id"], "AGL_TASK": json.dumps(task)}
-        done = subprocess.run([sys.executable, str(HERE / "agent.py")], env=env, capture_output=True, timeout=120)
+        env = os.environ | {
+            "OPENAI_BASE_URL": rollout["base_url"],
+            "OPENAI_API_KEY": rollout["agent_token"],
+        }
+        env |= {
+            "AGL_GATEWAY_URL": gw.url,
+            "AGL_ROLLOUT_ID": rollout["id"],
+            "AGL_TASK": json.dumps(task),
+        }
+        done = subprocess.run(
+            [sys.executable, str(HERE / "agent.py")], env=env, capture_output=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr.decode()[-2000:]
         calls = gw.store.calls_for([rollout["id"]])[rollout["id"]]
         events = [e.data for e in gw.store.events(rollout["id"]) if e.kind == "reward"]
@@ -125,16 +140,34 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
     # passage: the two rollouts of a group, served concurrently, end with different rewards.
     task = rows("tasks.jsonl")[0]
     (tmp_path / "one.jsonl").write_text(json.dumps(task) + "\n")
-    finals = [f"Answer: {task['answer']}", "I could not find it.", task["answer"], "Answer: Nowhere"]
+    finals = [
+        f"Answer: {task['answer']}",
+        "I could not find it.",
+        task["answer"],
+        "Answer: Nowhere",
+    ]
     cycle = [text for final in finals for text in (tool_call(NOTHING), final, tool_call("Penfold"))]
-    overrides = [f"agl.tasks={tmp_path / 'one.jsonl'}", "agl.n=2", "agl.batch_groups=2", "agl.active_groups=2"]
+    overrides = [
+        f"agl.tasks={tmp_path / 'one.jsonl'}",
+        "agl.n=2",
+        "agl.batch_groups=2",
+        "agl.active_groups=2",
+    ]
     steps, calls = train_example(
-        HERE / "train.yaml", tiny_path, tmp_path, cycle * 60, *overrides, "agl.intermediate_coef=1.0", gateway=AIR
+        HERE / "train.yaml",
+        tiny_path,
+        tmp_path,
+        cycle * 60,
+        *overrides,
+        "agl.intermediate_coef=1.0",
+        gateway=AIR,
     )
 
     assert len(steps) == 2
     trained = [m for m in steps if "timing/update_s" in m]
-    assert trained and all(m["adapter/rollouts_trained"] > 0 and m["adapter/trained_tokens"] > 0 for m in trained)
+    assert trained and all(
+        m["adapter/rollouts_trained"] > 0 and m["adapter/trained_tokens"] > 0 for m in trained
+    )
     assert all(math.isfinite(m["actor/grad_norm"]) for m in trained)
     # the configured agent, and only it, is trained: `qa`, its one agent
     assert all(m["calls/qa/trained"] > 0 and m["adapter/calls_untrained"] == 0 for m in steps)
@@ -145,20 +178,31 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
 
     # ... and where: rebuild the batch of the recorded rollouts, with their AIR rewards as the loop reads them
     with Store(f"sqlite:///{tmp_path / 'gateway.db'}") as store:
-        rollouts = [r for r in store.list_rollouts(limit=1000) if r.status.terminal and r.mode is Mode.TRAIN]
+        rollouts = [
+            r for r in store.list_rollouts(limit=1000) if r.status.terminal and r.mode is Mode.TRAIN
+        ]
         rewards = {
-            r.id: [e.data for e in store.events(r.id) if e.kind == "reward" and e.attempt == r.attempt]
+            r.id: [
+                e.data for e in store.events(r.id) if e.kind == "reward" and e.attempt == r.attempt
+            ]
             for r in rollouts
         }
-    shaped = {rid: {e["call_seq"]: e["value"] for e in es if not e["final"]} for rid, es in rewards.items()}
+    shaped = {
+        rid: {e["call_seq"]: e["value"] for e in es if not e["final"]}
+        for rid, es in rewards.items()
+    }
     # every failed search but a rollout's last call (no request followed it) has its penalty, and nothing else
     # does; rollouts the run's end cancelled may have been cut between a failed search and the next call
     ended = [r.id for r in rollouts if r.status is Status.SUCCEEDED]
     failed = {(rid, c.seq) for rid in ended for c in calls[rid][:-1] if failed_search(c)}
     assert failed and {(rid, seq) for rid in ended for seq in shaped[rid]} == failed
     assert all(v == -0.5 for s in shaped.values() for v in s.values())
-    settings = AdapterSettings(intermediate_coef=1.0, trained_agents=frozenset({"qa"}), temperature=0.7)
-    batch = build_batch(rollouts, {r.id: calls[r.id] for r in rollouts}, settings, intermediate=shaped)
+    settings = AdapterSettings(
+        intermediate_coef=1.0, trained_agents=frozenset({"qa"}), temperature=0.7
+    )
+    batch = build_batch(
+        rollouts, {r.id: calls[r.id] for r in rollouts}, settings, intermediate=shaped
+    )
     assert batch.metrics["calls_shaped"] > 0
     by_seq = {(r.id, c.seq): c for r in rollouts for c in calls[r.id]}
     penalized = 0
@@ -171,6 +215,12 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
             for seq in batch.sample_calls[i]
             for _ in range(len(by_seq[rid, seq].response_ids))
         ]  # each call's sampled tokens, in order: the rollout's advantage, -0.5 on a failed search's
-        np.testing.assert_allclose(batch.advantages[span][batch.loss_mask[span]], expected, rtol=0, atol=1e-6)
-        penalized += sum(len(by_seq[rid, seq].response_ids) for seq in batch.sample_calls[i] if seq in shaped[rid])
+        np.testing.assert_allclose(
+            batch.advantages[span][batch.loss_mask[span]], expected, rtol=0, atol=1e-6
+        )
+        penalized += sum(
+            len(by_seq[rid, seq].response_ids)
+            for seq in batch.sample_calls[i]
+            if seq in shaped[rid]
+        )
     assert penalized > 0

@@ -26,14 +26,21 @@ HERE = ROOT / "examples" / "autogen_math"
 
 @pytest.mark.parametrize(
     ("expression", "result"),
-    [("37 * 24 - 158", "730"), ("(12 + 3) * 4", "60"), ("7 / 2", "3.5"), ("2 ** 10", "1024"), ("-3 + +5", "2")],
+    [
+        ("37 * 24 - 158", "730"),
+        ("(12 + 3) * 4", "60"),
+        ("7 / 2", "3.5"),
+        ("2 ** 10", "1024"),
+        ("-3 + +5", "2"),
+    ],
 )
 def test_the_calculator_evaluates_arithmetic(expression: str, result: str) -> None:
     assert calculator(expression) == result
 
 
 @pytest.mark.parametrize(
-    "expression", ["__import__('os')", "1 / 0", "9 ** 9 ** 9", "2 **", "", "x + 1", "True + 1", "'a' * 3"]
+    "expression",
+    ["__import__('os')", "1 / 0", "9 ** 9 ** 9", "2 **", "", "x + 1", "True + 1", "'a' * 3"],
 )
 def test_the_calculator_reports_what_it_cannot_evaluate(expression: str) -> None:
     assert calculator(expression).startswith("error: ")
@@ -43,7 +50,10 @@ def test_the_calculator_reports_what_it_cannot_evaluate(expression: str) -> None
     ("reply", "number"),
     [
         ("Answer: 730", 730),
-        ("37 * 24 = 888, minus 158 is 730.\nAnswer: 730", 730),  # the number after "Answer:", not the last one
+        (
+            "37 * 24 = 888, minus 158 is 730.\nAnswer: 730",
+            730,
+        ),  # the number after "Answer:", not the last one
         ("Answer: 1,234 apples", 1234),
         ("Answer: $637", 637),
         ("Answer: -5 degrees", -5),
@@ -60,13 +70,16 @@ def test_the_reward_is_one_for_the_right_number_only() -> None:
     assert reward("Answer: 731", 730) == reward("Answer: 73", 730) == reward("no idea", 730) == 0.0
 
 
-def test_the_tasks_are_the_ones_tasks_py_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_tasks_are_the_ones_tasks_py_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(tasks_py, "HERE", tmp_path)
     tasks_py.main()
     for name in ("tasks.jsonl", "val.jsonl"):
         assert (tmp_path / name).read_text() == (HERE / name).read_text()
     train, val = (
-        [json.loads(line) for line in (HERE / n).read_text().splitlines()] for n in ("tasks.jsonl", "val.jsonl")
+        [json.loads(line) for line in (HERE / n).read_text().splitlines()]
+        for n in ("tasks.jsonl", "val.jsonl")
     )
     assert (len(train), len(val)) == (40, 20)
     assert not {t["question"] for t in train} & {t["question"] for t in val}
@@ -82,7 +95,10 @@ def autogen_venv() -> Path:
     python = HERE / ".venv" / "bin" / "python"
     if not (HERE / ".venv" / ".installed").exists():
         uv = Path(sys.executable).parent / "uv"
-        env = os.environ | {"UV": str(uv), "PYTHON": sys.executable}  # this interpreter: uv downloads none
+        env = os.environ | {
+            "UV": str(uv),
+            "PYTHON": sys.executable,
+        }  # this interpreter: uv downloads none
         subprocess.run(["sh", str(HERE / "venv.sh")], check=True, env=env, timeout=240)
     return python
 
@@ -110,22 +126,37 @@ def test_training_steps_train_the_solver(
     tiny_path: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    task = json.loads((HERE / "val.jsonl").read_text().splitlines()[0])  # "A baker fills 19 trays ...": 189
+    task = json.loads(
+        (HERE / "val.jsonl").read_text().splitlines()[0]
+    )  # "A baker fills 19 trays ...": 189
     assert task["answer"] == 189
     (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
     cache = tmp_path / "tiktoken"
-    overrides = ["agl.n=2", "agl.batch_groups=2", "agl.active_groups=2", f"agl.tasks={tmp_path / 'tasks.jsonl'}"]
-    overrides.append(f"agl.spec.harness.env.TIKTOKEN_CACHE_DIR={cache}")  # where tiktoken would download to
-    steps, calls = train_example(HERE / "train.yaml", tiny_path, tmp_path, script(task["answer"]), *overrides)
+    overrides = [
+        "agl.n=2",
+        "agl.batch_groups=2",
+        "agl.active_groups=2",
+        f"agl.tasks={tmp_path / 'tasks.jsonl'}",
+    ]
+    overrides.append(
+        f"agl.spec.harness.env.TIKTOKEN_CACHE_DIR={cache}"
+    )  # where tiktoken would download to
+    steps, calls = train_example(
+        HERE / "train.yaml", tiny_path, tmp_path, script(task["answer"]), *overrides
+    )
 
     assert len(steps) == 2
     for m in steps:  # one agent, trained: no untrained calls
         assert {k for k in m if k.startswith("calls/")} <= {"calls/solver/trained"}
         assert m["adapter/calls_untrained"] == 0
     assert sum(m.get("calls/solver/trained", 0) for m in steps) > 0
-    trained = [m for m in steps if m["adapter/rollouts_trained"] > 0]  # the first batch's, at least (script)
+    trained = [
+        m for m in steps if m["adapter/rollouts_trained"] > 0
+    ]  # the first batch's, at least (script)
     assert trained
-    assert all(m["adapter/trained_tokens"] > 0 and math.isfinite(m["actor/grad_norm"]) for m in trained)
+    assert all(
+        m["adapter/trained_tokens"] > 0 and math.isfinite(m["actor/grad_norm"]) for m in trained
+    )
 
     # AutoGen's tool loop went through the gateway: the calculator offered, its calls parsed into API tool calls,
     # run by AutoGen and their results sent back; the reflection offered no tools.
@@ -135,5 +166,7 @@ def test_training_steps_train_the_solver(
         offered = [bool(c.request.get("tools")) for c in rollout]
         assert offered == [True, True, True, False]
         results = [m["content"] for m in rollout[-1].request["messages"] if m["role"] == "tool"]
-        assert len(results) == 3 and all(r == "189" or r.startswith("error: ") or r == "418" for r in results)
+        assert len(results) == 3 and all(
+            r == "189" or r.startswith("error: ") or r == "418" for r in results
+        )
     assert not cache.exists()  # nothing in the harness asked tiktoken for an encoding

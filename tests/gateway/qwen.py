@@ -115,12 +115,17 @@ CHATML_REASONING = (
 )
 
 # Qwen3's switch: thinking off opens and closes an empty think block after the generation prompt.
-SWITCH = "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+SWITCH = (
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+)
 CHATML_THINKING = CHATML_REASONING.replace(
     "<|im_start|>assistant\n{% endif %}", f"<|im_start|>assistant\n{SWITCH}{{% endif %}}"
 )
 
-CACHE = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser() / "qwen-tokenizer-test"
+CACHE = (
+    Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+    / "qwen-tokenizer-test"
+)
 
 
 @functools.cache
@@ -131,8 +136,12 @@ def _saved() -> Path:
         from transformers.convert_slow_tokenizer import TikTokenConverter
 
         vocab = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen3_6.tiktoken"
-        backend = TikTokenConverter(vocab_file=str(vocab), pattern=PATTERN, extra_special_tokens=SPECIAL).converted()
-        tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+        backend = TikTokenConverter(
+            vocab_file=str(vocab), pattern=PATTERN, extra_special_tokens=SPECIAL
+        ).converted()
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+        )
         tmp = Path(tempfile.mkdtemp(dir=CACHE.parent))
         tok.save_pretrained(tmp)
         tmp.replace(CACHE) if not CACHE.exists() else shutil.rmtree(tmp)

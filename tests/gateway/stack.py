@@ -62,7 +62,9 @@ def read_engine_info(url: str, key: str = "") -> EngineInfo:
 
 
 @contextmanager
-def gateway(engine_url: str, tmp: Path, port: int = 0, admin: str = ADMIN, **settings: object) -> Iterator[Stack]:
+def gateway(
+    engine_url: str, tmp: Path, port: int = 0, admin: str = ADMIN, **settings: object
+) -> Iterator[Stack]:
     """A store and a gateway in front of the engine at `engine_url`; the Stack's `engine` is not set."""
     with ExitStack() as stack:
         cfg = GatewaySettings(admin_key=admin, engine_url=[engine_url], **settings)  # type: ignore[arg-type]
@@ -71,20 +73,29 @@ def gateway(engine_url: str, tmp: Path, port: int = 0, admin: str = ADMIN, **set
         engines = EngineClient([engine_url], attempts=2, backoff_s=0.05, api_key=cfg.engine_key)
         url = stack.enter_context(serve(make_app(cfg, store, engines, info), port))
         cfg.public_url = url
-        client = stack.enter_context(httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}))
+        client = stack.enter_context(
+            httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"})
+        )
         yield Stack(url, engine_url, None, store, client)
 
 
 @contextmanager
 def stack(
-    model: Path, tmp: Path, script: list[str] | None = None, port: int = 0, admin: str = ADMIN, **settings: object
+    model: Path,
+    tmp: Path,
+    script: list[str] | None = None,
+    port: int = 0,
+    admin: str = ADMIN,
+    **settings: object,
 ) -> Iterator[Stack]:
     """The embedded engine (the tiny model, scripted if `script` is given) behind a gateway."""
     with ExitStack() as stack:
         engine = Engine(model, script=script)
         stack.callback(engine.close)
         key = str(settings.get("engine_key", ""))
-        engine_url = stack.enter_context(serve(engine_app(engine, api_key=key)))  # the gateway's engine key
+        engine_url = stack.enter_context(
+            serve(engine_app(engine, api_key=key))
+        )  # the gateway's engine key
         s = stack.enter_context(gateway(engine_url, tmp, port, admin, **settings))
         s.engine = engine
         yield s

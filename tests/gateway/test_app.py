@@ -25,7 +25,11 @@ TOOL = {
     "function": {
         "name": "bash",
         "description": "run a command",
-        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}},
+            "required": ["cmd"],
+        },
     },
 }
 CALL_TEXT = '<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call>'
@@ -42,14 +46,20 @@ def free(tiny_path: Path, tmp_path: Path):
 def thinking(tiny_path: Path, tmp_path: Path):
     """The tiny model sampling freely; the gateway's chat template has Qwen3's `enable_thinking` switch."""
     tok = AutoTokenizer.from_pretrained(tiny_path)
-    tok.chat_template = tok.chat_template.replace("assistant\n{% endif -%}", f"assistant\n{SWITCH}{{% endif -%}}")
+    tok.chat_template = tok.chat_template.replace(
+        "assistant\n{% endif -%}", f"assistant\n{SWITCH}{{% endif -%}}"
+    )
     tok.save_pretrained(tmp_path / "tokenizer")
     with stack(tiny_path, tmp_path, tokenizer=str(tmp_path / "tokenizer")) as s:
         yield s
 
 
 def not_honoured(s: Stack, rollout_id: str) -> list[dict]:
-    return [e["data"] for e in s.admin.get(f"/api/rollouts/{rollout_id}/events").json() if e["kind"] == "not_honoured"]
+    return [
+        e["data"]
+        for e in s.admin.get(f"/api/rollouts/{rollout_id}/events").json()
+        if e["kind"] == "not_honoured"
+    ]
 
 
 def scripted(tiny_path: Path, tmp_path: Path, texts: list[str], **settings: object):
@@ -70,7 +80,9 @@ def check_fidelity(s: Stack, rollout_id: str) -> list[dict]:
         assert len(response) == len(logprobs) > 0
         with torch.no_grad():
             logits = model(torch.tensor([prompt + response])).logits[0].float()
-        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(1, torch.tensor(response)[:, None])[:, 0]
+        expected = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(
+            1, torch.tensor(response)[:, None]
+        )[:, 0]
         assert torch.allclose(expected, torch.tensor(logprobs), atol=1e-4), call["seq"]
     return calls
 
@@ -82,7 +94,10 @@ def test_openai_sync_records_exact_tokens(free: Stack):
     r = free.rollout()
     client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
     out = client.chat.completions.create(
-        model="solver", messages=[{"role": "user", "content": "hello"}], max_tokens=12, temperature=1.0
+        model="solver",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=12,
+        temperature=1.0,
     )
     assert out.choices[0].finish_reason in ("stop", "length")
     assert out.usage is not None and out.usage.completion_tokens > 0
@@ -101,11 +116,19 @@ def test_calls_record_their_temperature_and_a_rollouts_sampling_overrides_the_ha
     for r in (plain, greedy):
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
         for _ in range(2):
-            client.chat.completions.create(model="m", messages=messages, max_tokens=8, temperature=0.3)
-    (a, b), (c, d) = (free.admin.get(f"/api/rollouts/{r['id']}/calls").json() for r in (plain, greedy))
+            client.chat.completions.create(
+                model="m", messages=messages, max_tokens=8, temperature=0.3
+            )
+    (a, b), (c, d) = (
+        free.admin.get(f"/api/rollouts/{r['id']}/calls").json() for r in (plain, greedy)
+    )
     assert a["temperature"] == b["temperature"] == pytest.approx(0.3)  # as asked
-    assert c["temperature"] == d["temperature"] == 0.0 and c["response_ids"] == d["response_ids"]  # greedy
-    assert free.admin.get(f"/api/rollouts/{greedy['id']}").json()["metadata"]["sampling"] == {"temperature": 0.0}
+    assert (
+        c["temperature"] == d["temperature"] == 0.0 and c["response_ids"] == d["response_ids"]
+    )  # greedy
+    assert free.admin.get(f"/api/rollouts/{greedy['id']}").json()["metadata"]["sampling"] == {
+        "temperature": 0.0
+    }
 
 
 @pytest.mark.parametrize(
@@ -130,7 +153,11 @@ def test_openai_async_concurrent_and_n(free: Stack):
         client = openai.AsyncOpenAI(base_url=r["base_url"], api_key=r["agent_token"])
         jobs = [
             client.chat.completions.create(
-                model="a", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=8, n=2, seed=i
+                model="a",
+                messages=[{"role": "user", "content": f"q{i}"}],
+                max_tokens=8,
+                n=2,
+                seed=i,
             )
             for i in range(4)
         ]
@@ -150,7 +177,10 @@ def test_openai_streaming_tool_call_round_trip(tiny_path: Path, tmp_path: Path):
     with scripted(tiny_path, tmp_path, [CALL_TEXT, "All done."]) as s:
         r = s.rollout()
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
-        messages: list = [{"role": "system", "content": "You run commands."}, {"role": "user", "content": "list"}]
+        messages: list = [
+            {"role": "system", "content": "You run commands."},
+            {"role": "user", "content": "list"},
+        ]
         chunks = list(
             client.chat.completions.create(
                 model="m",
@@ -162,9 +192,13 @@ def test_openai_streaming_tool_call_round_trip(tiny_path: Path, tmp_path: Path):
             )
         )
         calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("bash", {"cmd": "ls -la"})]
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("bash", {"cmd": "ls -la"})
+        ]
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
-        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        finish = [
+            c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+        ]
         assert finish == ["tool_calls"]
         messages.append(
             {
@@ -180,7 +214,9 @@ def test_openai_streaming_tool_call_round_trip(tiny_path: Path, tmp_path: Path):
             }
         )
         messages.append({"role": "tool", "tool_call_id": calls[0].id, "content": "file.txt"})
-        out = client.chat.completions.create(model="m", messages=messages, tools=[TOOL], max_tokens=64)
+        out = client.chat.completions.create(
+            model="m", messages=messages, tools=[TOOL], max_tokens=64
+        )
         assert out.choices[0].message.content == "All done."
         first, second = check_fidelity(s, r["id"])
         assert decoded(s, first["response_ids"]).startswith(CALL_TEXT)
@@ -219,7 +255,9 @@ def test_responses_api(tiny_path: Path, tmp_path: Path):
         r = s.rollout()
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
         tool = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
-        first = client.responses.create(model="codex", instructions="be brief", input="list files", tools=[tool])
+        first = client.responses.create(
+            model="codex", instructions="be brief", input="list files", tools=[tool]
+        )
         (fc,) = [item for item in first.output if item.type == "function_call"]
         assert (fc.name, json.loads(fc.arguments)) == ("bash", {"cmd": "ls -la"})
         events = list(
@@ -228,7 +266,12 @@ def test_responses_api(tiny_path: Path, tmp_path: Path):
                 instructions="be brief",
                 input=[
                     {"role": "user", "content": "list files"},
-                    {"type": "function_call", "call_id": fc.call_id, "name": "bash", "arguments": fc.arguments},
+                    {
+                        "type": "function_call",
+                        "call_id": fc.call_id,
+                        "name": "bash",
+                        "arguments": fc.arguments,
+                    },
                     {"type": "function_call_output", "call_id": fc.call_id, "output": "a.txt"},
                 ],
                 tools=[tool],
@@ -240,7 +283,9 @@ def test_responses_api(tiny_path: Path, tmp_path: Path):
         assert len(check_fidelity(s, r["id"])) == 2
 
 
-def test_codex_namespace_tools_are_offered_as_the_functions_they_group(tiny_path: Path, tmp_path: Path):
+def test_codex_namespace_tools_are_offered_as_the_functions_they_group(
+    tiny_path: Path, tmp_path: Path
+):
     """Codex groups tools in `namespace` tools: each nested function is rendered, and a call of it comes back
     under its own name. A built-in tool (`web_search`) no prompt can show is named in a `not_honoured` event."""
     with scripted(tiny_path, tmp_path, [CALL_TEXT]) as s:
@@ -255,9 +300,18 @@ def test_codex_namespace_tools_are_offered_as_the_functions_they_group(tiny_path
         (call,) = check_fidelity(s, r["id"])
         assert '"name": "bash"' in decoded(s, call["prompt_ids"])
         assert not_honoured(s, r["id"]) == [{"fields": ["tools.web_search"]}]
-        for tools in ([{"type": "namespace", "name": "shell", "tools": "bash"}], ["web_search"], [{"name": "bash"}]):
-            refused = httpx.post(s.url + "/v1/responses", headers=headers, json=body | {"tools": tools})
-            assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+        for tools in (
+            [{"type": "namespace", "name": "shell", "tools": "bash"}],
+            ["web_search"],
+            [{"name": "bash"}],
+        ):
+            refused = httpx.post(
+                s.url + "/v1/responses", headers=headers, json=body | {"tools": tools}
+            )
+            assert (
+                refused.status_code == 400
+                and refused.json()["error"]["type"] == "invalid_request_error"
+            )
 
 
 def test_thinking_and_template_variables_reach_the_template(thinking: Stack):
@@ -279,9 +333,13 @@ def test_thinking_and_template_variables_reach_the_template(thinking: Stack):
     assert last_prompt_ends() == ""
     claude.messages.create(model="c", max_tokens=4, messages=user, thinking={"type": "disabled"})
     assert last_prompt_ends() == empty
-    claude.messages.create(model="c", max_tokens=8, messages=user, thinking={"type": "enabled", "budget_tokens": 4})
+    claude.messages.create(
+        model="c", max_tokens=8, messages=user, thinking={"type": "enabled", "budget_tokens": 4}
+    )
     assert last_prompt_ends() == ""
-    chat.responses.create(model="codex", input="hi", max_output_tokens=4, reasoning={"effort": "none"})
+    chat.responses.create(
+        model="codex", input="hi", max_output_tokens=4, reasoning={"effort": "none"}
+    )
     assert last_prompt_ends() == empty
     assert not_honoured(thinking, r["id"]) == [{"fields": ["thinking.budget_tokens"]}]
 
@@ -290,14 +348,24 @@ def test_what_no_prompt_shows_is_named_once_per_rollout_and_counted(free: Stack)
     """On a template without a thinking switch, Anthropic's `thinking` is not honoured: a `not_honoured`
     event names it once per rollout, and /metrics counts it. A refused request names nothing."""
     r = free.rollout()
-    claude = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0)
+    claude = anthropic.Anthropic(
+        base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0
+    )
     user, think = [{"role": "user", "content": "hi"}], {"type": "enabled", "budget_tokens": 4}
     for _ in range(2):
         claude.messages.create(model="c", max_tokens=8, messages=user, thinking=think)
-    body = {"max_tokens": 10**6, "messages": user, "tool_choice": {"type": "any"}}  # too long a completion
-    refused = httpx.post(free.url + "/v1/messages", headers={"x-api-key": r["agent_token"]}, json=body)
+    body = {
+        "max_tokens": 10**6,
+        "messages": user,
+        "tool_choice": {"type": "any"},
+    }  # too long a completion
+    refused = httpx.post(
+        free.url + "/v1/messages", headers={"x-api-key": r["agent_token"]}, json=body
+    )
     assert refused.status_code == 400
-    claude.messages.create(model="c", max_tokens=8, messages=user, thinking=think, tool_choice={"type": "auto"})
+    claude.messages.create(
+        model="c", max_tokens=8, messages=user, thinking=think, tool_choice={"type": "auto"}
+    )
     assert not_honoured(free, r["id"]) == [{"fields": ["thinking", "thinking.budget_tokens"]}]
     metrics = free.admin.get("/metrics").text
     assert 'agl_not_honoured_total{field="thinking"} 1.0' in metrics
@@ -307,7 +375,9 @@ def test_what_no_prompt_shows_is_named_once_per_rollout_and_counted(free: Stack)
 # ------------------------------------------------------------------ AIR
 
 
-def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(tiny_path: Path, tmp_path: Path):
+def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(
+    tiny_path: Path, tmp_path: Path
+):
     """A tool result that reports an error (Anthropic's `is_error`, or the pattern in Chat Completions' and
     Responses' text) becomes an intermediate reward of the agent's call that made the tool call, once the
     request that sends it back is recorded. A successful result, or a refused request, posts nothing."""
@@ -315,36 +385,64 @@ def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(tiny
     with scripted(tiny_path, tmp_path, [CALL_TEXT] * 8, **air) as s:
 
         def rewards(rid: str) -> list[dict]:
-            return [e["data"] for e in s.admin.get(f"/api/rollouts/{rid}/events").json() if e["kind"] == "reward"]
+            return [
+                e["data"]
+                for e in s.admin.get(f"/api/rollouts/{rid}/events").json()
+                if e["kind"] == "reward"
+            ]
 
         r = s.rollout()
         chat = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).chat.completions
         asked = [{"role": "user", "content": "list"}]
-        first = chat.create(model="m", messages=asked, tools=[TOOL], max_tokens=64).choices[0].message
+        first = (
+            chat.create(model="m", messages=asked, tools=[TOOL], max_tokens=64).choices[0].message
+        )
         (tc,) = first.tool_calls
-        turn = [first.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": "a.txt"}]
-        second = chat.create(model="m", messages=asked + turn, tools=[TOOL], max_tokens=64).choices[0].message
+        turn = [
+            first.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": tc.id, "content": "a.txt"},
+        ]
+        second = (
+            chat.create(model="m", messages=asked + turn, tools=[TOOL], max_tokens=64)
+            .choices[0]
+            .message
+        )
         assert rewards(r["id"]) == []  # a result that is not an error
         (tc,) = second.tool_calls
         error = {"role": "tool", "tool_call_id": tc.id, "content": "Error: ls failed"}
-        failed = [*asked, *turn, second.model_dump(exclude_none=True), error, error]  # two failed results
-        with pytest.raises(openai.BadRequestError):  # refused (too long a completion): nothing is posted
+        failed = [
+            *asked,
+            *turn,
+            second.model_dump(exclude_none=True),
+            error,
+            error,
+        ]  # two failed results
+        with pytest.raises(
+            openai.BadRequestError
+        ):  # refused (too long a completion): nothing is posted
             chat.create(model="m", messages=failed, tools=[TOOL], max_tokens=10**6)
         assert rewards(r["id"]) == []
         chat.create(model="m", messages=failed, tools=[TOOL], max_tokens=64)
         seqs = [c["seq"] for c in s.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
-        assert rewards(r["id"]) == [{"value": -1.0, "source": "air:tool_error", "final": False, "call_seq": seqs[1]}]
+        assert rewards(r["id"]) == [
+            {"value": -1.0, "source": "air:tool_error", "final": False, "call_seq": seqs[1]}
+        ]
 
         r = s.rollout()
         client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
-        tools = [{"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}]
+        tools = [
+            {"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}
+        ]
         user = [{"role": "user", "content": "list"}]
         got = client.messages.create(model="claude", max_tokens=64, tools=tools, messages=user)
         (use,) = [b for b in got.content if b.type == "tool_use"]
         result = {"type": "tool_result", "tool_use_id": use.id, "content": "fine", "is_error": True}
         reply = {"role": "assistant", "content": [b.model_dump() for b in got.content]}
         client.messages.create(
-            model="claude", max_tokens=64, tools=tools, messages=[*user, reply, {"role": "user", "content": [result]}]
+            model="claude",
+            max_tokens=64,
+            tools=tools,
+            messages=[*user, reply, {"role": "user", "content": [result]}],
         )
         seqs = [c["seq"] for c in s.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
         assert [(d["value"], d["call_seq"]) for d in rewards(r["id"])] == [(-0.5, seqs[0])]
@@ -352,10 +450,25 @@ def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(tiny
         r = s.rollout()
         responses = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).responses
         tool = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
-        (fc,) = [i for i in responses.create(model="codex", input="list", tools=[tool]).output if i.type != "message"]
-        items = [{"type": "function_call", "call_id": fc.call_id, "name": "bash", "arguments": fc.arguments}]
-        items.append({"type": "function_call_output", "call_id": fc.call_id, "output": "ERROR: denied"})
-        responses.create(model="codex", input=[{"role": "user", "content": "list"}, *items], tools=[tool])
+        (fc,) = [
+            i
+            for i in responses.create(model="codex", input="list", tools=[tool]).output
+            if i.type != "message"
+        ]
+        items = [
+            {
+                "type": "function_call",
+                "call_id": fc.call_id,
+                "name": "bash",
+                "arguments": fc.arguments,
+            }
+        ]
+        items.append(
+            {"type": "function_call_output", "call_id": fc.call_id, "output": "ERROR: denied"}
+        )
+        responses.create(
+            model="codex", input=[{"role": "user", "content": "list"}, *items], tools=[tool]
+        )
         seqs = [c["seq"] for c in s.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
         assert [(d["value"], d["call_seq"]) for d in rewards(r["id"])] == [(-0.5, seqs[0])]
 
@@ -367,7 +480,9 @@ def test_anthropic_tool_use_and_streaming(tiny_path: Path, tmp_path: Path):
     with scripted(tiny_path, tmp_path, [CALL_TEXT, "Here they are."]) as s:
         r = s.rollout()
         client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
-        tools = [{"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}]
+        tools = [
+            {"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}
+        ]
         first = client.messages.create(
             model="claude",
             max_tokens=64,
@@ -386,7 +501,10 @@ def test_anthropic_tool_use_and_streaming(tiny_path: Path, tmp_path: Path):
             messages=[
                 {"role": "user", "content": "list"},
                 {"role": "assistant", "content": [b.model_dump() for b in first.content]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.txt"}],
+                },
             ],
         ) as stream:
             text = "".join(stream.text_stream)
@@ -407,7 +525,9 @@ def test_no_tool_calls_are_parsed_when_no_tools_were_offered(tiny_path: Path, tm
         )
         assert title.stop_reason == "end_turn" and [b.type for b in title.content] == ["text"]
         assert title.content[0].text == CALL_TEXT
-        chat = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).chat.completions.create(
+        chat = openai.OpenAI(
+            base_url=r["base_url"], api_key=r["agent_token"]
+        ).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "t"}], max_tokens=64
         )
         assert chat.choices[0].finish_reason == "stop" and not chat.choices[0].message.tool_calls
@@ -415,19 +535,34 @@ def test_no_tool_calls_are_parsed_when_no_tools_were_offered(tiny_path: Path, tm
         assert len(check_fidelity(s, r["id"])) == 2
 
 
-def test_anthropic_system_turns_inside_messages_are_rendered_as_system_messages(tiny_path: Path, tmp_path: Path):
+def test_anthropic_system_turns_inside_messages_are_rendered_as_system_messages(
+    tiny_path: Path, tmp_path: Path
+):
     """Claude Code 2.1, given a model name it does not know, sends its environment as a `system` turn inside
     `messages` (with cache_control); it was refused with 400 and the harness gave up (#22)."""
     with scripted(tiny_path, tmp_path, ["Done."]) as s:
         r = s.rollout()
-        env = {"type": "text", "text": "# Environment\ncwd: /w", "cache_control": {"type": "ephemeral"}}
+        env = {
+            "type": "text",
+            "text": "# Environment\ncwd: /w",
+            "cache_control": {"type": "ephemeral"},
+        }
         body = {"model": "solver", "max_tokens": 16, "system": "You are a coding agent."}
-        body["messages"] = [{"role": "user", "content": "Write hi"}, {"role": "system", "content": [env]}]
-        reply = httpx.post(s.url + "/v1/messages?beta=true", headers={"x-api-key": r["agent_token"]}, json=body)
+        body["messages"] = [
+            {"role": "user", "content": "Write hi"},
+            {"role": "system", "content": [env]},
+        ]
+        reply = httpx.post(
+            s.url + "/v1/messages?beta=true", headers={"x-api-key": r["agent_token"]}, json=body
+        )
         assert reply.status_code == 200, reply.text
         (call,) = check_fidelity(s, r["id"])
         prompt = decoded(s, call["prompt_ids"])
-        assert prompt.index("You are a coding agent.") < prompt.index("Write hi") < prompt.index("# Environment")
+        assert (
+            prompt.index("You are a coding agent.")
+            < prompt.index("Write hi")
+            < prompt.index("# Environment")
+        )
         assert prompt.count("<|im_start|>system") == 2
 
 
@@ -438,7 +573,9 @@ def test_anthropic_errors_are_in_anthropic_format(free: Stack):
         client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}])
     assert e.value.body["type"] == "error"  # type: ignore[index]
     raw = httpx.post(
-        free.url + "/v1/messages", headers={"x-api-key": r["agent_token"]}, json={"model": "c", "messages": []}
+        free.url + "/v1/messages",
+        headers={"x-api-key": r["agent_token"]},
+        json={"model": "c", "messages": []},
     )
     assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
 
@@ -462,7 +599,9 @@ def test_context_overflow_is_context_length_exceeded(free: Stack):
     client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=free.engine.max_context
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=free.engine.max_context,
         )
     assert e.value.code == "context_length_exceeded"
     assert free.admin.get(f"/api/rollouts/{r['id']}/calls").json() == []
@@ -470,14 +609,18 @@ def test_context_overflow_is_context_length_exceeded(free: Stack):
     assert events[-1]["kind"] == "error"
     metrics = free.admin.get("/metrics").text
     assert 'agl_call_errors_total{kind="invalid_request_error",status="400"} 1.0' in metrics
-    assert "agl_prefix_total{" not in metrics  # prompts are classified only once their call is recorded (#22)
+    assert (
+        "agl_prefix_total{" not in metrics
+    )  # prompts are classified only once their call is recorded (#22)
 
 
 def test_stop_strings_cut_the_recorded_tokens_too(tiny_path: Path, tmp_path: Path):
     with scripted(tiny_path, tmp_path, ["alpha END beta gamma"]) as s:
         r = s.rollout()
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
-        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stop=["END"])
+        out = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stop=["END"]
+        )
         assert out.choices[0].message.content == "alpha "
         (call,) = check_fidelity(s, r["id"])
         assert decoded(s, call["response_ids"]).startswith("alpha END")
@@ -495,7 +638,9 @@ def test_pause_drains_and_no_call_crosses_a_version(free: Stack):
     started = threading.Event()
 
     async def harnesses(count: int, offset: int) -> None:
-        clients = [openai.AsyncOpenAI(base_url=r["base_url"], api_key=r["agent_token"]) for r in rollouts]
+        clients = [
+            openai.AsyncOpenAI(base_url=r["base_url"], api_key=r["agent_token"]) for r in rollouts
+        ]
 
         async def one(i: int) -> None:
             c = clients[(i + offset) % len(clients)]
@@ -523,17 +668,26 @@ def test_pause_drains_and_no_call_crosses_a_version(free: Stack):
     assert pause["paused"] and pause["inflight"] == 0
     second.start()
     started.wait()
-    recorded_at_pause = sum(len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) for r in rollouts)
+    recorded_at_pause = sum(
+        len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) for r in rollouts
+    )
     while free.admin.get("/api/state").json()["waiting"] < 10:
         pass
-    assert sum(len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) for r in rollouts) == recorded_at_pause
+    assert (
+        sum(len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) for r in rollouts)
+        == recorded_at_pause
+    )
     assert free.admin.post("/api/resume", json={"version": 1}).json()["version"] == 1
     first.join()
     second.join()
     assert results.count("ok") == 100, [r for r in results if r != "ok"][:3]
     calls = [c for r in rollouts for c in free.admin.get(f"/api/rollouts/{r['id']}/calls").json()]
     versions = sorted(c["model_version"] for c in calls)
-    assert len(calls) == 100 and versions.count(0) == recorded_at_pause and versions.count(1) == 100 - recorded_at_pause
+    assert (
+        len(calls) == 100
+        and versions.count(0) == recorded_at_pause
+        and versions.count(1) == 100 - recorded_at_pause
+    )
 
 
 def test_pause_hold_limit_ends_in_503(tiny_path: Path, tmp_path: Path):
@@ -562,84 +716,142 @@ def test_tokens_are_scoped_to_their_rollout(free: Stack):
     rejected = [
         httpx.get(f"{free.url}/api/rollouts/{b['id']}/calls", headers=agent_a),
         httpx.get(f"{free.url}/api/rollouts/{b['id']}/events", headers=agent_a),
-        httpx.post(f"{free.url}/api/rollouts/{b['id']}/events", headers=agent_a, json={"kind": "x"}),
-        httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_a, json={"reward": 1}),
-        httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_b, json={"reward": 1}),  # has a grader
-        httpx.post(f"{free.url}/api/rollouts/{b['id']}/status", headers=agent_b, json={"status": "running"}),
+        httpx.post(
+            f"{free.url}/api/rollouts/{b['id']}/events", headers=agent_a, json={"kind": "x"}
+        ),
+        httpx.post(
+            f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_a, json={"reward": 1}
+        ),
+        httpx.post(
+            f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_b, json={"reward": 1}
+        ),  # has a grader
+        httpx.post(
+            f"{free.url}/api/rollouts/{b['id']}/status", headers=agent_b, json={"status": "running"}
+        ),
         httpx.get(f"{free.url}/api/rollouts", headers=agent_a),
         httpx.post(f"{free.url}/api/pause", headers=agent_a),
         httpx.post(
-            f"{free.url}/v1/chat/completions", headers=grader_b, json={"messages": [{"role": "user", "content": "x"}]}
+            f"{free.url}/v1/chat/completions",
+            headers=grader_b,
+            json={"messages": [{"role": "user", "content": "x"}]},
         ),
     ]
     assert [r.status_code for r in rejected] == [403] * 9
     assert (
-        httpx.post(f"{free.url}/api/rollouts/{b['id']}/reward", headers=grader_b, json={"reward": 0.5}).status_code
+        httpx.post(
+            f"{free.url}/api/rollouts/{b['id']}/reward", headers=grader_b, json={"reward": 0.5}
+        ).status_code
         == 200
     )
     assert (
-        httpx.post(f"{free.url}/api/rollouts/{a['id']}/reward", headers=agent_a, json={"reward": 1}).status_code == 200
+        httpx.post(
+            f"{free.url}/api/rollouts/{a['id']}/reward", headers=agent_a, json={"reward": 1}
+        ).status_code
+        == 200
     )
     assert (
-        httpx.post(f"{free.url}/api/rollouts/{a['id']}/events", headers=agent_a, json={"kind": "step"}).status_code
+        httpx.post(
+            f"{free.url}/api/rollouts/{a['id']}/events", headers=agent_a, json={"kind": "step"}
+        ).status_code
         == 200
     )
     assert free.admin.get(f"/api/rollouts/{b['id']}").json()["reward"] == 0.5
     c = free.rollout()
     assert free.admin.post(f"/api/rollouts/{c['id']}/reward", json={"reward": 0}).status_code == 200
-    for rollout, source in ((a, "agent token"), (b, "grader token"), (c, "admin")):  # who posted the reward
+    for rollout, source in (
+        (a, "agent token"),
+        (b, "grader token"),
+        (c, "admin"),
+    ):  # who posted the reward
         events = free.admin.get(f"/api/rollouts/{rollout['id']}/events").json()
         assert [e["data"]["source"] for e in events if e["kind"] == "reward"] == [source]
     for headers in ({}, {"Authorization": "Bearer nope"}, {"x-api-key": ADMIN + "x"}):
         assert httpx.get(f"{free.url}/api/rollouts", headers=headers).status_code in (401, 403)
-        assert httpx.post(f"{free.url}/api/rollouts", headers=headers, json={"group": "g"}).status_code in (401, 403)
+        assert httpx.post(
+            f"{free.url}/api/rollouts", headers=headers, json={"group": "g"}
+        ).status_code in (401, 403)
 
 
 def test_a_rollouts_token_may_start_and_end_it_but_not_retry_or_cancel_it(free: Stack):
     """What an applied Job's reporter (`controller/report.py`) does: the token that posts the reward posts the end."""
     a, b = free.rollout(), free.rollout(grader=True)
-    agent_a, grader_b = {"Authorization": f"Bearer {a['agent_token']}"}, {"x-api-key": b["grader_token"]}
+    agent_a, grader_b = (
+        {"Authorization": f"Bearer {a['agent_token']}"},
+        {"x-api-key": b["grader_token"]},
+    )
 
     def post(rollout: dict, headers: dict, **body: object) -> httpx.Response:
-        return httpx.post(f"{free.url}/api/rollouts/{rollout['id']}/status", headers=headers, json=body)
+        return httpx.post(
+            f"{free.url}/api/rollouts/{rollout['id']}/status", headers=headers, json=body
+        )
 
     assert post(a, agent_a, status="cancelled").status_code == 403
     assert post(a, agent_a, status="succeeded").status_code == 409  # queued: it must start first
     assert post(a, agent_a, status="running", attempt=1).json()["status"] == "running"
-    assert post(a, agent_a, status="queued", failure_kind="infra").status_code == 403  # no retries of its own
-    assert post(a, agent_a, status="running", attempt=2).status_code == 409  # a stale attempt's report
+    assert (
+        post(a, agent_a, status="queued", failure_kind="infra").status_code == 403
+    )  # no retries of its own
+    assert (
+        post(a, agent_a, status="running", attempt=2).status_code == 409
+    )  # a stale attempt's report
     ended = post(a, agent_a, status="failed", failure_kind="task", reason="harness exited with 3")
     assert (ended.json()["status"], ended.json()["failure_kind"]) == ("failed", "task")
-    assert post(a, agent_a, status="succeeded").status_code == 403  # the token died with its rollout
-    assert post(b, {"x-api-key": b["agent_token"]}, status="running").status_code == 403  # the grader's to post
+    assert (
+        post(a, agent_a, status="succeeded").status_code == 403
+    )  # the token died with its rollout
+    assert (
+        post(b, {"x-api-key": b["agent_token"]}, status="running").status_code == 403
+    )  # the grader's to post
     assert post(b, grader_b, status="running").status_code == 200
     assert post(b, grader_b, status="timed_out").json()["status"] == "timed_out"
-    reasons = [e["data"].get("reason") for e in free.admin.get(f"/api/rollouts/{a['id']}/events").json()]
+    reasons = [
+        e["data"].get("reason") for e in free.admin.get(f"/api/rollouts/{a['id']}/events").json()
+    ]
     assert "harness exited with 3" in reasons
 
 
 def test_token_dies_with_its_rollout(free: Stack):
     r = free.rollout()
     client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
-    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
-    free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "succeeded"}).raise_for_status()
+    client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2
+    )
+    free.admin.post(
+        f"/api/rollouts/{r['id']}/status", json={"status": "succeeded"}
+    ).raise_for_status()
     with pytest.raises(openai.PermissionDeniedError):
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2
+        )
     assert len(free.admin.get(f"/api/rollouts/{r['id']}/calls").json()) == 1
 
 
 def test_admin_api_lifecycle(free: Stack):
     r = free.rollout(group="g7", mode="val", metadata={"k": 1})
     got = free.admin.get(f"/api/rollouts/{r['id']}").json()
-    assert (got["group"], got["mode"], got["status"], got["metadata"]) == ("g7", "val", "queued", {"k": 1})
-    assert free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "running"}).json()["status"] == "running"
+    assert (got["group"], got["mode"], got["status"], got["metadata"]) == (
+        "g7",
+        "val",
+        "queued",
+        {"k": 1},
+    )
+    assert (
+        free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "running"}).json()[
+            "status"
+        ]
+        == "running"
+    )
     bad = free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "queued"})
     assert bad.status_code == 409 and "infra" in bad.json()["error"]["message"]
     free.admin.post(f"/api/rollouts/{r['id']}/reward", json={"reward": 1.0}).raise_for_status()
-    free.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "succeeded"}).raise_for_status()
+    free.admin.post(
+        f"/api/rollouts/{r['id']}/status", json={"status": "succeeded"}
+    ).raise_for_status()
     ended = free.admin.get("/api/rollouts", params={"after": 0}).json()
     assert [x["id"] for x in ended] == [r["id"]] and ended[0]["reward"] == 1.0
-    assert [x["id"] for x in free.admin.get("/api/rollouts", params={"status": "succeeded"}).json()] == [r["id"]]
+    assert [
+        x["id"] for x in free.admin.get("/api/rollouts", params={"status": "succeeded"}).json()
+    ] == [r["id"]]
     assert free.admin.post("/api/models", json={"version": 1, "path": "/ckpt/1"}).status_code == 200
     assert free.admin.post("/api/models", json={"version": 1}).status_code == 400
     assert free.admin.get("/api/state").json()["latest_model"]["version"] == 1
@@ -650,17 +862,23 @@ def test_admin_api_lifecycle(free: Stack):
     assert Status(got["status"]) is Status.QUEUED
 
 
-def test_an_agent_that_always_asks_for_32k_tokens_is_fitted_to_the_room_left(tiny_path: Path, tmp_path: Path):
+def test_an_agent_that_always_asks_for_32k_tokens_is_fitted_to_the_room_left(
+    tiny_path: Path, tmp_path: Path
+):
     """Claude Code asks for 32,000 output tokens on every call, even a title; on a 32k context each was refused.
     With `fit_max_tokens`, max_tokens is lowered to the room left (recorded as an event) when at least that many
     tokens are left; a prompt that leaves less is still refused."""
     with stack(tiny_path, tmp_path, context_length=300, fit_max_tokens=50) as s:
         r = s.rollout()
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
-        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=32_000)
+        out = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=32_000
+        )
         assert out.choices[0].finish_reason in ("stop", "length")
         (lowered,) = [
-            e for e in s.admin.get(f"/api/rollouts/{r['id']}/events").json() if e["kind"] == "max_tokens_lowered"
+            e
+            for e in s.admin.get(f"/api/rollouts/{r['id']}/events").json()
+            if e["kind"] == "max_tokens_lowered"
         ]
         (call,) = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
         assert lowered["data"] == {"asked": 32_000, "to": 300 - len(call["prompt_ids"])}
@@ -681,11 +899,17 @@ def test_every_error_answered_to_a_harness_is_counted_and_an_access_log_names_no
                 f"{s.url}/r/{r['agent_token']}/v1/chat/completions",
                 json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
             )
-            refused = httpx.post(f"{s.url}/v1/chat/completions", headers={"Authorization": "Bearer nope"}, json={})
+            refused = httpx.post(
+                f"{s.url}/v1/chat/completions", headers={"Authorization": "Bearer nope"}, json={}
+            )
         assert (ok.status_code, refused.status_code) == (200, 401)
         metrics = httpx.get(s.url + "/metrics").text
-        assert 'agl_call_errors_total{kind="authentication_error",status="401"} 1.0' in metrics  # no rollout to blame
+        assert (
+            'agl_call_errors_total{kind="authentication_error",status="401"} 1.0' in metrics
+        )  # no rollout to blame
         lines = [rec.getMessage() for rec in caplog.records if rec.name == "gateway.app"]
-        assert "POST /v1/chat/completions 200" in lines[0] and lines[0].endswith(f"rollout_id={r['id']}")
+        assert "POST /v1/chat/completions 200" in lines[0] and lines[0].endswith(
+            f"rollout_id={r['id']}"
+        )
         assert "POST /v1/chat/completions 401" in lines[1] and lines[1].endswith("rollout_id=-")
         assert not any(r["agent_token"] in line or "nope" in line for line in lines)

@@ -31,13 +31,19 @@ def npm_bin() -> Path:
 
 
 def tool_call(name: str, arguments: dict) -> str:
-    return "I will run it.\n<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+    return (
+        "I will run it.\n<tool_call>\n"
+        + json.dumps({"name": name, "arguments": arguments})
+        + "\n</tool_call>"
+    )
 
 
 def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
     """Runs a harness with only `env` (nothing of the caller's API keys or config leaks in)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **env}
-    done = subprocess.run(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90)
+    done = subprocess.run(
+        cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (cwd / "out.txt").read_text() == "hi\n"  # the scripted command ran, in the work folder
     return done.stdout
@@ -55,14 +61,18 @@ def check_one_chain(s: Stack, rollout_id: str, script: list[str], agent: str) ->
         assert decoded.removesuffix("<|im_end|>") == text
     for prev, call in itertools.pairwise(calls):
         chain = prev["prompt_ids"] + prev["response_ids"]
-        assert call["prompt_ids"][: len(chain)] == chain, f"call {call['seq']} does not extend call {prev['seq']}"
+        assert call["prompt_ids"][: len(chain)] == chain, (
+            f"call {call['seq']} does not extend call {prev['seq']}"
+        )
     events = s.admin.get(f"/api/rollouts/{rollout_id}/events").json()
     assert not [e for e in events if e["kind"] in ("error", "prefix_mismatch")], events
     return calls
 
 
 @pytest.mark.slow
-def test_claude_code_runs_a_shell_command_in_one_token_chain(tiny_path: Path, tmp_path: Path, npm_bin: Path):
+def test_claude_code_runs_a_shell_command_in_one_token_chain(
+    tiny_path: Path, tmp_path: Path, npm_bin: Path
+):
     script = [tool_call("Bash", {"command": COMMAND}), "Done."]
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir(), home.mkdir()
@@ -80,7 +90,11 @@ def test_claude_code_runs_a_shell_command_in_one_token_chain(tiny_path: Path, tm
         }
         cmd = [str(npm_bin / "claude"), "-p", "Write hi to out.txt", "--output-format", "json"]
         cmd += ["--model", "claude-sonnet-4-5", "--tools", "Bash", "--allowedTools", "Bash"]
-        cmd += ["--system-prompt", "You are a coding agent. Use the Bash tool.", "--no-session-persistence"]
+        cmd += [
+            "--system-prompt",
+            "You are a coding agent. Use the Bash tool.",
+            "--no-session-persistence",
+        ]
         out = json.loads(run(cmd, work, env))
         assert out["result"] == "Done." and out["num_turns"] == 2, out
         first, second = check_one_chain(s, r["id"], script, agent="solver")
@@ -92,27 +106,54 @@ def test_claude_code_runs_a_shell_command_in_one_token_chain(tiny_path: Path, tm
         assert block["content"].startswith("hi"), block
         assert first["request"]["max_tokens"] == 32000
         events = s.admin.get(f"/api/rollouts/{r['id']}/events").json()
-        assert [e["data"]["asked"] for e in events if e["kind"] == "max_tokens_lowered"] == [32000, 32000]
+        assert [e["data"]["asked"] for e in events if e["kind"] == "max_tokens_lowered"] == [
+            32000,
+            32000,
+        ]
 
 
 @pytest.mark.slow
-def test_codex_runs_a_shell_command_in_one_token_chain(tiny_path: Path, tmp_path: Path, npm_bin: Path):
+def test_codex_runs_a_shell_command_in_one_token_chain(
+    tiny_path: Path, tmp_path: Path, npm_bin: Path
+):
     script = [tool_call("exec_command", {"cmd": COMMAND}), "Done."]
     work, codex_home = tmp_path / "work", tmp_path / "home" / ".codex"
     work.mkdir(), codex_home.mkdir(parents=True)
     with stack(tiny_path, tmp_path, script=script) as s:
         r = s.rollout()
-        config = (INSTALL.parent / "codex.toml").read_text().replace("http://127.0.0.1:8000/v1", r["base_url"])
+        config = (
+            (INSTALL.parent / "codex.toml")
+            .read_text()
+            .replace("http://127.0.0.1:8000/v1", r["base_url"])
+        )
         (codex_home / "config.toml").write_text(config)
-        env = {"HOME": str(codex_home.parent), "CODEX_HOME": str(codex_home), "AGL_AGENT_TOKEN": r["agent_token"]}
-        cmd = [str(npm_bin / "codex"), "exec", "--strict-config", "--skip-git-repo-check", "--ephemeral", "--json"]
-        events = [json.loads(line) for line in run([*cmd, "Write hi to out.txt"], work, env).splitlines()]
+        env = {
+            "HOME": str(codex_home.parent),
+            "CODEX_HOME": str(codex_home),
+            "AGL_AGENT_TOKEN": r["agent_token"],
+        }
+        cmd = [
+            str(npm_bin / "codex"),
+            "exec",
+            "--strict-config",
+            "--skip-git-repo-check",
+            "--ephemeral",
+            "--json",
+        ]
+        events = [
+            json.loads(line) for line in run([*cmd, "Write hi to out.txt"], work, env).splitlines()
+        ]
         items = [e["item"] for e in events if e["type"] == "item.completed"]
-        assert [i["text"] for i in items if i["type"] == "agent_message"] == ["I will run it.", "Done."], items
+        assert [i["text"] for i in items if i["type"] == "agent_message"] == [
+            "I will run it.",
+            "Done.",
+        ], items
         (ran,) = [i for i in items if i["type"] == "command_execution"]
         assert ran["exit_code"] == 0 and ran["aggregated_output"] == "hi\n", ran
         _, second = check_one_chain(s, r["id"], script, agent="solver")
         called, output = second["request"]["input"][-2:]
-        assert called["type"] == "function_call" and json.loads(called["arguments"]) == {"cmd": COMMAND}
+        assert called["type"] == "function_call" and json.loads(called["arguments"]) == {
+            "cmd": COMMAND
+        }
         assert output["type"] == "function_call_output" and output["call_id"] == called["call_id"]
         assert output["output"].endswith("Output:\nhi\n"), output

@@ -185,7 +185,9 @@ async def test_generate_parses_sglang_reply(stand_ins: list[tuple[str, StandIn]]
     }
 
 
-async def test_requests_share_one_kept_alive_connection(stand_ins: list[tuple[str, StandIn]]) -> None:
+async def test_requests_share_one_kept_alive_connection(
+    stand_ins: list[tuple[str, StandIn]],
+) -> None:
     url, s = stand_ins[0]
     async with client([url]) as engines:
         for _ in range(3):
@@ -197,13 +199,19 @@ async def test_a_kept_connection_the_engine_closes_unanswered_is_replaced_withou
     replies = [reply_bytes(sglang_reply([1])), b"", reply_bytes(sglang_reply([1, 2]))]
     async with raw_replica(replies) as (url, connections), client([url], attempts=1) as engines:
         assert (await engines.generate([1], {})).output_ids == [1, 2, 3]
-        assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]  # sent again on a new connection
+        assert (await engines.generate([1, 2], {})).output_ids == [
+            2,
+            3,
+            4,
+        ]  # sent again on a new connection
         assert engines.replicas[0].down_until == 0.0
     assert len(connections) == 2
 
 
 @pytest.mark.parametrize("ending", [True, "reset"])
-async def test_a_kept_connection_the_engine_ended_while_idle_is_not_reused(ending: bool | str) -> None:
+async def test_a_kept_connection_the_engine_ended_while_idle_is_not_reused(
+    ending: bool | str,
+) -> None:
     replies = [reply_bytes(sglang_reply([1])), reply_bytes(sglang_reply([1, 2]))]
     async with (
         raw_replica(replies, close_after_reply=ending) as (url, connections),
@@ -224,7 +232,9 @@ async def test_chunked_replies_and_replies_that_run_to_the_end_of_the_stream(fra
     ):
         for _ in range(2):
             assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]
-    assert len(connections) == (2 if framing == "to_end" else 1)  # a reply read to the end used up its connection
+    assert len(connections) == (
+        2 if framing == "to_end" else 1
+    )  # a reply read to the end used up its connection
 
 
 async def test_a_reply_cut_off_midway_is_a_transport_failure_and_retried() -> None:
@@ -237,11 +247,15 @@ async def test_a_reply_cut_off_midway_is_a_transport_failure_and_retried() -> No
     assert len(connections) == 2
 
 
-async def test_4xx_is_rejected_at_once_with_the_engines_message(stand_ins: list[tuple[str, StandIn]]) -> None:
+async def test_4xx_is_rejected_at_once_with_the_engines_message(
+    stand_ins: list[tuple[str, StandIn]],
+) -> None:
     url, s = stand_ins[0]
     s.script = [(400, {"error": {"message": "token id 99999 is outside the vocabulary"}}, 0.0)]
     async with client([url], attempts=3) as engines:
-        with pytest.raises(EngineRejected, match=r"\(400\): token id 99999 is outside the vocabulary$"):
+        with pytest.raises(
+            EngineRejected, match=r"\(400\): token id 99999 is outside the vocabulary$"
+        ):
             await engines.generate([99999], {})
     assert len(s.requests) == 1
 
@@ -254,7 +268,9 @@ async def test_5xx_is_retried_until_it_succeeds(stand_ins: list[tuple[str, Stand
     assert g.output_ids == [1, 2, 3] and len(s.requests) == 3
 
 
-async def test_attempts_are_bounded_and_the_error_is_typed(stand_ins: list[tuple[str, StandIn]]) -> None:
+async def test_attempts_are_bounded_and_the_error_is_typed(
+    stand_ins: list[tuple[str, StandIn]],
+) -> None:
     url, s = stand_ins[0]
     s.script = [(500, {"message": "CUDA out of memory"}, 0.0)] * 5
     async with client([url], attempts=3) as engines:
@@ -276,7 +292,13 @@ async def test_timeouts_are_retried_and_bounded(stand_ins: list[tuple[str, Stand
 
 async def test_a_malformed_reply_is_a_protocol_error(stand_ins: list[tuple[str, StandIn]]) -> None:
     url, s = stand_ins[0]
-    s.script = [(200, {"output_ids": [1, 2], "meta_info": {"output_token_logprobs": [[-1.0, 9, None]]}}, 0.0)]
+    s.script = [
+        (
+            200,
+            {"output_ids": [1, 2], "meta_info": {"output_token_logprobs": [[-1.0, 9, None]]}},
+            0.0,
+        )
+    ]
     async with client([url]) as engines:
         with pytest.raises(EngineError, match="malformed") as e:
             await engines.generate([1], {})
@@ -294,7 +316,9 @@ async def test_a_rollout_sticks_to_its_replica(stand_ins: list[tuple[str, StandI
     assert len(set(homes.values())) == 3  # rollouts spread over the replicas
 
 
-async def test_failover_goes_to_the_least_loaded_replica_that_is_up(stand_ins: list[tuple[str, StandIn]]) -> None:
+async def test_failover_goes_to_the_least_loaded_replica_that_is_up(
+    stand_ins: list[tuple[str, StandIn]],
+) -> None:
     urls = [u for u, _ in stand_ins]
     (_, a), (_, b), (url_c, _) = stand_ins
     at_a, at_b = rollout_homed_at(0, 3), rollout_homed_at(1, 3)
@@ -343,7 +367,11 @@ async def test_the_context_length_comes_from_v1_models_not_server_info(tiny_path
         assert httpx.get(url + "/server_info").status_code == 500
         async with client([url], attempts=1) as engines:
             info = await engines.model_info()
-    assert info.context_length == 4096 and info.owned_by == "sglang" and info.tokenizer_path == str(tiny_path)
+    assert (
+        info.context_length == 4096
+        and info.owned_by == "sglang"
+        and info.tokenizer_path == str(tiny_path)
+    )
     assert "/server_info" not in sglang.log.paths()[1:]
 
 

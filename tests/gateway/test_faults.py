@@ -30,7 +30,12 @@ def test_gateway_sigkill_under_load_loses_no_answered_call(procs: soak.Stack) ->
     out = asyncio.run(soak.gateway_kill(procs, rollouts=200, calls=2, kills=1))
     assert out["answered"] == 400 and out["errors"] == 0
     assert out["retries"] > 0  # the kill did land under load
-    assert out["lost"] == 0 and out["duplicated"] == 0 and out["orphaned"] == 0 and out["seq_gaps"] == 0
+    assert (
+        out["lost"] == 0
+        and out["duplicated"] == 0
+        and out["orphaned"] == 0
+        and out["seq_gaps"] == 0
+    )
     assert out["recorded"] == 400
 
 
@@ -46,11 +51,18 @@ def test_pause_resume_cycles_under_load(procs: soak.Stack) -> None:
     assert out["answered"] >= 30 * 10
 
 
-def test_a_failing_engine_gives_clear_errors_and_the_gateway_stays_healthy(procs: soak.Stack) -> None:
+def test_a_failing_engine_gives_clear_errors_and_the_gateway_stays_healthy(
+    procs: soak.Stack,
+) -> None:
     out = asyncio.run(soak.engine_faults(procs, slow=False))
     assert out["5xx_retried"] == 200  # two 5xx, then an answer: within the gateway's 3 attempts
     for fault in ("5xx_persistent", "stopped"):
         status, text = out[fault]
-        assert status == 503 and "unavailable" in text and "127.0.0.1" not in text, (fault, text)  # no address
-    assert "after 3 attempts" in (procs.tmp / "gateway.log").read_text()  # the details are in the gateway's log
+        assert status == 503 and "unavailable" in text and "127.0.0.1" not in text, (
+            fault,
+            text,
+        )  # no address
+    assert (
+        "after 3 attempts" in (procs.tmp / "gateway.log").read_text()
+    )  # the details are in the gateway's log
     assert out["healthz_failed"] == 0 and out["back"] == 200

@@ -32,7 +32,9 @@ from tests.gateway.conftest import serve
 from tests.gateway.stack import read_engine_info
 
 ADMIN = "fuzz-admin"
-EXAMPLES = int(os.environ.get("AGL_FUZZ_EXAMPLES", "25"))  # per operation: about 450 requests in all
+EXAMPLES = int(
+    os.environ.get("AGL_FUZZ_EXAMPLES", "25")
+)  # per operation: about 450 requests in all
 BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/chat/completions"): wire.ChatRequest,
     ("post", "/v1/completions"): wire.CompletionRequest,
@@ -53,12 +55,18 @@ def with_bodies(schema: dict) -> dict:
     for (method, path), model in BODIES.items():
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
-        schema["paths"][path][method]["requestBody"] = {"content": {"application/json": {"schema": body}}}
+        schema["paths"][path][method]["requestBody"] = {
+            "content": {"application/json": {"schema": body}}
+        }
     return schema
 
 
-@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def gateway(request: pytest.FixtureRequest, tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+)
+def gateway(
+    request: pytest.FixtureRequest, tiny_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     if request.param == "sqlite":
         db = iter([f"sqlite:///{tmp_path_factory.mktemp('fuzz') / 'fuzz.db'}"])
     else:
@@ -70,12 +78,16 @@ def gateway(request: pytest.FixtureRequest, tiny_path: Path, tmp_path_factory: p
             yield url
 
 
-def fuzz(operation: Any, url: str, token: str, rollout_id: str, statuses: Counter[int]) -> list[str]:
+def fuzz(
+    operation: Any, url: str, token: str, rollout_id: str, statuses: Counter[int]
+) -> list[str]:
     """`EXAMPLES` generated requests to one operation; the ones answered with a 5xx."""
     failures: list[str] = []
     count = iter(range(10**6))
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(case=operation.as_strategy())
     def run(case: Any) -> None:
         if "rollout_id" in (case.path_parameters or {}) and next(count) % 2:
@@ -83,7 +95,9 @@ def fuzz(operation: Any, url: str, token: str, rollout_id: str, statuses: Counte
         response = case.call(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         statuses[response.status_code] += 1
         if response.status_code >= 500:
-            failures.append(f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}")
+            failures.append(
+                f"{case.method} {case.formatted_path}: {response.status_code} {response.text[:300]}"
+            )
 
     run()
     return failures
@@ -91,7 +105,9 @@ def fuzz(operation: Any, url: str, token: str, rollout_id: str, statuses: Counte
 
 def test_no_input_earns_a_5xx(gateway: str) -> None:
     url, admin = gateway, {"Authorization": f"Bearer {ADMIN}"}
-    schema = schemathesis.openapi.from_dict(with_bodies(httpx.get(url + "/openapi.json", timeout=60).json()))
+    schema = schemathesis.openapi.from_dict(
+        with_bodies(httpx.get(url + "/openapi.json", timeout=60).json())
+    )
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 19  # every route of the gateway
     failures: list[str] = []
@@ -104,4 +120,6 @@ def test_no_input_earns_a_5xx(gateway: str) -> None:
         token = rollout["agent_token"] if operation.path.startswith("/v1") else ADMIN
         failures += fuzz(operation, url, token, rollout["id"], statuses)
     assert not failures, failures[:5]
-    assert statuses[200] and statuses[400] and statuses[404], statuses  # it reached past the parsing too
+    assert statuses[200] and statuses[400] and statuses[404], (
+        statuses
+    )  # it reached past the parsing too

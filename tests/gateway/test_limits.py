@@ -31,7 +31,9 @@ HEAD_TIMEOUT_S = 1.0
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     env = {"AGL_GATEWAY_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S), "AGL_GATEWAY_MAX_HEAD_BYTES": "8192"}
-    with soak.running(tmp_path_factory.mktemp("limits"), env | {"AGL_GATEWAY_MAX_CONNECTIONS": "20"}) as s:
+    with soak.running(
+        tmp_path_factory.mktemp("limits"), env | {"AGL_GATEWAY_MAX_CONNECTIONS": "20"}
+    ) as s:
         host, port = s.url.removeprefix("http://").split(":")
         yield host, int(port)
 
@@ -64,11 +66,15 @@ def test_a_request_head_over_the_limit_is_refused(gateway: tuple[str, int]):
     """A 1 MB header was accepted and held in memory; now a head over `max_head_bytes` is a 400 and the
     connection closes before the rest is read. A head under it (4 KB of headers) is served."""
     with socket.create_connection(gateway, timeout=10) as conn:
-        assert exchange(conn, HEALTHZ + b"x-pad: " + b"p" * 4096 + b"\r\n\r\n").startswith(b"HTTP/1.1 200")
+        assert exchange(conn, HEALTHZ + b"x-pad: " + b"p" * 4096 + b"\r\n\r\n").startswith(
+            b"HTTP/1.1 200"
+        )
     with socket.create_connection(gateway, timeout=10) as conn:
         try:
             reply = exchange(conn, HEALTHZ + b"x-pad: " + b"p" * 1_000_000 + b"\r\n\r\n")
-        except ConnectionResetError:  # it closed while the rest was still being sent: refused all the same
+        except (
+            ConnectionResetError
+        ):  # it closed while the rest was still being sent: refused all the same
             reply = b"HTTP/1.1 400"
         assert reply.startswith(b"HTTP/1.1 400") and closed_within(conn, 5)
 
@@ -107,7 +113,9 @@ def test_connections_past_the_cap_get_503_until_some_close(gateway: tuple[str, i
         assert exchange(conn, HEALTHZ + b"\r\n").startswith(b"HTTP/1.1 200")
 
 
-def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(tiny_path: Path, tmp_path: Path):
+def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
+    tiny_path: Path, tmp_path: Path
+):
     """One call stored a 25 MB request and a 30 MB event was accepted; now the bodies a rollout's tokens send
     count against `rollout_max_bytes`, and past it a call or event is a 413 in the client's own format, stores
     nothing, and is counted in /metrics. The admin's events are not counted. After a restart the count starts
@@ -118,31 +126,61 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(tiny_p
         r, other = s.rollout(), s.rollout()
         oa = openai.OpenAI(base_url=s.url + "/v1", api_key=r["agent_token"], max_retries=0)
         for _ in range(5):  # about 20 KB of the 30 KB
-            oa.chat.completions.create(model="m", messages=[{"role": "user", "content": pad}], max_tokens=1)
+            oa.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": pad}], max_tokens=1
+            )
         with pytest.raises(openai.APIStatusError) as refused:
-            oa.chat.completions.create(model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1)
-        assert refused.value.status_code == 413 and "storage budget of 30000" in refused.value.message
+            oa.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1
+            )
+        assert (
+            refused.value.status_code == 413 and "storage budget of 30000" in refused.value.message
+        )
         ant = anthropic.Anthropic(base_url=s.url, api_key=r["agent_token"], max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as refused_too:
-            ant.messages.create(model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1)
-        assert refused_too.value.status_code == 413 and refused_too.value.body["error"]["type"] == "request_too_large"
+            ant.messages.create(
+                model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1
+            )
+        assert (
+            refused_too.value.status_code == 413
+            and refused_too.value.body["error"]["type"] == "request_too_large"
+        )
         token = {"Authorization": f"Bearer {r['agent_token']}"}
         event = {"kind": "note", "data": {"x": pad * 3}}
-        assert httpx.post(f"{s.url}/api/rollouts/{r['id']}/events", headers=token, json=event).status_code == 413
-        assert s.admin.post(f"/api/rollouts/{r['id']}/events", json=event).status_code == 200  # not counted
+        assert (
+            httpx.post(
+                f"{s.url}/api/rollouts/{r['id']}/events", headers=token, json=event
+            ).status_code
+            == 413
+        )
+        assert (
+            s.admin.post(f"/api/rollouts/{r['id']}/events", json=event).status_code == 200
+        )  # not counted
         assert len(s.store.calls_for([r["id"]])[r["id"]]) == 5
-        assert not [e for e in s.store.events(r["id"]) if e.kind == "note" and e.data != event["data"]]
-        oa_other = openai.OpenAI(base_url=s.url + "/v1", api_key=other["agent_token"], max_retries=0)
-        oa_other.chat.completions.create(model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1)
+        assert not [
+            e for e in s.store.events(r["id"]) if e.kind == "note" and e.data != event["data"]
+        ]
+        oa_other = openai.OpenAI(
+            base_url=s.url + "/v1", api_key=other["agent_token"], max_retries=0
+        )
+        oa_other.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1
+        )
         metrics = httpx.get(s.url + "/metrics").text
         assert "agl_over_budget_total 3.0" in metrics
-    with stack(tiny_path, tmp_path, rollout_max_bytes=50_000) as s:  # a restart, on the same database
+    with stack(
+        tiny_path, tmp_path, rollout_max_bytes=50_000
+    ) as s:  # a restart, on the same database
         oa = openai.OpenAI(base_url=s.url + "/v1", api_key=r["agent_token"], max_retries=0)
         seed = s.store.stored_bytes(r["id"])
         assert 16_000 < seed < 18_000
         with pytest.raises(openai.APIStatusError, match=f"has sent {seed} bytes"):
-            oa.chat.completions.create(model="m", messages=[{"role": "user", "content": pad * 9}], max_tokens=1)
-        oa.chat.completions.create(model="m", messages=USER, max_tokens=1)  # what is left still serves
+            oa.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": pad * 9}], max_tokens=1
+            )
+        oa.chat.completions.create(
+            model="m", messages=USER, max_tokens=1
+        )  # what is left still serves
 
 
 def test_the_engine_key_keeps_everyone_but_its_clients_out(
@@ -156,7 +194,12 @@ def test_the_engine_key_keeps_everyone_but_its_clients_out(
         with serve(engine_app(engine, api_key="engine-secret")) as url:
             generate = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
             assert httpx.post(url + "/generate", json=generate).status_code == 401
-            assert httpx.get(url + "/model_info", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert (
+                httpx.get(
+                    url + "/model_info", headers={"Authorization": "Bearer wrong"}
+                ).status_code
+                == 401
+            )
             assert httpx.get(url + "/health").status_code == 200
             monkeypatch.setenv("AGL_ENGINE_API_KEY", "engine-secret")
             with engine_http(10) as http:

@@ -73,7 +73,9 @@ def test_mini_swe_agent_runs_to_submitted(tiny_path: Path, tmp_path: Path, confi
         ]
         done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=240)
         assert traj.exists(), done.stdout[-3000:] + done.stderr[-3000:]
-        assert json.loads(traj.read_text())["info"]["exit_status"] == "Submitted", done.stdout[-3000:]
+        assert json.loads(traj.read_text())["info"]["exit_status"] == "Submitted", done.stdout[
+            -3000:
+        ]
         assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
         calls = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
         assert len(calls) == 3
@@ -83,4 +85,6 @@ def test_mini_swe_agent_runs_to_submitted(tiny_path: Path, tmp_path: Path, confi
             assert decoded.removesuffix("<|im_end|>") == text
             assert call["response"]["text"] == text
         kinds = s.admin.get("/metrics").text
-        assert 'agl_prefix_total{kind="extended"} 2.0' in kinds, [c for c in kinds.splitlines() if "prefix" in c]
+        assert 'agl_prefix_total{kind="extended"} 2.0' in kinds, [
+            c for c in kinds.splitlines() if "prefix" in c
+        ]

@@ -71,7 +71,9 @@ def test_tokens_expire(s: Stack):
         reply = chat(s, token)
         assert reply.status_code == 401 and "expired" in reply.json()["error"]["message"]
         reward = httpx.post(
-            f"{s.url}/api/rollouts/{old.rollout.id}/reward", headers={"x-api-key": token}, json={"reward": 1}
+            f"{s.url}/api/rollouts/{old.rollout.id}/reward",
+            headers={"x-api-key": token},
+            json={"reward": 1},
         )
         assert reward.status_code == 401
     moved = str(int(time.time()) + 3600) + "." + old.agent_token.split(".", 1)[1]
@@ -83,7 +85,12 @@ def test_malformed_credentials_are_refused_not_a_server_error(s: Stack):
     """Non-ASCII keys (hmac.compare_digest takes only ASCII str) and expiry parts `int()` cannot read
     (`²` is a digit to Python; 5,000 digits exceed its limit) used to be 500s, with a traceback logged."""
     rid = s.rollout()["id"]
-    keys = ["ü".encode("latin-1"), "².abc".encode(), ("9" * 5000 + ".abc").encode(), "ab\u00ffc".encode("latin-1")]
+    keys = [
+        "ü".encode("latin-1"),
+        "².abc".encode(),
+        ("9" * 5000 + ".abc").encode(),
+        "ab\u00ffc".encode("latin-1"),
+    ]
     for key in keys:
         for header in (b"Authorization", b"x-api-key"):
             value = b"Bearer " + key if header == b"Authorization" else key
@@ -93,12 +100,23 @@ def test_malformed_credentials_are_refused_not_a_server_error(s: Stack):
                 ("POST", f"/api/rollouts/{rid}/reward"),
             ]:
                 reply = httpx.request(
-                    method, s.url + path, headers={header: value}, json={"reward": 1, "messages": USER}
+                    method,
+                    s.url + path,
+                    headers={header: value},
+                    json={"reward": 1, "messages": USER},
                 )
-                assert reply.status_code in (401, 403), (key[:20], header, path, reply.status_code, reply.text[:200])
+                assert reply.status_code in (401, 403), (
+                    key[:20],
+                    header,
+                    path,
+                    reply.status_code,
+                    reply.text[:200],
+                )
     path_token = httpx.get(s.url + "/r/%C2%B2.x/api/state")
     assert path_token.status_code in (401, 403)
-    assert httpx.get(s.url + "/api/rollouts?limit=abc").status_code == 401  # credentials before validation
+    assert (
+        httpx.get(s.url + "/api/rollouts?limit=abc").status_code == 401
+    )  # credentials before validation
     assert s.admin.get(f"/api/rollouts/{rid}").json()["reward"] is None
 
 
@@ -107,14 +125,18 @@ def test_a_refused_token_writes_nothing(s: Stack):
     `error` event each (300 requests, 300 events)."""
     made = s.rollout(grader=True)
     assert chat(s, made["agent_token"]).status_code == 200
-    s.admin.post(f"/api/rollouts/{made['id']}/status", json={"status": "cancelled"}).raise_for_status()
+    s.admin.post(
+        f"/api/rollouts/{made['id']}/status", json={"status": "cancelled"}
+    ).raise_for_status()
     before = s.admin.get(f"/api/rollouts/{made['id']}/events").json()
     for token in (made["agent_token"], made["grader_token"]) * 5:
         assert chat(s, token).status_code == 403
     assert s.admin.get(f"/api/rollouts/{made['id']}/events").json() == before
     live = s.rollout(grader=True)
     assert chat(s, live["grader_token"]).status_code == 403
-    assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{live['id']}/events").json()] == ["lifecycle"]
+    assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{live['id']}/events").json()] == [
+        "lifecycle"
+    ]
 
 
 def test_events_that_steer_the_reward_or_forge_agl_s_records_are_reserved(s: Stack):
@@ -123,11 +145,18 @@ def test_events_that_steer_the_reward_or_forge_agl_s_records_are_reserved(s: Sta
 
     def post(rid: str, token: str, kind: str) -> int:
         url = f"{s.url}/api/rollouts/{rid}/events"
-        return httpx.post(url, headers={"Authorization": f"Bearer {token}"}, json={"kind": kind}).status_code
+        return httpx.post(
+            url, headers={"Authorization": f"Bearer {token}"}, json={"kind": kind}
+        ).status_code
 
     graded, plain = s.rollout(grader=True), s.rollout()
-    assert [post(graded["id"], graded["agent_token"], k) for k in ("flag", "swe_patch", "note")] == [403, 403, 200]
-    assert [post(graded["id"], graded["grader_token"], k) for k in ("flag", "swe_patch")] == [200, 200]
+    assert [
+        post(graded["id"], graded["agent_token"], k) for k in ("flag", "swe_patch", "note")
+    ] == [403, 403, 200]
+    assert [post(graded["id"], graded["grader_token"], k) for k in ("flag", "swe_patch")] == [
+        200,
+        200,
+    ]
     assert post(plain["id"], plain["agent_token"], "flag") == 200  # no grader: the harness reports
     for kind in ("lifecycle", "launch", "tokens", "reward", "error", "not_honoured"):
         assert post(graded["id"], graded["grader_token"], kind) == 403
@@ -157,7 +186,9 @@ def test_a_chunked_body_over_the_limit_is_cut_off(s: Stack):
     assert chat(s, r["agent_token"]).status_code == 200  # the gateway serves on
 
 
-def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized(tiny_path: Path, tmp_path: Path):
+def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized(
+    tiny_path: Path, tmp_path: Path
+):
     """No token is longer than the vocabulary's longest entry, so past `context x longest` characters the
     prompt cannot fit: refused without tokenizing (30 MB took 13-22 s and 5 GB). Shorter, it is counted."""
     longest = max(map(len, AutoTokenizer.from_pretrained(tiny_path).get_vocab()))
@@ -171,16 +202,24 @@ def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized(tiny_pat
                 else {"messages": [{"role": "user", "content": "x" * chars}]}
             )
             reply = httpx.post(
-                f"{small.url}/v1/{api}", headers={"Authorization": f"Bearer {r['agent_token']}"}, json=body
+                f"{small.url}/v1/{api}",
+                headers={"Authorization": f"Bearer {r['agent_token']}"},
+                json=body,
             )
             assert reply.status_code == 400
             return reply.json()["error"]
 
         for api in ("chat/completions", "completions"):
             refused = ask(256 * longest + 1, api)
-            assert refused["code"] == "context_length_exceeded" and "characters" in refused["message"]
-        counted = ask(256 * longest // 2)  # fits the character bound: tokenized, then over the context
-        assert counted["code"] == "context_length_exceeded" and "characters" not in counted["message"]
+            assert (
+                refused["code"] == "context_length_exceeded" and "characters" in refused["message"]
+            )
+        counted = ask(
+            256 * longest // 2
+        )  # fits the character bound: tokenized, then over the context
+        assert (
+            counted["code"] == "context_length_exceeded" and "characters" not in counted["message"]
+        )
 
 
 def test_long_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pytest.MonkeyPatch):
@@ -202,7 +241,10 @@ def test_long_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pyt
     long = [{"role": "user", "content": "word " * (INLINE_CHARS // 5)}]
     headers = {"Authorization": f"Bearer {token}"}
     reply = httpx.post(
-        s.url + "/v1/chat/completions", headers=headers, json={"messages": long, "max_tokens": 2}, timeout=60
+        s.url + "/v1/chat/completions",
+        headers=headers,
+        json={"messages": long, "max_tokens": 2},
+        timeout=60,
     )
     assert reply.status_code == 200 and on_loop == [True, False]
 
@@ -212,14 +254,22 @@ def test_deep_json_is_refused_before_sampling(s: Stack):
     were sampled, then could not be stored with the call. Both are a 400 now, and nothing is recorded."""
     r = s.rollout()
     for depth in (2_000, 1_000, 65):
-        raw = '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "extra": ' + "[" * depth
+        raw = (
+            '{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "extra": '
+            + "[" * depth
+        )
         reply = httpx.post(
             s.url + "/v1/chat/completions",
-            headers={"Authorization": f"Bearer {r['agent_token']}", "content-type": "application/json"},
+            headers={
+                "Authorization": f"Bearer {r['agent_token']}",
+                "content-type": "application/json",
+            },
             content=raw + "]" * depth + "}",
         )
         message = reply.json()["error"]["message"]
-        assert reply.status_code == 400 and ("not valid JSON" in message or "deeper than 64" in message), message
+        assert reply.status_code == 400 and (
+            "not valid JSON" in message or "deeper than 64" in message
+        ), message
     assert s.admin.get(f"/api/rollouts/{r['id']}/calls").json() == []
     assert chat(s, r["agent_token"]).status_code == 200  # a body of ordinary depth is served
 
@@ -238,9 +288,13 @@ def test_agent_names_are_bounded_in_the_store_and_in_metrics(s: Stack):
     assert [call(f"agent-{i}") for i in range(120)] == [200] * 120
     metrics = httpx.get(s.url + "/metrics").text
     labels = {
-        line.split('agent="')[1].split('"')[0] for line in metrics.splitlines() if line.startswith("agl_calls_total")
+        line.split('agent="')[1].split('"')[0]
+        for line in metrics.splitlines()
+        if line.startswith("agl_calls_total")
     }
-    assert len(labels) == MAX_LABELS + 1 and "other" in labels and "\x00" not in metrics  # the cap, and other
+    assert (
+        len(labels) == MAX_LABELS + 1 and "other" in labels and "\x00" not in metrics
+    )  # the cap, and other
 
 
 def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
@@ -253,17 +307,31 @@ def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
         s.admin.get("/api/rollouts", params={"group": "g\x00"}),
         s.admin.get(f"/api/rollouts/{r['id']}%00"),
         s.admin.post("/api/models", json={"version": 1, "path": "/ckpt\x00"}),
-        s.admin.post(f"/api/rollouts/{r['id']}/status", json={"status": "running", "reason": "x\x00"}),
+        s.admin.post(
+            f"/api/rollouts/{r['id']}/status", json={"status": "running", "reason": "x\x00"}
+        ),
         httpx.post(f"{s.url}/api/rollouts/{r['id']}/events", headers=agent, json={"kind": "k\x00"}),
     ]
-    assert s.admin.get(f"/api/rollouts/{r['id']}").json()["status"] == "queued"  # the status was not set
-    replies.append(httpx.post(f"{s.url}/v1/chat/completions", headers=agent, json={"model": "m\x00", "messages": USER}))
-    assert [reply.status_code for reply in replies] == [400] * len(replies), [reply.text for reply in replies]
+    assert (
+        s.admin.get(f"/api/rollouts/{r['id']}").json()["status"] == "queued"
+    )  # the status was not set
+    replies.append(
+        httpx.post(
+            f"{s.url}/v1/chat/completions", headers=agent, json={"model": "m\x00", "messages": USER}
+        )
+    )
+    assert [reply.status_code for reply in replies] == [400] * len(replies), [
+        reply.text for reply in replies
+    ]
     assert s.admin.get("/api/state").json()["latest_model"] is None
-    assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{r['id']}/events").json()] == ["lifecycle"] * 2 + ["error"]
+    assert [e["kind"] for e in s.admin.get(f"/api/rollouts/{r['id']}/events").json()] == [
+        "lifecycle"
+    ] * 2 + ["error"]
 
 
-def test_an_unexpected_error_is_a_500_that_keeps_the_connection(s: Stack, monkeypatch: pytest.MonkeyPatch):
+def test_an_unexpected_error_is_a_500_that_keeps_the_connection(
+    s: Stack, monkeypatch: pytest.MonkeyPatch
+):
     """A bug answers 500 with no details, and the harness's kept-alive connection serves its next request.
     Any exception: a library's own error class, not only the builtin ones."""
 
@@ -289,5 +357,8 @@ def test_an_unexpected_error_is_a_500_that_keeps_the_connection(s: Stack, monkey
             while len(body) < length:
                 body += conn.recv(65536)
             replies.append((head.split(b" ")[1], json.loads(body)))
-    assert [status for status, _ in replies] == [b"500", b"500"]  # the second on the same connection
+    assert [status for status, _ in replies] == [
+        b"500",
+        b"500",
+    ]  # the second on the same connection
     assert "a bug" not in str(replies) and replies[0][1]["error"]["message"] == "internal error"

@@ -22,10 +22,16 @@ def generate_bodies(sglang: SglangStandIn) -> list[dict]:
 
 
 def events(s: Stack, rollout_id: str, kind: str) -> list[dict]:
-    return [e["data"] for e in s.admin.get(f"/api/rollouts/{rollout_id}/events").json() if e["kind"] == kind]
+    return [
+        e["data"]
+        for e in s.admin.get(f"/api/rollouts/{rollout_id}/events").json()
+        if e["kind"] == kind
+    ]
 
 
-def test_the_gateway_starts_and_records_what_sglang_sampled(tiny_path: Path, tmp_path: Path) -> None:
+def test_the_gateway_starts_and_records_what_sglang_sampled(
+    tiny_path: Path, tmp_path: Path
+) -> None:
     """`/server_info` answers 500 on verl's servers: the gateway reads the context from `/v1/models`."""
     sglang = SglangStandIn(tiny_path, ["Hi there."], context_len=1024)
     with sglang_stack(sglang, tmp_path) as s:
@@ -40,20 +46,28 @@ def test_the_gateway_starts_and_records_what_sglang_sampled(tiny_path: Path, tmp
     (sent,) = generate_bodies(sglang)
     assert call["prompt_ids"] == sent["input_ids"]
     assert call["response_ids"][-1] == sglang.end_id  # the matched stop token is in output_ids
-    assert call["logprobs"] == pytest.approx([fake_logprob(i) for i in range(len(call["response_ids"]))])
+    assert call["logprobs"] == pytest.approx(
+        [fake_logprob(i) for i in range(len(call["response_ids"]))]
+    )
 
 
-def test_top_k_0_is_sent_as_minus_1_from_the_harness_and_from_the_rollout(tiny_path: Path, tmp_path: Path) -> None:
+def test_top_k_0_is_sent_as_minus_1_from_the_harness_and_from_the_rollout(
+    tiny_path: Path, tmp_path: Path
+) -> None:
     """sglang refuses top_k 0 (sampling/sampling_params.py); OpenAI-style APIs mean "no top-k" by it."""
     sglang = SglangStandIn(tiny_path, ["one", "two"])
     with sglang_stack(sglang, tmp_path) as s:
         for r, extra in ((s.rollout(), {"top_k": 0}), (s.rollout(sampling={"top_k": 0}), {})):
             client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
-            client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, extra_body=extra)
+            client.chat.completions.create(
+                model="m", messages=MESSAGES, max_tokens=8, extra_body=extra
+            )
     assert [b["sampling_params"]["top_k"] for b in generate_bodies(sglang)] == [-1, -1]
 
 
-def test_a_seed_is_not_sent_to_sglang_and_is_named_not_honoured(tiny_path: Path, tmp_path: Path) -> None:
+def test_a_seed_is_not_sent_to_sglang_and_is_named_not_honoured(
+    tiny_path: Path, tmp_path: Path
+) -> None:
     """sglang uses `sampling_seed` only in deterministic mode (sampling/sampling_batch_info.py), where the
     flashinfer sampler asserts on it (layers/sampler.py); the embedded engine honours it."""
     sglang = SglangStandIn(tiny_path, ["one", "two"])
@@ -68,7 +82,9 @@ def test_a_seed_is_not_sent_to_sglang_and_is_named_not_honoured(tiny_path: Path,
 
     sglang = SglangStandIn(tiny_path, ["one"])
     (tmp_path / "honoured").mkdir()
-    with sglang_stack(sglang, tmp_path / "honoured", seed_honoured=True) as s:  # deterministic sglang
+    with sglang_stack(
+        sglang, tmp_path / "honoured", seed_honoured=True
+    ) as s:  # deterministic sglang
         r = s.rollout()
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, seed=7)
@@ -86,7 +102,9 @@ def test_the_embedded_engine_honours_a_seed(tiny_path: Path, tmp_path: Path) -> 
     assert first.choices[0].message.content == again.choices[0].message.content
 
 
-def test_an_aborted_generation_is_a_retryable_503_and_is_not_recorded(tiny_path: Path, tmp_path: Path) -> None:
+def test_an_aborted_generation_is_a_retryable_503_and_is_not_recorded(
+    tiny_path: Path, tmp_path: Path
+) -> None:
     """sglang answers an abort with 200, `finish_reason {"type": "abort"}` and the partial output
     (managers/tokenizer_manager.py): recording it would train on a reply that never ended."""
     sglang = SglangStandIn(tiny_path, [Reply("cut short here", abort_after=2), "Whole."])

@@ -12,7 +12,11 @@ USER = [{"role": "user", "content": "x"}]
 FN = {"type": "function", "name": "exec", "parameters": {"type": "object"}}
 
 
-def parsed(schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest], switch: bool, **body):
+def parsed(
+    schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest],
+    switch: bool,
+    **body,
+):
     _, tools, params = schema.model_validate(body).parse(switch)
     return [t["function"]["name"] for t in tools], params.template, params.not_honoured
 
@@ -26,18 +30,48 @@ CHAT, RESPONSES, ANTHROPIC = wire.ChatRequest, wire.ResponsesRequest, wire.Anthr
     [
         (CHAT, {}, True, {}, []),
         (CHAT, {"chat_template_kwargs": OFF}, False, OFF, []),  # passed as given, as vLLM does
-        (CHAT, {"tool_choice": "required", "reasoning_effort": "low"}, True, {}, ["tool_choice", "reasoning_effort"]),
-        (CHAT, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, True, {}, ["tool_choice"]),
+        (
+            CHAT,
+            {"tool_choice": "required", "reasoning_effort": "low"},
+            True,
+            {},
+            ["tool_choice", "reasoning_effort"],
+        ),
+        (
+            CHAT,
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            True,
+            {},
+            ["tool_choice"],
+        ),
         (CHAT, {"response_format": {"type": "json_object"}}, True, {}, ["response_format"]),
         (CHAT, {"response_format": {"type": "text"}, "tool_choice": "auto"}, True, {}, []),
-        (ANTHROPIC, {"thinking": {"type": "enabled", "budget_tokens": 1024}}, True, ON, ["thinking.budget_tokens"]),
+        (
+            ANTHROPIC,
+            {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+            True,
+            ON,
+            ["thinking.budget_tokens"],
+        ),
         (ANTHROPIC, {"thinking": {"type": "adaptive"}}, True, ON, []),
         (ANTHROPIC, {"thinking": {"type": "disabled"}}, True, OFF, []),
-        (ANTHROPIC, {"thinking": {"type": "disabled"}}, False, {}, ["thinking"]),  # no switch in the template
+        (
+            ANTHROPIC,
+            {"thinking": {"type": "disabled"}},
+            False,
+            {},
+            ["thinking"],
+        ),  # no switch in the template
         (ANTHROPIC, {"thinking": {"type": "sometimes"}}, True, {}, ["thinking"]),
         (ANTHROPIC, {"tool_choice": {"type": "any"}}, True, {}, ["tool_choice"]),
         (ANTHROPIC, {"tool_choice": {"type": "auto"}}, True, {}, []),
-        (RESPONSES, {"reasoning": {"effort": "high", "summary": "auto"}}, True, ON, ["reasoning.effort"]),
+        (
+            RESPONSES,
+            {"reasoning": {"effort": "high", "summary": "auto"}},
+            True,
+            ON,
+            ["reasoning.effort"],
+        ),
         (RESPONSES, {"reasoning": {"effort": "minimal"}}, True, OFF, ["reasoning.effort"]),
         (RESPONSES, {"reasoning": {"effort": "none"}}, True, OFF, []),
         (RESPONSES, {"reasoning": {}}, True, ON, []),
@@ -58,25 +92,47 @@ def test_thinking_maps_onto_the_template_switch_and_what_no_prompt_shows_is_name
 ):
     """`thinking` and `reasoning` turn the template's `enable_thinking` on or off where it has that switch
     (effort "none" and "minimal": off); a budget or an effort level has none."""
-    base = {CHAT: {"messages": USER}, ANTHROPIC: {"messages": USER, "max_tokens": 8}, RESPONSES: {"input": "x"}}
+    base = {
+        CHAT: {"messages": USER},
+        ANTHROPIC: {"messages": USER, "max_tokens": 8},
+        RESPONSES: {"input": "x"},
+    }
     _, got_template, got = parsed(schema, switch, **base[schema], **body)
     assert (got_template, got) == (template, not_honoured)
 
 
 def test_codex_namespace_tools_are_functions_under_their_own_names_and_built_in_tools_are_named():
-    namespace = {"type": "namespace", "name": "shell", "description": "run things", "tools": [FN, FN | {"name": "b"}]}
-    tools = [namespace, {"type": "web_search"}, FN | {"name": "plain"}, {"type": "custom", "name": "apply_patch"}]
+    namespace = {
+        "type": "namespace",
+        "name": "shell",
+        "description": "run things",
+        "tools": [FN, FN | {"name": "b"}],
+    }
+    tools = [
+        namespace,
+        {"type": "web_search"},
+        FN | {"name": "plain"},
+        {"type": "custom", "name": "apply_patch"},
+    ]
     names, _, named = parsed(wire.ResponsesRequest, True, input="x", tools=tools)
     assert names == ["exec", "b", "plain"] and named == ["tools.web_search", "tools.custom"]
     assert parsed(wire.ResponsesRequest, True, input="x", tools=tools, tool_choice="none")[0] == []
-    for bad in ([{"type": "namespace", "tools": "exec"}], [{"name": "untyped"}], [{"type": "namespace", "tools": [1]}]):
+    for bad in (
+        [{"type": "namespace", "tools": "exec"}],
+        [{"name": "untyped"}],
+        [{"type": "namespace", "tools": [1]}],
+    ):
         with pytest.raises(RenderError):
             parsed(wire.ResponsesRequest, True, input="x", tools=bad)
 
 
 def test_anthropic_server_tools_are_named_and_tool_choice_none_drops_the_tools():
     bash = {"name": "bash", "input_schema": {"type": "object"}}
-    tools = [bash, {"type": "custom", **bash, "name": "b2"}, {"type": "web_search_20250305", "name": "web_search"}]
+    tools = [
+        bash,
+        {"type": "custom", **bash, "name": "b2"},
+        {"type": "web_search_20250305", "name": "web_search"},
+    ]
     body = {"messages": USER, "max_tokens": 8, "tools": tools}
     names, _, named = parsed(wire.AnthropicRequest, True, **body)
     assert names == ["bash", "b2"] and named == ["tools.web_search_20250305"]

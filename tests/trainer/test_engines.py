@@ -21,7 +21,9 @@ from tests.sglang import SglangStandIn
 from trainer.engines import DiskEngine, EngineCallError, set_weight_version
 
 
-def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(
+    tiny_path: Path, tmp_path: Path
+) -> None:  # noqa: F811
     engine = Engine(tiny_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_path)
     try:
@@ -32,7 +34,10 @@ def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(tiny_path: Path, tm
                 disk.push(None, version)  # saved now, under weights/v{version}
                 disk.wake()
                 assert httpx.get(url + "/model_info").json()["weight_version"] == str(version)
-            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2", "v3"]  # the previous one stays
+            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == [
+                "v2",
+                "v3",
+            ]  # the previous one stays
             disk.push(tmp_path / "weights" / "v2", 4)  # a checkpoint's folder: loaded as it is
             disk.wake()
             assert httpx.get(url + "/model_info").json()["model_path"].endswith("v2/model")
@@ -91,6 +96,8 @@ def test_sglangs_weight_version_is_set_after_each_load_and_checked() -> None:
     with serve(sglang_stand_in()) as url, httpx.Client() as client:
         set_weight_version(client, url, 7)
         assert client.get(url + "/model_info").json()["weight_version"] == "7"
-    refused = pytest.raises(EngineCallError, match="reports weight version 'default' after loading 7")
+    refused = pytest.raises(
+        EngineCallError, match="reports weight version 'default' after loading 7"
+    )
     with serve(sglang_stand_in(accept=False)) as url, httpx.Client() as client, refused:
         set_weight_version(client, url, 7)

@@ -91,11 +91,17 @@ def overrides(
     (tmp_path / "marks").mkdir(exist_ok=True)
     marks = str(tmp_path / "marks")
     tasks = [{"q": f"count to {i}", "sleep": sleep, "marks": marks} for i in range(20)]
-    tasks = [t | ({"reward": rewards[i]} if i in (rewards or {}) else {}) for i, t in enumerate(tasks)]
+    tasks = [
+        t | ({"reward": rewards[i]} if i in (rewards or {}) else {}) for i, t in enumerate(tasks)
+    ]
     if own_spec:
-        tasks = [{"task": t | {"flag": True}, "spec": {"harness": {"command": command}}} for t in tasks]
+        tasks = [
+            {"task": t | {"flag": True}, "spec": {"harness": {"command": command}}} for t in tasks
+        ]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    (tmp_path / "val.jsonl").write_text("".join(json.dumps(t | {"marks": marks}) + "\n" for t in val or []))
+    (tmp_path / "val.jsonl").write_text(
+        "".join(json.dumps(t | {"marks": marks}) + "\n" for t in val or [])
+    )
     return [
         *gw.train_overrides(tmp_path / "run"),
         *[
@@ -106,12 +112,22 @@ def overrides(
         *["agl.n=2", "trainer.total_training_steps=3"],
         "agl.temperature=1.0",  # what HARNESS samples at
         *extra,
-        *[f"agl.{k}={v}" for k, v in PINNED.items() if not any(e.startswith(f"agl.{k}=") for e in extra)],
+        *[
+            f"agl.{k}={v}"
+            for k, v in PINNED.items()
+            if not any(e.startswith(f"agl.{k}=") for e in extra)
+        ],
     ]
 
 
 def run_loop(
-    gw: Stack, tmp_path: Path, *extra: str, sleep: float = 0.0, own_spec: bool = False, full: bool = False, **kw: Any
+    gw: Stack,
+    tmp_path: Path,
+    *extra: str,
+    sleep: float = 0.0,
+    own_spec: bool = False,
+    full: bool = False,
+    **kw: Any,
 ) -> list[dict]:
     """The training steps' metrics (with `full`, the whole history: validation and guard entries too)."""
     cfg, agl = load_config(DEMO, overrides(gw, tmp_path, sleep, *extra, own_spec=own_spec, **kw))
@@ -124,14 +140,26 @@ def check_versions(gw: Stack, steps: int) -> None:
     """Each step registered a version, the engine serves the last, and the gateway serves it."""
     assert gw.engine.weight_version == str(steps)
     state = gw.admin.get("/api/state").json()
-    assert state["version"] == steps and state["latest_model"]["version"] == steps and not state["paused"]
+    assert (
+        state["version"] == steps
+        and state["latest_model"]["version"] == steps
+        and not state["paused"]
+    )
 
 
-def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_sync_mode_runs_three_steps_and_serves_each_new_version(
+    tiny_path: Path, tmp_path: Path
+) -> None:  # noqa: F811
     with stack(tiny_path, tmp_path) as gw:
         mb = "actor_rollout_ref.actor.ppo_mini_batch_size=3"  # rollouts: 4 a step, in 2 optimizer steps
         steps = run_loop(
-            gw, tmp_path, "agl.mode=sync", "agl.batch_groups=2", mb, "agl.intermediate_coef=0.5", own_spec=True
+            gw,
+            tmp_path,
+            "agl.mode=sync",
+            "agl.batch_groups=2",
+            mb,
+            "agl.intermediate_coef=0.5",
+            own_spec=True,
         )
         check_versions(gw, 3)
         calls = gw.store.calls_for([r.id for r in gw.store.list_rollouts(limit=100)])
@@ -142,54 +170,91 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(tiny_path: Path,
     # every step's rollouts were served by one version: the one trained in that step
     versions = sorted({c.model_version for cs in calls.values() for c in cs})
     assert versions == [0, 1, 2]
-    assert all(s["adapter/rollouts_trained"] == 4 for s in steps)  # mixed rewards: every group was trained
+    assert all(
+        s["adapter/rollouts_trained"] == 4 for s in steps
+    )  # mixed rewards: every group was trained
     assert all(s["actor/optimizer_steps"] == 2 for s in steps)
-    assert all(s["calls/agent/trained"] == 8 and "calls/agent/untrained" not in s for s in steps)  # 2 calls each
-    assert all(s["adapter/calls_shaped"] == 4 for s in steps)  # each rollout's first call: its penalty is trained
-    assert all(s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps)
+    assert all(
+        s["calls/agent/trained"] == 8 and "calls/agent/untrained" not in s for s in steps
+    )  # 2 calls each
+    assert all(
+        s["adapter/calls_shaped"] == 4 for s in steps
+    )  # each rollout's first call: its penalty is trained
+    assert all(
+        s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps
+    )
     run = tmp_path / "run"
-    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 3 and (run / "latest").read_text() == "step_3"
-    assert (run / "step_3" / "model" / "config.json").is_file() and (run / "step_3" / "actor").is_dir()
+    assert (
+        len((run / "metrics.jsonl").read_text().splitlines()) >= 3
+        and (run / "latest").read_text() == "step_3"
+    )
+    assert (run / "step_3" / "model" / "config.json").is_file() and (
+        run / "step_3" / "actor"
+    ).is_dir()
 
 
-def test_a_step_without_samples_pauses_nothing_and_keeps_the_version(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_step_without_samples_pauses_nothing_and_keeps_the_version(
+    tiny_path: Path, tmp_path: Path
+) -> None:  # noqa: F811
     """A group whose rewards are all equal has nothing to learn from: a step of only such groups
     neither pauses the gateway nor pushes weights, and the version stays (no checkpoint is due)."""
     with stack(tiny_path, tmp_path) as gw:
-        equal = {i: float(i % 2) for i in range(20) if i not in (10, 16)}  # two tasks with mixed rewards
+        equal = {
+            i: float(i % 2) for i in range(20) if i not in (10, 16)
+        }  # two tasks with mixed rewards
         extra = ["agl.mode=sync", "agl.batch_groups=1", "trainer.save_freq=-1"]
         steps = run_loop(gw, tmp_path, *extra, rewards=equal)
         versions = [int(s["version"]) for s in steps]
         check_versions(gw, versions[-1])
     assert len(steps) == 3
     updated = [s["adapter/samples"] > 0 for s in steps]
-    assert versions == list(itertools.accumulate(updated)) and 0 < versions[-1] < 3  # the tasks' order is the seed's
+    assert (
+        versions == list(itertools.accumulate(updated)) and 0 < versions[-1] < 3
+    )  # the tasks' order is the seed's
     assert all(
-        s["timing/paused_s"] == 0 and "timing/update_s" not in s for s, u in zip(steps, updated, strict=True) if not u
+        s["timing/paused_s"] == 0 and "timing/update_s" not in s
+        for s, u in zip(steps, updated, strict=True)
+        if not u
     )
 
 
-def test_async_mode_carries_groups_over_and_drops_stale_rollouts(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_async_mode_carries_groups_over_and_drops_stale_rollouts(
+    tiny_path: Path, tmp_path: Path
+) -> None:  # noqa: F811
     with stack(tiny_path, tmp_path) as gw:
         steps = run_loop(
             gw, tmp_path, "agl.mode=async", "agl.batch_groups=1", "agl.active_groups=4", "agl.max_staleness=0",
             sleep=1.0,
         )  # fmt: skip
-        check_versions(gw, int(steps[-1]["version"]))  # a step of nothing but stale rollouts makes no version
+        check_versions(
+            gw, int(steps[-1]["version"])
+        )  # a step of nothing but stale rollouts makes no version
         left = gw.store.list_rollouts(limit=1000)
-        assert all(r.status.terminal for r in left)  # the groups still running at the end were cancelled
+        assert all(
+            r.status.terminal for r in left
+        )  # the groups still running at the end were cancelled
     assert len(steps) == 3
-    assert sum(s["groups/carried_over"] for s in steps) >= 1  # launched before an update, trained after it
+    assert (
+        sum(s["groups/carried_over"] for s in steps) >= 1
+    )  # launched before an update, trained after it
     assert max(s["staleness/max"] for s in steps) >= 1
-    assert sum(s["adapter/rollouts_dropped_stale"] for s in steps) >= 1  # beyond max_staleness=0: counted
+    assert (
+        sum(s["adapter/rollouts_dropped_stale"] for s in steps) >= 1
+    )  # beyond max_staleness=0: counted
 
 
-def test_a_killed_run_resumes_without_losing_or_repeating_groups(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_killed_run_resumes_without_losing_or_repeating_groups(
+    tiny_path: Path, tmp_path: Path
+) -> None:  # noqa: F811
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "agl.cli", "train", str(DEMO)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     with stack(tiny_path, tmp_path) as gw, controller(gw, tmp_path, None):
-        every_step = ["agl.batch_groups=1", "agl.active_groups=3", "trainer.save_freq=1"]  # a checkpoint per step
+        every_step = [
+            "agl.batch_groups=1",
+            "agl.active_groups=3",
+            "trainer.save_freq=1",
+        ]  # a checkpoint per step
         args = [*argv, *overrides(gw, tmp_path, 0.5, *every_step)]
         with (tmp_path / "first.log").open("wb") as log:
             first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -223,7 +288,12 @@ def test_a_run_killed_after_an_update_it_did_not_checkpoint_resumes_on_a_new_ver
     argv = [sys.executable, "-m", "agl.cli", "train", str(DEMO)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     with stack(tiny_path, tmp_path) as gw, controller(gw, tmp_path, None):
-        extra = ["agl.batch_groups=1", "agl.active_groups=2", "trainer.save_freq=2", "trainer.total_training_steps=4"]
+        extra = [
+            "agl.batch_groups=1",
+            "agl.active_groups=2",
+            "trainer.save_freq=2",
+            "trainer.total_training_steps=4",
+        ]
         args = [*argv, *overrides(gw, tmp_path, 0.0, *extra)]
         with (tmp_path / "first.log").open("wb") as log:
             first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -260,12 +330,24 @@ def test_validation_runs_before_training_every_test_freq_steps_and_at_the_end_ea
     assert len(val_rollouts) == 3 * len(val)
     by_round = {}
     for r in val_rollouts:
-        by_round.setdefault(r.group.split("/")[1], set()).update(c.model_version for c in calls[r.id])
+        by_round.setdefault(r.group.split("/")[1], set()).update(
+            c.model_version for c in calls[r.id]
+        )
     assert by_round == {"val0": {0}, "val2": {2}, "val3": {3}}  # no update while a round was out
-    assert {c.temperature for cs in calls.values() for c in cs} == {0.0}  # greedy, whatever the harness asked
+    assert {c.temperature for cs in calls.values() for c in cs} == {
+        0.0
+    }  # greedy, whatever the harness asked
     steps = [h for h in history if "reward/mean" in h]
-    assert all(s["adapter/calls_temperature_mismatch"] == 0 for s in steps)  # training calls: the harness's 1.0
-    for key in ("actor/entropy", "actor/kl_k3", "actor/grad_norm", "actor/tis_max", "rollout/sampled_entropy"):
+    assert all(
+        s["adapter/calls_temperature_mismatch"] == 0 for s in steps
+    )  # training calls: the harness's 1.0
+    for key in (
+        "actor/entropy",
+        "actor/kl_k3",
+        "actor/grad_norm",
+        "actor/tis_max",
+        "rollout/sampled_entropy",
+    ):
         assert all(key in s for s in steps if "timing/update_s" in s), key
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == history
@@ -280,27 +362,47 @@ def test_the_guard_stops_or_restores_the_best_weights_when_validation_falls(
     """Validation scores 1 before training and 0 after it (each task scores 1 only the first time it runs).
     Its rollouts are slow, so training groups are ready when a round ends: none is trained after a stop."""
     val = [{"q": f"held out {i}", "once": True, "sleep": 1.0} for i in range(2)]
-    extra = ["agl.mode=sync", "trainer.test_freq=1", "agl.guard_drop=0.5", f"agl.guard_action={action}"]
+    extra = [
+        "agl.mode=sync",
+        "trainer.test_freq=1",
+        "agl.guard_drop=0.5",
+        f"agl.guard_action={action}",
+    ]
     with stack(tiny_path, tmp_path) as gw:
-        history = run_loop(gw, tmp_path, *extra, "trainer.total_training_steps=2", val=val, full=True)
+        history = run_loop(
+            gw, tmp_path, *extra, "trainer.total_training_steps=2", val=val, full=True
+        )
         served = {n: p.detach().clone() for n, p in gw.engine.model.named_parameters()}
         models = gw.store.models()
     rounds = [h["val/reward_mean"] for h in history if "val/reward_mean" in h]
     guards = [h for h in history if "guard/step" in h]
     trained = [h for h in history if "reward/mean" in h]
     if action == "stop":
-        assert rounds == [1.0, 0.0] and len(trained) == 1  # stopped at the first fall; no final round
-        assert [(g["guard/step"], g["guard/best"], g["guard/reward"]) for g in guards] == [(1, 1.0, 0.0)]
+        assert (
+            rounds == [1.0, 0.0] and len(trained) == 1
+        )  # stopped at the first fall; no final round
+        assert [(g["guard/step"], g["guard/best"], g["guard/reward"]) for g in guards] == [
+            (1, 1.0, 0.0)
+        ]
         return
-    assert rounds == [1.0, 0.0, 0.0] and len(trained) == 2 and [g["guard/step"] for g in guards] == [1, 2]
+    assert (
+        rounds == [1.0, 0.0, 0.0]
+        and len(trained) == 2
+        and [g["guard/step"] for g in guards] == [1, 2]
+    )
     # each fall restored the weights validated first (the starting ones) as a new version
     assert [m.version for m in models] == [0, 1, 2, 3, 4] and models[2].path.endswith("best")
     start = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
     assert all(torch.equal(served[n], p) for n, p in start.named_parameters())
 
 
-def test_a_temperature_no_call_was_sampled_at_fails_naming_the_field(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
-    with stack(tiny_path, tmp_path) as gw, pytest.raises(ConfigError, match=r"agl.temperature=0.5 .*sampled at 1.0"):
+def test_a_temperature_no_call_was_sampled_at_fails_naming_the_field(
+    tiny_path: Path, tmp_path: Path
+) -> None:  # noqa: F811
+    with (
+        stack(tiny_path, tmp_path) as gw,
+        pytest.raises(ConfigError, match=r"agl.temperature=0.5 .*sampled at 1.0"),
+    ):
         run_loop(gw, tmp_path, "agl.mode=sync", "agl.temperature=0.5")
 
 
@@ -326,7 +428,9 @@ def restore(gw: Stack, tmp_path: Path, backend: DiskBackend) -> None:
     from trainer.loop import Trainer
 
     (tmp_path / "tasks.jsonl").write_text('{"q": "count"}\n')
-    cfg, agl = load_config(DEMO, [*gw.train_overrides(tmp_path / "run"), f"agl.tasks={tmp_path / 'tasks.jsonl'}"])
+    cfg, agl = load_config(
+        DEMO, [*gw.train_overrides(tmp_path / "run"), f"agl.tasks={tmp_path / 'tasks.jsonl'}"]
+    )
 
     async def run() -> None:
         async with GatewayClient(gw.url, ADMIN) as client:
@@ -361,21 +465,39 @@ def test_a_restart_without_a_checkpoint_serves_the_trainers_weights_as_a_new_ver
         restore(gw, tmp_path, DiskBackend(gw.engine_url, tiny_path, tmp_path / "run" / "weights"))
         info = httpx.get(gw.engine_url + "/model_info").json()
         state = gw.admin.get("/api/state").json()
-    assert info["weight_version"] == "4" and state["version"] == 4 and state["latest_model"]["version"] == 4
+    assert (
+        info["weight_version"] == "4"
+        and state["version"] == 4
+        and state["latest_model"]["version"] == 4
+    )
     assert info["model_path"] == str(tmp_path / "run" / "weights" / "v4" / "model")
 
 
-def test_a_checkpoint_is_loaded_only_once_the_engine_sleeps(tiny_path: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_checkpoint_is_loaded_only_once_the_engine_sleeps(
+    tiny_path: Path, tmp_path: Path
+) -> None:  # noqa: F811
     """On GPUs, sglang holds its share of the memory until it sleeps: loading before would not fit."""
     with stack(tiny_path, tmp_path) as gw:
         gw.admin.post("/api/models", json={"version": 2}).raise_for_status()
         checkpoint = tmp_path / "run" / "step_2"
         perturbed(tiny_path, checkpoint / "model")
-        state = {"step": 2, "version": 2, "cursor": 0, "history": [], "trained": [], "best": None, "groups": []}
+        state = {
+            "step": 2,
+            "version": 2,
+            "cursor": 0,
+            "history": [],
+            "trained": [],
+            "best": None,
+            "groups": [],
+        }
         (checkpoint / "state.json").write_text(json.dumps(state))
         (tmp_path / "run" / "latest").write_text("step_2")
         backend = DiskBackend(gw.engine_url, tiny_path, tmp_path / "run" / "weights")
         restore(gw, tmp_path, backend)
         info = httpx.get(gw.engine_url + "/model_info").json()
     assert backend.released_at_load == [True]
-    assert info["weight_version"] == "2" and info["model_path"] == str(checkpoint / "model") and not info["released"]
+    assert (
+        info["weight_version"] == "2"
+        and info["model_path"] == str(checkpoint / "model")
+        and not info["released"]
+    )

@@ -8,4 +8,6 @@ down_revision = "0002"
 
 
 def upgrade() -> None:
-    op.add_column("calls", sa.Column("base", sa.JSON, nullable=True))  # NULL: stored whole, as before 0003
+    op.add_column(
+        "calls", sa.Column("base", sa.JSON, nullable=True)
+    )  # NULL: stored whole, as before 0003

@@ -46,7 +46,9 @@ def toy(tmp_path: Path) -> tuple[Path, Task]:
     record = json.loads((HERE / "toy" / "task.json").read_text())
     source = tmp_path / "source"
     shutil.copytree(HERE / "toy", source, ignore=shutil.ignore_patterns("task.json", "__pycache__"))
-    run = lambda *argv, **kw: subprocess.run([*GIT, *argv], cwd=source, check=True, capture_output=True, **kw)  # noqa: E731
+    run = lambda *argv, **kw: subprocess.run(
+        [*GIT, *argv], cwd=source, check=True, capture_output=True, **kw
+    )  # noqa: E731
     run("init", "-q")
     run("add", "-A")
     run("commit", "-q", "-m", "original")
@@ -67,7 +69,9 @@ def local_settings(source: Path, **fields: Any) -> SpecSettings:
     return SpecSettings(**(defaults | fields))
 
 
-def create(s: Stack, tasks: list[Task], settings: SpecSettings, k: int = 1, prefix: str = "swe-") -> list[str]:
+def create(
+    s: Stack, tasks: list[Task], settings: SpecSettings, k: int = 1, prefix: str = "swe-"
+) -> list[str]:
     async def go() -> list[str]:
         async with GatewayClient(s.url, ADMIN) as gw:
             return await create_rollouts(gw, tasks, settings, k=k, prefix=prefix, mode="train")
@@ -77,7 +81,11 @@ def create(s: Stack, tasks: list[Task], settings: SpecSettings, k: int = 1, pref
 
 @contextmanager
 def recipe_stack(
-    tiny: Path, tmp_path: Path, script: list[str], runner: Launcher | None = None, **controller_fields: Any
+    tiny: Path,
+    tmp_path: Path,
+    script: list[str],
+    runner: Launcher | None = None,
+    **controller_fields: Any,
 ) -> Iterator[Stack]:
     """Engine (scripted), gateway and a controller (default: local processes), one run at a time."""
     with (
@@ -93,4 +101,6 @@ def run_one(s: Stack, task: Task, settings: SpecSettings, timeout: float = 180) 
 
 
 def events(s: Stack, rid: str, kind: str) -> list[dict]:
-    return [e["data"] for e in s.admin.get(f"/api/rollouts/{rid}/events").json() if e["kind"] == kind]
+    return [
+        e["data"] for e in s.admin.get(f"/api/rollouts/{rid}/events").json() if e["kind"] == kind
+    ]

@@ -26,7 +26,9 @@ pytestmark = [
 ]
 
 
-def test_toy_task_as_a_job_under_the_network_policy(tiny_path: Path, tmp_path: Path, toy, namespace: str) -> None:  # noqa: F811
+def test_toy_task_as_a_job_under_the_network_policy(
+    tiny_path: Path, tmp_path: Path, toy, namespace: str
+) -> None:  # noqa: F811
     from kubernetes import client
 
     policy = yaml.safe_load((RECIPE / "k8s" / "network-policy.yaml").read_text())
@@ -35,16 +37,22 @@ def test_toy_task_as_a_job_under_the_network_policy(tiny_path: Path, tmp_path: P
     settings = local_settings(source, namespace=namespace, workspace=str(tmp_path / "ws"))
     peek = tool_call("git log --oneline")
     launcher = kube_launcher(namespace)
-    with recipe_stack(tiny_path, tmp_path, [peek, FIX, tool_call(SUBMIT)], launcher, launcher="kubernetes") as s:
+    with recipe_stack(
+        tiny_path, tmp_path, [peek, FIX, tool_call(SUBMIT)], launcher, launcher="kubernetes"
+    ) as s:
         done = run_one(s, task, settings)
         assert (done["status"], done["reward"]) == ("succeeded", 1.0), reasons(s, done["id"])
         assert [f["flag"] for f in events(s, done["id"], "flag")] == ["git_history"]
-        pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=f"agl.dev/rollout={done['id']}")
+        pods = client.CoreV1Api().list_namespaced_pod(
+            namespace, label_selector=f"agl.dev/rollout={done['id']}"
+        )
     launcher.close()
     (pod,) = pods.items
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod.metadata.labels.items()
     (harness,), (grader,) = pod.spec.init_containers, pod.spec.containers
-    assert str(RECIPE / "harness.py") in harness.command and str(RECIPE / "grade.py") in grader.command
+    assert (
+        str(RECIPE / "harness.py") in harness.command and str(RECIPE / "grade.py") in grader.command
+    )
     assert "AGL_GRADER_TOKEN" not in {e.name for e in harness.env} and "OPENAI_API_KEY" not in {
         e.name for e in grader.env
     }

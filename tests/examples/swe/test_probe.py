@@ -23,8 +23,13 @@ pytestmark = pytest.mark.slow
 def test_probe_two_tasks_k2_then_clean(tiny_path: Path, tmp_path: Path, toy) -> None:
     source, task = toy
     statement = task.problem_statement + " (reported twice)"
-    twin = dataclasses.replace(task, instance_id=task.instance_id + "_twin", problem_statement=statement)
-    script = [FIX, tool_call(SUBMIT)] + [WRONG, tool_call(SUBMIT)] * 3  # one rollout of four solves it
+    twin = dataclasses.replace(
+        task, instance_id=task.instance_id + "_twin", problem_statement=statement
+    )
+    script = [FIX, tool_call(SUBMIT)] + [
+        WRONG,
+        tool_call(SUBMIT),
+    ] * 3  # one rollout of four solves it
 
     async def run(url: str) -> dict[str, list[float]]:
         async with GatewayClient(url, ADMIN) as gw:
@@ -35,6 +40,8 @@ def test_probe_two_tasks_k2_then_clean(tiny_path: Path, tmp_path: Path, toy) -> 
     assert sorted(rewards) == sorted([task.instance_id, twin.instance_id])
     assert sorted(sorted(r) for r in rewards.values()) == [[0.0, 0.0], [0.0, 1.0]]
     mixed = next(i for i, r in rewards.items() if 1.0 in r)
-    train, validation, report = tasks.clean([task, twin], probe=rewards, never_solved_share=0.0, validation_share=0)
+    train, validation, report = tasks.clean(
+        [task, twin], probe=rewards, never_solved_share=0.0, validation_share=0
+    )
     assert [t.instance_id for t in train] == [mixed] and validation == []
     assert report.steps[-1]["examples"][0]["why"] == "never solved (0/2), beyond the kept share"
