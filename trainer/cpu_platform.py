@@ -1,9 +1,12 @@
-"""verl's `cpu` platform, so that the GPU backend's update path (verl's FSDP2 workers) runs on the CPU.
+"""verl's `cpu` platform, so that the GPU backend's update path (verl's FSDP2 workers) runs on the
+CPU.
 
-verl 0.9.1 registers only accelerator platforms. This one maps verl's device calls onto the CPU: gloo for
-collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. `ENV` loads it in every verl process
-(`trainer.backend.Backend` sets it for `trainer.device: cpu`; verl keys its engines by `cuda`/`npu` only, hence
-`VERL_ENGINE_DEVICE=cuda`). The CPU becomes a test bed for the GPU code path (DESIGN.md section 9), not a fast trainer.
+verl 0.9.1 registers only accelerator platforms. This one maps verl's device calls onto the CPU:
+gloo for collectives, no-op memory, stream and profiler calls, Ray's `CPU` resource. `ENV` loads it
+in every verl process (`trainer.backend.Backend` sets it for `trainer.device: cpu`; verl keys its
+engines by `cuda`/`npu` only, hence `VERL_ENGINE_DEVICE=cuda`). The CPU becomes a test bed for the
+GPU code path, not a fast trainer. The platform is available only when `VERL_PLATFORM=cpu` asks for
+it: verl's auto-detection never falls back to it.
 """
 
 import contextlib
@@ -36,8 +39,9 @@ def _returns(value: Any) -> Callable[..., Any]:
 _nothing = _returns(None)
 
 
-# torch.<device> as verl 0.9.1 calls it (`get_torch_device()`): torch.cpu's device-agnostic calls (its streams,
-# events and synchronize do nothing), torch's RNG state (checkpoints), and no-ops for the memory calls the CPU has not.
+# torch.<device> as verl 0.9.1 calls it (`get_torch_device()`): torch.cpu's device-agnostic calls
+# (its streams, events and synchronize do nothing), torch's RNG state (checkpoints), and no-ops for
+# the memory calls the CPU has not.
 DEVICE = SimpleNamespace(
     **{name: getattr(torch.cpu, name) for name in torch.cpu.__all__},
     get_device_name=_returns("cpu"),
@@ -45,7 +49,8 @@ DEVICE = SimpleNamespace(
     get_rng_state=torch.get_rng_state,
     set_rng_state=torch.set_rng_state,
     **dict.fromkeys(
-        ["memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"], _returns(0)
+        ["memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved"],
+        _returns(0),
     ),
     **dict.fromkeys(["empty_cache", "ipc_collect"], _nothing),
     **dict.fromkeys(["set_per_process_memory_fraction", "reset_peak_memory_stats"], _nothing),
@@ -56,11 +61,18 @@ DEVICE = SimpleNamespace(
 class PlatformCPU(PlatformBase):
     device_name = vendor_name = "cpu"
     device_module = DEVICE  # type: ignore[assignment]
-    set_device = synchronize = set_allocator_settings = empty_cache = profiler_start = profiler_stop = cudart = _nothing
+    set_device = synchronize = set_allocator_settings = empty_cache = _nothing
+    profiler_start = profiler_stop = cudart = _nothing
     nvtx_range = contextlib.nullcontext  # type: ignore[assignment]
 
-    is_available = _returns(True)
-    current_device = _returns("cpu")  # verl moves tensors `.to(get_device_id())`: the CPU, not an accelerator index
+    def is_available(self) -> bool:
+        """Only when asked for (`active`): verl's auto-detection takes the first available
+        platform, and a CPU that always answered would train on the CPU whenever the CUDA probe
+        failed."""
+        return active()
+
+    # verl moves tensors `.to(get_device_id())`: the CPU, not an accelerator index
+    current_device = _returns("cpu")
     device_count = _returns(1)
     get_device_capability = _returns((None, None))
     communication_backend_name = _returns("gloo")
