@@ -1,0 +1,482 @@
+"""`agl doctor CONFIG [key=value ...]`: a preflight of the training stack, before a long GPU run.
+
+It takes the config and overrides `agl train` takes and runs six checks in order, each relying on
+the ones before: the installed versions against agl's pins (the `gpu` extra on `trainer.device:
+cuda`, `train` on `cpu`); CUDA sees the GPUs the config asks for; the backend starts (Ray, verl's
+worker group and, on cuda, verl's sglang servers); each engine answers `/v1/models` with the
+context the config names; one `/generate` with logprobs comes back as the gateway records it; one
+weight push through the trainer's own path (sleep, push, wake) reaches every engine. It prints a
+table and, for the first failure, what to do; it stops there.
+
+The checks are about the stack, not the model's size: a small model of the same architecture
+family (`actor_rollout_ref.model.path=...`) checks a large run's stack in minutes. It never reads
+`/server_info` (sglang answers 500 there on the servers verl launches). It trains nothing and
+leaves nothing behind: the pushed weights go to `trainer.default_local_dir/doctor`, removed at the
+end, and on `cpu` the engine at `agl.engine` is given back the weights and version it served.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from importlib.metadata import PackageNotFoundError, requires, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from omegaconf import DictConfig
+from packaging.requirements import Requirement
+
+from trainer.config import AglConfig, ConfigError, load_config
+from trainer.engines import engine_http
+
+if TYPE_CHECKING:
+    from trainer.backend import Backend
+
+log = logging.getLogger(__name__)
+
+OK = "ok"
+FAIL = "FAIL"
+SKIPPED = "skipped"
+NOT_RUN = "not run"
+CHECKS = ("versions", "cuda", "backend", "v1/models", "generate", "weight push")
+SMALL_MODEL = (
+    "The checks are about the stack, not the model's size: for a large model pass a small one of "
+    "the same architecture family, e.g. actor_rollout_ref.model.path=Qwen/Qwen3.5-0.8B for "
+    "Qwen3.5-9B."
+)
+PROMPT = [{"role": "user", "content": "Say hello in three words."}]
+SAMPLING = {"max_new_tokens": 16, "temperature": 1.0, "top_k": -1, "top_p": 1.0}
+PUSHED_VERSION = 1
+FIXES = {  # for what a check did not foresee (its traceback is in the log) or an HTTP error
+    "versions": "Reinstall agl with its extra, as the README's Install section does.",
+    "cuda": "Check the NVIDIA driver (nvidia-smi) and that torch is a CUDA build "
+    "(python -c 'import torch; print(torch.version.cuda)').",
+    "backend": "Read the traceback above: Ray must start (`ray stop --force` clears a stale one), "
+    "nothing else may hold the GPUs (nvidia-smi), and the model must load. " + SMALL_MODEL,
+    "v1/models": "An engine did not answer /v1/models: read its log (on cuda, Ray's worker logs).",
+    "generate": "An engine's /generate failed: read its log; check 1 names the sglang it needs.",
+    "weight push": "The trainer's weights did not reach the engines: read the traceback above (on "
+    "cpu the engine loads them from trainer.default_local_dir, which it must be able to read).",
+}
+
+
+class CheckFailed(Exception):
+    """A check found a problem: what it found, and the fix in one or two sentences."""
+
+    def __init__(self, detail: str, fix: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.fix = fix
+
+
+class Skipped(Exception):
+    """A check that does not apply to this config; the message says why."""
+
+
+class MalformedReply(ValueError):
+    """A `/generate` reply the gateway could not record."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One row of the table."""
+
+    check: str
+    status: str  # OK, FAIL, SKIPPED or NOT_RUN
+    detail: str
+    fix: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampled:
+    """What a `/generate` reply says was sampled."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish: str
+
+
+# ------------------------------------------------------------------ checks on plain data
+
+
+def extra_for(device: str) -> str:
+    """The extra whose pins an install for `trainer.device` must hold."""
+    if device == "cpu":
+        return "train"
+    return "gpu"
+
+
+def agl_requirements() -> list[str]:
+    """The requirement lines of the installed `agl` distribution, with their extras' markers."""
+    return requires("agl") or []
+
+
+def pins(extra: str, lines: Iterable[str]) -> list[Requirement]:
+    """The requirements an install of `agl[extra]` must hold: agl's own and those of `extra`."""
+    wanted = []
+    for line in lines:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": extra}):
+            wanted.append(req)
+    return wanted
+
+
+def installed(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def check_versions(
+    extra: str, wanted: list[Requirement], have: Callable[[str], str | None] = installed
+) -> str:
+    """Each requirement installed at a version it allows, else the pip command that fixes it."""
+    wrong = []
+    found = []
+    for req in wanted:
+        got = have(req.name)
+        if got is None:
+            found.append(f"{req.name} missing (want {req.specifier or 'any'})")
+            wrong.append(req)
+        elif not req.specifier.contains(got, prereleases=True):
+            found.append(f"{req.name} {got} (want {req.specifier})")
+            wrong.append(req)
+    if not wrong:
+        return f"{len(wanted)} requirements of agl[{extra}] hold"
+    specs = " ".join(f"'{pip_spec(req)}'" for req in wrong)
+    command = f"pip install {specs}"
+    if extra == "gpu":  # flash-attn compiles against the installed torch (README, Install)
+        command = f"pip install --no-build-isolation {specs}"
+    raise CheckFailed(", ".join(found), f"Install the pinned versions: {command}")
+
+
+def pip_spec(req: Requirement) -> str:
+    """The requirement as pip takes it on a command line: extras and versions, no marker."""
+    bare = Requirement(str(req))
+    bare.marker = None
+    return str(bare)
+
+
+def check_cuda(available: bool, count: int, wanted: int) -> str:
+    """CUDA sees at least the `wanted` GPUs (`trainer.n_gpus_per_node`)."""
+    if not available or count == 0:
+        raise CheckFailed(
+            "no CUDA device visible: this machine cannot run the GPU path; "
+            "run agl doctor on the GPU node",
+            "Run agl doctor on the GPU node (there, check nvidia-smi and CUDA_VISIBLE_DEVICES); "
+            "on a machine without GPUs, trainer.device=cpu checks the CPU path.",
+        )
+    if count < wanted:
+        raise CheckFailed(
+            f"{count} CUDA devices visible, trainer.n_gpus_per_node asks for {wanted}",
+            f"Set trainer.n_gpus_per_node={count}, or free the GPUs CUDA_VISIBLE_DEVICES hides.",
+        )
+    return f"{count} CUDA devices visible, {wanted} used"
+
+
+def served_context(reply: Any) -> int:
+    """`max_model_len` of the first model card of a `/v1/models` reply."""
+    return int(reply["data"][0]["max_model_len"])
+
+
+def check_context(served: dict[str, int], configured: int | None, device: str) -> str:
+    """Each engine serves the context `actor_rollout_ref.rollout.max_model_len` names, if any."""
+    for url, context in served.items():
+        if configured is None or context == configured:
+            continue
+        fix = (
+            "Give sglang the same context: actor_rollout_ref.rollout.engine_kwargs.sglang."
+            "context_length=${actor_rollout_ref.rollout.max_model_len}, as "
+            "examples/gpu/qwen3.5-9b-8gpu.yaml does."
+        )
+        if device == "cpu":
+            fix = f"Set actor_rollout_ref.rollout.max_model_len={context}, what agl.engine serves."
+        detail = (
+            f"{url} serves max_model_len {context}, "
+            f"actor_rollout_ref.rollout.max_model_len is {configured}"
+        )
+        raise CheckFailed(detail, fix)
+    lengths = ", ".join(sorted({str(c) for c in served.values()}))
+    if configured is None:
+        return f"{len(served)} engine(s), max_model_len {lengths} (the config sets none)"
+    return f"{len(served)} engine(s), max_model_len {lengths} as configured"
+
+
+def parse_generation(reply: Any) -> Sampled:
+    """A `/generate` reply as the gateway records it: `output_ids`; one `[logprob, id, ...]` per
+    output token in `meta_info.output_token_logprobs`, with those ids; finite logprobs <= 0; and a
+    stop or length finish. Raises `MalformedReply` saying what is wrong."""
+    try:
+        output_ids = [int(t) for t in reply["output_ids"]]
+        meta = reply["meta_info"]
+        pairs = meta["output_token_logprobs"]
+        logprobs = [float(p[0]) for p in pairs]
+        ids = [int(p[1]) for p in pairs]
+        finish = meta["finish_reason"]
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise MalformedReply(f"not a reply with logprobs ({e!r}): {str(reply)[:200]}") from e
+    if isinstance(finish, dict):  # sglang: {"type": "stop", "matched": ...}
+        finish = finish.get("type")
+    if not output_ids:
+        raise MalformedReply("output_ids is empty")
+    if ids != output_ids:
+        raise MalformedReply(
+            f"output_token_logprobs' ids {ids[:8]} differ from output_ids {output_ids[:8]}"
+        )
+    bad = [x for x in logprobs if not (math.isfinite(x) and x <= 0)]
+    if bad:
+        raise MalformedReply(f"logprobs must be finite and <= 0, got {bad[:4]}")
+    if finish not in ("stop", "length"):
+        raise MalformedReply(f"finish_reason {finish!r}, not stop or length")
+    return Sampled(output_ids=output_ids, logprobs=logprobs, finish=str(finish))
+
+
+def prompt_ids(tokenizer: Any) -> list[int]:
+    """A short chat prompt as the gateway sends one: the chat template's text, tokenized."""
+    text = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+# ------------------------------------------------------------------ the checks that start things
+
+
+class Doctor:
+    """The six checks against one composed config; `run` runs them in order, then shuts down.
+    The config's `trainer.default_local_dir` becomes its `doctor` folder (the pushed weights)."""
+
+    def __init__(self, cfg: DictConfig, agl: AglConfig) -> None:
+        self.cfg = cfg
+        self.agl = agl
+        self.device = str(cfg.trainer.device)
+        self.workdir = Path(cfg.trainer.default_local_dir) / "doctor"
+        self.made_parent = not self.workdir.parent.exists()  # then removed too, if left empty
+        cfg.trainer.default_local_dir = str(self.workdir)
+        self.http = engine_http(120)
+        self.backend: Backend | None = None
+        self.ray_started = False
+        self.asleep = False  # between the push's sleep and its wake
+        self.served: dict[str, Any] | None = None  # cpu: what agl.engine served before the push
+
+    def run(self) -> list[Result]:
+        checks = [self.versions, self.cuda, self.start, self.models, self.generate, self.push]
+        results: list[Result] = []
+        try:
+            for name, check in zip(CHECKS, checks, strict=True):
+                results.append(attempt(name, check))
+                log.info("doctor: %s: %s %s", name, results[-1].status, results[-1].detail)
+                if results[-1].status == FAIL:
+                    break
+        finally:
+            self.close()
+        for name in CHECKS[len(results) :]:
+            results.append(Result(check=name, status=NOT_RUN, detail="an earlier check failed"))
+        return results
+
+    def versions(self) -> str:
+        extra = extra_for(self.device)
+        return check_versions(extra, pins(extra, agl_requirements()))
+
+    def cuda(self) -> str:
+        if self.device == "cpu":
+            raise Skipped("trainer.device=cpu")
+        import torch
+
+        wanted = int(self.cfg.trainer.n_gpus_per_node)
+        return check_cuda(torch.cuda.is_available(), torch.cuda.device_count(), wanted)
+
+    def start(self) -> str:
+        """The backend, as `agl train` starts it: Ray, verl's workers, on cuda its sglang servers."""
+        from trainer.backend import Backend  # verl, Ray, torch: only once the cheap checks pass
+
+        model = self.model_path()
+        started = time.monotonic()
+        self.ray_started = True
+        self.backend = Backend(self.cfg, self.agl)
+        took = time.monotonic() - started
+        engines = self.backend.engine.endpoints()
+        serving = f"{len(engines)} sglang server(s)"
+        if self.device == "cpu":
+            serving = f"the engine at {engines[0]}"
+        ranks = self.backend.dp_size
+        return f"verl's worker group ({ranks} rank(s)) and {serving} in {took:.0f} s; model {model}"
+
+    def model_path(self) -> str:
+        """The actor's model as `agl train` picks it: the config's, else what `agl.engine` serves."""
+        model = self.cfg.actor_rollout_ref.model
+        path = str(model.get("path") or "")
+        if self.agl.engine and (not path or path.startswith("~/models")):  # verl's placeholder
+            try:
+                path = str(self.get(self.agl.engine, "/model_info", "backend")["model_path"])
+            except httpx.HTTPError as e:
+                fix = "Start the engine (agl engine), or set agl.engine to its URL."
+                raise CheckFailed(f"agl.engine {self.agl.engine} does not answer: {e}", fix) from e
+            model.path = path
+        return path
+
+    def endpoints(self) -> list[str]:
+        assert self.backend is not None
+        return [url.rstrip("/") for url in self.backend.engine.endpoints()]
+
+    def get(self, url: str, route: str, check: str) -> Any:
+        """A GET's JSON; an answer other than a 200 fails `check`."""
+        reply = self.http.get(url.rstrip("/") + route)
+        if reply.status_code != 200:
+            detail = f"{url}{route}: {reply.status_code} {reply.text[:200]}"
+            raise CheckFailed(detail, FIXES[check])
+        return reply.json()
+
+    def models(self) -> str:
+        served = {}
+        for url in self.endpoints():
+            served[url] = served_context(self.get(url, "/v1/models", "v1/models"))
+        configured = self.cfg.actor_rollout_ref.rollout.get("max_model_len")
+        if configured is not None:
+            configured = int(configured)
+        return check_context(served, configured, self.device)
+
+    def generate(self) -> str:
+        """One `/generate` with logprobs on each engine, of a chat prompt the model's tokenizer made."""
+        from transformers import AutoTokenizer
+
+        model = self.cfg.actor_rollout_ref.model
+        tokenizer = AutoTokenizer.from_pretrained(
+            model.get("tokenizer_path") or model.path,
+            trust_remote_code=bool(model.get("trust_remote_code", False)),
+        )
+        body = {
+            "input_ids": prompt_ids(tokenizer),
+            "sampling_params": SAMPLING,
+            "return_logprob": True,
+        }
+        sampled = [self.generate_one(url, body) for url in self.endpoints()]
+        tokens = "/".join(sorted({str(len(s.output_ids)) for s in sampled}))
+        finishes = "/".join(sorted({s.finish for s in sampled}))
+        logprobs = [x for s in sampled for x in s.logprobs]
+        return (
+            f"{len(sampled)} engine(s): {tokens} tokens, logprobs {min(logprobs):.2f} to "
+            f"{max(logprobs):.2f}, finish {finishes}"
+        )
+
+    def generate_one(self, url: str, body: dict[str, Any]) -> Sampled:
+        reply = self.http.post(url + "/generate", json=body)
+        if reply.status_code != 200:
+            detail = f"{url}/generate: {reply.status_code} {reply.text[:200]}"
+            raise CheckFailed(detail, FIXES["generate"])
+        try:
+            return parse_generation(reply.json())
+        except MalformedReply as e:
+            fix = (
+                "The engine must answer as sglang 0.5.13 does, one [logprob, id] per output token: "
+                "check that the sglang installed is the pinned one (check 1), and its log."
+            )
+            raise CheckFailed(f"{url}/generate: {e}", fix) from e
+
+    def push(self) -> str:
+        """The trainer's weights to every engine (sleep, push, wake), as after each update."""
+        assert self.backend is not None
+        engine = self.backend.engine
+        if self.device == "cpu":
+            self.served = self.get(self.agl.engine, "/model_info", "weight push")
+        started = time.monotonic()
+        self.asleep = True
+        engine.sleep()
+        engine.push(None, PUSHED_VERSION)
+        engine.wake()
+        self.asleep = False
+        took = time.monotonic() - started
+        for url in self.endpoints():
+            served = self.get(url, "/model_info", "weight push").get("weight_version")
+            if served != str(PUSHED_VERSION):
+                detail = f"{url} reports weight_version {served!r} after pushing {PUSHED_VERSION}"
+                raise CheckFailed(detail, FIXES["weight push"])
+        self.generate()
+        return (
+            f"sleep, push, wake in {took:.1f} s; weight_version {PUSHED_VERSION} on every engine; "
+            "/generate works after it"
+        )
+
+    def close(self) -> None:
+        """`agl.engine` as it was (cpu); the backend and Ray down; the pushed weights removed."""
+        self.restore_engine()
+        if self.backend is not None:
+            self.backend.close()
+        elif self.ray_started:  # the backend failed after Ray started
+            import ray
+
+            ray.shutdown()
+        self.http.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.made_parent:
+            with contextlib.suppress(OSError):  # not empty, or never made
+                self.workdir.parent.rmdir()
+
+    def restore_engine(self) -> None:
+        """cpu: `agl.engine` awake and serving the weights and version it served before the push."""
+        if self.served is None:
+            return
+        url = self.agl.engine.rstrip("/")
+        body = {
+            "model_path": self.served["model_path"],
+            "weight_version": str(self.served["weight_version"]),
+        }
+        try:
+            if self.asleep:
+                self.http.post(url + "/resume_memory_occupation").raise_for_status()
+            self.http.post(url + "/update_weights_from_disk", json=body).raise_for_status()
+        except httpx.HTTPError as e:
+            log.warning("%s could not load %s back: %s", url, body["model_path"], e)
+
+
+def attempt(name: str, check: Callable[[], str]) -> Result:
+    """One check's row: ok with its detail, skipped, or failed with its fix. A failure the check
+    did not foresee gets its traceback logged and the check's general fix."""
+    try:
+        detail = check()
+    except Skipped as e:
+        return Result(check=name, status=SKIPPED, detail=str(e))
+    except CheckFailed as e:
+        return Result(check=name, status=FAIL, detail=e.detail, fix=e.fix)
+    except Exception as e:
+        log.exception("doctor: check %s raised", name)
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        detail = f"{type(e).__name__}: {first_line}"
+        return Result(check=name, status=FAIL, detail=detail, fix=FIXES[name])
+    return Result(check=name, status=OK, detail=detail)
+
+
+def table(results: list[Result]) -> str:
+    """The rows under a header and, for the first failure, its fix."""
+    width = max(len(name) for name in ("check", *CHECKS))
+    lines = [f"{'check':<{width}}  {'result':<7}  detail"]
+    for r in results:
+        lines.append(f"{r.check:<{width}}  {r.status:<7}  {r.detail}")
+    failed = [r for r in results if r.status == FAIL]
+    if failed:
+        lines.append("")
+        lines.append(f"fix ({failed[0].check}): {failed[0].fix}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="agl doctor", description=__doc__.split("\n")[0], epilog=SMALL_MODEL
+    )
+    parser.add_argument("config", help="the YAML `agl train` takes")
+    parser.add_argument("overrides", nargs="*", help="key=value (Hydra syntax), as `agl train`'s")
+    args = parser.parse_args(argv)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call otherwise
+    try:
+        cfg, agl = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        parser.error(str(e))
+    results = Doctor(cfg, agl).run()
+    print(table(results))
+    if any(r.status == FAIL for r in results):
+        return 1
+    return 0
