@@ -1,10 +1,11 @@
 """Recorded calls -> token-faithful samples of one rollout (DESIGN.md section 6.1).
 
-Owns the merge rule: in trajectory mode a call extends its agent's open sample whose full token sequence prefixes
-its prompt IDs (the tokens between are fed, mask 0; the response is sampled, mask 1, with its logprobs), else it
-opens a new one, the reason classified; transition mode makes one sample per call. Calls of untrained agents or at
-another temperature are left out (their tokens reach later samples as fed context). Samples are segment lists
-(numpy views, no copies) for `adapters.batch` to concatenate; no advantages or weights here, no token re-tokenized.
+Owns the merge rule: in trajectory mode a call extends its agent's open sample whose full token
+sequence prefixes its prompt IDs (the tokens between are fed, mask 0; the response is sampled, mask
+1, with its logprobs), else it opens a new one, the reason classified; transition mode makes one
+sample per call. Calls of untrained agents or at another temperature are left out (their tokens
+reach later samples as fed context). Samples are segment lists (numpy views, no copies) for
+`adapters.batch` to concatenate; no advantages or weights here, no token re-tokenized.
 """
 
 from collections import Counter
@@ -47,14 +48,19 @@ class Draft:
     def add(
         self, call: Call, prompt: np.ndarray, response: np.ndarray, logprobs: np.ndarray
     ) -> None:
-        self.segments.append(Segment(prompt[self.length :], None, call.seq))
-        self.segments.append(Segment(response, logprobs, call.seq))
+        """Extend the sample by a call: the prompt tokens it does not hold yet (fed), then the
+        response (sampled)."""
+        self.segments.append(Segment(ids=prompt[self.length :], logprobs=None, seq=call.seq))
+        self.segments.append(Segment(ids=response, logprobs=logprobs, seq=call.seq))
         self.length = len(prompt) + len(response)
         self.trained += len(response)
-        self.last_prompt, self.last_response = prompt, response
+        self.last_prompt = prompt
+        self.last_response = response
 
     def is_prefix_of(self, prompt: np.ndarray) -> bool:
-        p = self.last_prompt  # compare the short response part first: it is where mismatches show
+        """Whether the sample's full token sequence starts `prompt`."""
+        p = self.last_prompt
+        # compare the short response part first: it is where mismatches show
         return _starts_with(prompt[len(p) :], self.last_response) and _starts_with(prompt, p)
 
 
@@ -74,10 +80,8 @@ def _arrays(
             f"{where}: {len(call.response_ids)} response IDs but {len(call.logprobs)} logprobs"
         )
     try:
-        prompt, response = (
-            np.frombuffer(call.prompt_ids, np.int32),
-            np.frombuffer(call.response_ids, np.int32),
-        )
+        prompt = np.frombuffer(call.prompt_ids, np.int32)
+        response = np.frombuffer(call.response_ids, np.int32)
         logprobs = np.frombuffer(call.logprobs, np.float32)
     except (TypeError, ValueError) as e:
         raise AdapterError(f"{where}: token arrays must be int32/float32: {e}") from e
@@ -94,9 +98,11 @@ def merge(
     stats: Counter[str],
     attempt: int = 1,
 ) -> list[Draft]:
-    """The samples of one rollout's calls (its `attempt`, in `seq` order); counts merges and mismatches in `stats`."""
+    """The samples of one rollout's calls (its `attempt`, in `seq` order); counts merges and
+    mismatches in `stats`."""
     drafts: list[Draft] = []
-    open_drafts: list[Draft] = []  # those a later call may still extend
+    # those a later call may still extend
+    open_drafts: list[Draft] = []
     last_seq = -1
     for call in calls:
         prompt, response, logprobs = _arrays(call, rollout_id, attempt, last_seq)
@@ -106,30 +112,46 @@ def merge(
             stats["calls_untrained"] += 1
             continue
         if settings.temperature is not None and call.temperature != settings.temperature:
-            stats["calls_temperature_mismatch"] += (
-                1  # its log-probs are of another distribution: fed, not trained
-            )
+            # its log-probs are of another distribution: fed, not trained
+            stats["calls_temperature_mismatch"] += 1
             continue
         overlong = len(prompt) + len(response) > settings.max_length
         draft = None
         if settings.mode == "trajectory":
-            same_agent = [d for d in reversed(open_drafts) if d.agent == call.agent]
-            draft = next((d for d in same_agent if d.is_prefix_of(prompt)), None)
-            if draft is not None and overlong:
-                stats["mismatch_overflow"] += 1
-                open_drafts.remove(draft)
-                draft = None
-            elif draft is not None:
-                stats["calls_merged"] += 1
-            elif same_agent:  # compared with the agent's most recent sample
-                retokenized = _starts_with(prompt, same_agent[0].last_prompt)
-                stats["mismatch_retokenized" if retokenized else "mismatch_rewritten"] += 1
-            elif open_drafts:
-                stats["mismatch_new_chain"] += 1
+            draft = _extended(open_drafts, call.agent, prompt, overlong, stats)
         if draft is None:
-            draft = Draft(call.agent)
+            draft = Draft(agent=call.agent)
             drafts.append(draft)
             open_drafts.append(draft)
             stats["overlong_samples"] += overlong
         draft.add(call, prompt, response, logprobs)
     return drafts
+
+
+def _extended(
+    open_drafts: list[Draft],
+    agent: str,
+    prompt: np.ndarray,
+    overlong: bool,
+    stats: Counter[str],
+) -> Draft | None:
+    """The open sample of `agent` that a call with `prompt` extends (counted as merged), or None
+    with the reason counted; a sample the call would make `overlong` is closed."""
+    same_agent = [d for d in reversed(open_drafts) if d.agent == agent]
+    draft = next((d for d in same_agent if d.is_prefix_of(prompt)), None)
+    if draft is None:
+        if same_agent:
+            # compared with the agent's most recent sample
+            if _starts_with(prompt, same_agent[0].last_prompt):
+                stats["mismatch_retokenized"] += 1
+            else:
+                stats["mismatch_rewritten"] += 1
+        elif open_drafts:
+            stats["mismatch_new_chain"] += 1
+        return None
+    if overlong:
+        stats["mismatch_overflow"] += 1
+        open_drafts.remove(draft)
+        return None
+    stats["calls_merged"] += 1
+    return draft

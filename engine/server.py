@@ -4,10 +4,10 @@ Owns the wire format (sglang's request and reply shapes), request validation and
 engine failures to status codes: malformed or impossible requests get 400 with
 `{"error": {"message": ...}}` and the server keeps serving; `/generate` while the memory is
 released gets 503 (a temporary state, as for an sglang server that is asleep). A client that
-disconnects aborts its request. With `--api-key`, every route but `/health` needs `Authorization: Bearer
-<key>` (a 401 without it), as sglang's `--api-key` does. `--script FILE` (a JSON list of completion texts) is a test
-facility: see `batcher.py`. It does not batch or sample (that is `batcher.py`) nor know model
-names (that is `models.py`).
+disconnects aborts its request. With `--api-key`, every route but `/health` needs
+`Authorization: Bearer <key>` (a 401 without it), as sglang's `--api-key` does. `--script FILE`
+(a JSON list of completion texts) is a test facility: see `batcher.py`. It does not batch or
+sample (that is `batcher.py`) nor know model names (that is `models.py`).
 """
 
 from __future__ import annotations
@@ -17,18 +17,19 @@ import hmac
 import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agl.settings import from_flags, problems, usage_error
 from engine import models
-from engine.batcher import Engine, EngineReleased, Sampling, ScriptExhausted
+from engine.batcher import Engine, EngineReleased, Job, Result, Sampling, ScriptExhausted
 
 M = TypeVar("M", bound=BaseModel)
 DISCONNECT_POLL_S = 0.1  # how often a waiting request checks whether its client is still there
@@ -51,36 +52,41 @@ class EngineSettings(BaseSettings):
     weight_version: str = Field("0", description="Weight version reported until the first update.")
     cache_dir: Path = Field(
         default=Path("~/.cache/agl/models").expanduser(),
-        description="Folder where built models (`tiny`, converted `smollm2`) are kept (path). Built once, "
-        "then reused, so a restart costs no rebuild.",
+        description="Folder where built models (`tiny`, converted `smollm2`) are kept (path). "
+        "Built once, then reused, so a restart costs no rebuild.",
     )
     threads: int = Field(
         default=1,
         ge=1,
-        description="torch intra-op threads of the model thread (count). 1 keeps shared CI machines fair; "
-        "batching, not threads, is what makes the engine fast.",
+        description="torch intra-op threads of the model thread (count). 1 keeps shared CI "
+        "machines fair; batching, not threads, is what makes the engine fast.",
     )
     max_batch: int = Field(
         default=16,
         ge=1,
-        description="Requests decoded together (count). 16 covers the concurrent rollouts one CPU engine can "
-        "serve; more only grows the KV cache.",
+        description="Requests decoded together (count). 16 covers the concurrent rollouts one CPU "
+        "engine can serve; more only grows the KV cache.",
     )
     prefix_cache_tokens: int = Field(
         default=8192,
         ge=0,
-        description="Tokens of finished requests whose keys and values are kept for prompts that start "
-        "with them (count; 0: off). SmolLM2-135M keeps 46 KiB per token.",
+        description="Tokens of finished requests whose keys and values are kept for prompts that "
+        "start with them (count; 0: off). SmolLM2-135M keeps 46 KiB per token.",
     )
 
 
 class SamplingParams(BaseModel):
+    """`/generate`'s `sampling_params`: the subset of sglang's that the engine honours."""
+
     model_config = ConfigDict(extra="forbid")
 
     max_new_tokens: int = Field(default=128, ge=0)
     temperature: float = Field(default=1.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = -1  # -1: no top-k
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
 
     @field_validator("top_k")
     @classmethod
@@ -90,15 +96,24 @@ class SamplingParams(BaseModel):
             raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
         return top_k
 
-    stop_token_ids: list[int] = []
-    ignore_eos: bool = False
-    sampling_seed: int | None = None
+    def sampling(self) -> Sampling:
+        """The batcher's sampling record of these parameters."""
+        return Sampling(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop_token_ids=tuple(self.stop_token_ids),
+            ignore_eos=self.ignore_eos,
+            seed=self.sampling_seed,
+        )
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="ignore"
-    )  # sglang has many more fields; those that change sampling are above
+    """`/generate`'s body: token IDs in, as sglang's `GenerateReqInput` takes them."""
+
+    # sglang has many more fields; those that change sampling are in SamplingParams
+    model_config = ConfigDict(extra="ignore")
 
     input_ids: list[int] = Field(min_length=1)
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
@@ -108,6 +123,8 @@ class GenerateRequest(BaseModel):
 
 
 class WeightVersionRequest(BaseModel):
+    """`/update_weight_version`'s body."""
+
     model_config = ConfigDict(extra="ignore")
 
     new_version: str
@@ -115,6 +132,8 @@ class WeightVersionRequest(BaseModel):
 
 
 class UpdateWeightsRequest(BaseModel):
+    """`/update_weights_from_disk`'s body."""
+
     model_config = ConfigDict(extra="ignore")
 
     model_path: str
@@ -122,118 +141,128 @@ class UpdateWeightsRequest(BaseModel):
 
 
 class BadRequest(Exception):
-    pass
+    """A malformed or impossible request: answered 400, and the server keeps serving."""
 
 
 def error(status: int, message: str) -> JSONResponse:
+    """An error reply in sglang's shape."""
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
 
 async def parse(request: Request, schema: type[M]) -> M:
+    """The request's JSON body (an empty body is `{}`), validated by `schema`."""
     raw = await request.body()
     try:
-        return schema.model_validate(json.loads(raw) if raw.strip() else {})
+        body = json.loads(raw) if raw.strip() else {}
+        return schema.model_validate(body)
     except json.JSONDecodeError as e:
         raise BadRequest(f"malformed JSON: {e}") from e
     except ValidationError as e:
         raise BadRequest(problems(e)) from e
 
 
-def create_app(engine: Engine, api_key: str = "") -> FastAPI:
-    wanted = f"Bearer {api_key}".encode()
+def check_vocabulary(req: GenerateRequest, vocab_size: int) -> None:
+    """Every prompt and stop token is a token of the model."""
+    ids = [*req.input_ids, *req.sampling_params.stop_token_ids]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
-    async def keyed(request: Request) -> None:
-        presented = request.headers.get("authorization", "").encode(
-            "latin-1"
-        )  # as it came: bytes, not ASCII
-        if api_key and request.url.path != "/health" and not hmac.compare_digest(presented, wanted):
-            raise HTTPException(401, "this engine needs its API key: Authorization: Bearer <key>")
 
-    app = FastAPI(title="agl embedded engine", dependencies=[Depends(keyed)])
+def check_context(req: GenerateRequest, max_context: int) -> None:
+    """The prompt and the longest completion asked for fit in the model's context."""
+    prompt = len(req.input_ids)
+    max_new_tokens = req.sampling_params.max_new_tokens
+    if prompt + max_new_tokens > max_context:
+        raise BadRequest(
+            f"{prompt} prompt tokens + max_new_tokens {max_new_tokens} exceed the "
+            f"context of {max_context} tokens"
+        )
 
-    @app.exception_handler(BadRequest)
-    async def bad_request(_: Request, e: BadRequest) -> JSONResponse:
-        return error(400, str(e))
 
-    @app.post("/generate")
+async def outcome(job: Job, request: Request) -> Result | None:
+    """The job's result once it finishes, or None if its client goes first (the job is then
+    cancelled). Raises what the job failed with."""
+    waiter = asyncio.wrap_future(job.future)
+    while not waiter.done():
+        await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S)
+        if not waiter.done() and await request.is_disconnected():
+            job.cancelled = True
+            return None
+    return waiter.result()
+
+
+def reply(engine: Engine, req: GenerateRequest, result: Result, latency: float) -> dict[str, Any]:
+    """`/generate`'s answer in sglang's shape: the text, its token IDs and `meta_info`."""
+    meta: dict[str, Any] = {
+        "id": req.rid or uuid.uuid4().hex,
+        "finish_reason": result.finish,
+        "prompt_tokens": len(req.input_ids),
+        "completion_tokens": len(result.output_ids),
+        "cached_tokens": result.cached_tokens,
+        "weight_version": result.weight_version,
+        "e2e_latency": latency,
+    }
+    if req.return_logprob:
+        pairs = zip(result.logprobs, result.output_ids, strict=True)
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in pairs]
+    text = engine.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+    return {"text": text, "output_ids": result.output_ids, "meta_info": meta}
+
+
+def generation_routes(engine: Engine) -> APIRouter:
+    """`/generate`: a request checked, queued for the model thread and answered when it ends."""
+    router = APIRouter()
+
+    @router.post("/generate")
     async def generate(request: Request) -> Response:
         req = await parse(request, GenerateRequest)
-        p = req.sampling_params
-        bad = [t for t in [*req.input_ids, *p.stop_token_ids] if not 0 <= t < engine.vocab_size]
         if req.stream:
             raise BadRequest("stream is not supported by the embedded engine")
-        if bad:
-            raise BadRequest(
-                f"token id {bad[0]} is outside the vocabulary [0, {engine.vocab_size})"
-            )
-        if len(req.input_ids) + p.max_new_tokens > engine.max_context:
-            raise BadRequest(
-                f"{len(req.input_ids)} prompt tokens + max_new_tokens {p.max_new_tokens} exceed the "
-                f"context of {engine.max_context} tokens"
-            )
-        sampling = Sampling(
-            p.max_new_tokens,
-            p.temperature,
-            p.top_p,
-            p.top_k,
-            tuple(p.stop_token_ids),
-            p.ignore_eos,
-            p.sampling_seed,
-        )
+        check_vocabulary(req, engine.vocab_size)
+        check_context(req, engine.max_context)
         start = time.monotonic()
-        job = engine.submit(req.input_ids, sampling)
-        waiter = asyncio.wrap_future(job.future)
-        while not waiter.done():
-            await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S)
-            if not waiter.done() and await request.is_disconnected():
-                job.cancelled = True
-                return Response(status_code=499)
+        job = engine.submit(req.input_ids, req.sampling_params.sampling())
         try:
-            result = waiter.result()
+            result = await outcome(job, request)
         except EngineReleased as e:
             return error(503, str(e))
         except ScriptExhausted as e:
             return error(400, str(e))
-        meta: dict[str, Any] = {
-            "id": req.rid or uuid.uuid4().hex,
-            "finish_reason": result.finish,
-            "prompt_tokens": len(req.input_ids),
-            "completion_tokens": len(result.output_ids),
-            "cached_tokens": result.cached_tokens,
-            "weight_version": result.weight_version,
-            "e2e_latency": time.monotonic() - start,
-        }
-        if req.return_logprob:
-            meta["output_token_logprobs"] = [
-                [lp, t, None] for lp, t in zip(result.logprobs, result.output_ids, strict=True)
-            ]
-        text = engine.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-        return JSONResponse({"text": text, "output_ids": result.output_ids, "meta_info": meta})
+        if result is None:
+            return Response(status_code=499)
+        return JSONResponse(reply(engine, req, result, time.monotonic() - start))
 
-    @app.post("/release_memory_occupation")
+    return router
+
+
+def memory_routes(engine: Engine) -> APIRouter:
+    """Memory, weights and cache, as sglang's: each runs once no request is in flight."""
+    router = APIRouter()
+
+    @router.post("/release_memory_occupation")
     async def release() -> dict[str, Any]:
         await asyncio.wrap_future(engine.release())
         return {"success": True}
 
-    @app.post("/resume_memory_occupation")
+    @router.post("/resume_memory_occupation")
     async def resume() -> dict[str, Any]:
         await asyncio.wrap_future(engine.resume())
         return {"success": True}
 
-    @app.post("/update_weights_from_disk")
+    @router.post("/update_weights_from_disk")
     async def update_weights(request: Request) -> Response:
         req = await parse(request, UpdateWeightsRequest)
         try:
             await asyncio.wrap_future(engine.update_weights(req.model_path, req.weight_version))
         except (OSError, ValueError) as e:
-            return JSONResponse(
-                {"success": False, "message": f"failed to load {req.model_path}: {e}"}, 400
-            )
+            message = f"failed to load {req.model_path}: {e}"
+            return JSONResponse({"success": False, "message": message}, 400)
         return JSONResponse(
             {"success": True, "message": "weights updated", "num_paused_requests": 0}
         )
 
-    @app.post("/update_weight_version")
+    @router.post("/update_weight_version")
     async def update_weight_version(request: Request) -> dict[str, Any]:
         """As sglang's: names the weights served, without loading any (no request may be in flight)."""
         req = await parse(request, WeightVersionRequest)
@@ -241,18 +270,19 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
         message = f"Weight version updated to {req.new_version}"
         return {"success": True, "message": message, "new_version": req.new_version}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        await asyncio.wrap_future(
-            engine.command(engine.prefixes.clear)
-        )  # once no request is in flight
+        await asyncio.wrap_future(engine.command(engine.prefixes.clear))
         return Response("Cache flushed.\n")
 
-    @app.get("/health")
-    async def health() -> Response:
-        return Response()
+    return router
 
-    @app.get("/model_info")
+
+def info_routes(engine: Engine) -> APIRouter:
+    """What the engine serves: `/model_info` and the OpenAI-style `/v1/models`."""
+    router = APIRouter()
+
+    @router.get("/model_info")
     async def model_info() -> dict[str, Any]:
         return {
             "model_path": engine.model_path,
@@ -264,10 +294,11 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
             "released": engine.model is None,
         }
 
-    @app.get("/v1/models")
+    @router.get("/v1/models")
     async def models_list() -> dict[str, Any]:
-        """As sglang's: one model card, whose `max_model_len` is the context the engine serves (the gateway
-        reads it there) and whose `owned_by` names the engine ("agl": it honours `sampling_seed`)."""
+        """As sglang's: one model card, whose `max_model_len` is the context the engine serves
+        (the gateway reads it there) and whose `owned_by` names the engine ("agl": it honours
+        `sampling_seed`)."""
         card = {
             "id": engine.model_path,
             "object": "model",
@@ -279,16 +310,64 @@ def create_app(engine: Engine, api_key: str = "") -> FastAPI:
         }
         return {"object": "list", "data": [card]}
 
+    return router
+
+
+def health_routes() -> APIRouter:
+    """`/health`, which needs no key."""
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> Response:
+        return Response()
+
+    return router
+
+
+def needs_key(api_key: str) -> Callable[[Request], Awaitable[None]]:
+    """A dependency that refuses (401) a request without `Authorization: Bearer <api_key>`."""
+    wanted = f"Bearer {api_key}".encode()
+
+    async def keyed(request: Request) -> None:
+        # as it came: bytes, not ASCII
+        presented = request.headers.get("authorization", "").encode("latin-1")
+        if not hmac.compare_digest(presented, wanted):
+            raise HTTPException(401, "this engine needs its API key: Authorization: Bearer <key>")
+
+    return keyed
+
+
+def create_app(engine: Engine, api_key: str = "") -> FastAPI:
+    """The engine's HTTP app; with an `api_key`, every route but `/health` needs it."""
+    app = FastAPI(title="agl embedded engine")
+    keyed: list[Any] = []
+    if api_key:
+        keyed.append(Depends(needs_key(api_key)))
+    app.include_router(generation_routes(engine), dependencies=keyed)
+    app.include_router(memory_routes(engine), dependencies=keyed)
+    app.include_router(info_routes(engine), dependencies=keyed)
+    app.include_router(health_routes())
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, e: BadRequest) -> JSONResponse:
+        return error(400, str(e))
+
     return app
+
+
+def read_script(path: Path | None) -> list[str] | None:
+    """The `--script` file's completion texts; a usage error unless it is a JSON list of strings."""
+    if path is None:
+        return None
+    script = json.loads(path.read_text())
+    if not (isinstance(script, list) and all(isinstance(s, str) for s in script)):
+        usage_error("agl engine", "--script must name a JSON list of strings")
+    return script
 
 
 def main(argv: list[str]) -> int:
     args = from_flags(EngineSettings, argv, "agl engine")
-    script = json.loads(args.script.read_text()) if args.script else None
-    if script is not None and not (
-        isinstance(script, list) and all(isinstance(s, str) for s in script)
-    ):
-        usage_error("agl engine", "--script must name a JSON list of strings")
+    script = read_script(args.script)
     path = models.resolve(args.model, args.cache_dir)
     engine = Engine(
         path,

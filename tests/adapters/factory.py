@@ -1,4 +1,5 @@
-"""Small builders of rollouts and calls for the adapter tests (no store: the adapter's input is plain records)."""
+"""Small builders of rollouts and calls for the adapter tests (no store: the adapter's input is
+plain records)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Rollout-level advantages: equal to verl's outcome estimators on per-rollout rewards; groups and exclusions."""
+"""Rollout-level advantages: equal to verl's outcome estimators on per-rollout rewards; groups and
+exclusions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The batch: exact rollout-level loss weighting however rollouts split, packing, staleness, importance weights."""
+"""The batch: exact rollout-level loss weighting however rollouts split, packing, staleness,
+importance weights."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ adapter_settings = st.builds(
 
 
 def token_logprobs(w: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
-    """A toy policy: log p(token | previous token), so a token's logprob does not depend on how it was split."""
+    """A toy policy: log p(token | previous token), so a token's logprob does not depend on how it
+    was split."""
     x = torch.as_tensor(ids, dtype=torch.long)
     logits = torch.log_softmax(w[x[:-1]], dim=-1)
     return torch.cat([torch.zeros(1, dtype=w.dtype), logits.gather(1, x[1:, None])[:, 0]])

@@ -1,4 +1,5 @@
-"""Merging calls into samples: prefix chains, sub-agents, re-tokenized and summarized contexts, overflow, bad input."""
+"""Merging calls into samples: prefix chains, sub-agents, re-tokenized and summarized contexts,
+overflow, bad input."""
 
 from __future__ import annotations
 

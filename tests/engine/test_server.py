@@ -249,6 +249,29 @@ async def test_what_sglang_refuses_the_embedded_engine_refuses(
     assert resp.status_code == 400, resp.text
 
 
+async def test_with_an_api_key_every_route_but_health_needs_it(engine: Engine) -> None:
+    """As sglang's `--api-key`: no route answers without the key (none runs), `/health` does."""
+    routes = [
+        ("POST", "/generate"),
+        ("POST", "/release_memory_occupation"),
+        ("POST", "/resume_memory_occupation"),
+        ("POST", "/update_weights_from_disk"),
+        ("POST", "/update_weight_version"),
+        ("GET", "/flush_cache"),
+        ("POST", "/flush_cache"),
+        ("GET", "/model_info"),
+        ("GET", "/v1/models"),
+    ]
+    with serve(create_app(engine, api_key="k")) as base:
+        async with httpx.AsyncClient(base_url=base) as http:
+            for method, path in routes:
+                assert (await http.request(method, path)).status_code == 401, path
+            keyed = await http.get("/model_info", headers={"Authorization": "Bearer k"})
+            health = await http.get("/health")
+    assert keyed.status_code == 200 and health.status_code == 200
+    assert engine.model is not None
+
+
 async def test_v1_models_and_the_weight_version_as_sglang_serves_them(
     url: str, engine: Engine
 ) -> None:
