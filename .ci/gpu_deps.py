@@ -23,36 +23,22 @@ def canonical(name: str) -> str:
 
 
 def main() -> int:
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]["gpu"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["gpu"]
     pins = {
         canonical(name): version
         for name, version in (spec.split("==") for spec in extra if "==" in spec)
     }
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gpu.txt"
-        command = [
-            sys.executable,
-            "-m",
-            "uv",
-            "pip",
-            "compile",
-            "pyproject.toml",
-            "--extra",
-            "gpu",
-            *PLATFORM,
-        ]
-        done = subprocess.run(
-            [*command, "--index-url", "https://pypi.org/simple", "-q", "-o", str(out)], cwd=ROOT
-        )
+        command = [sys.executable, "-m", "uv", "pip", "compile", "pyproject.toml", "--extra", "gpu"]
+        command += [*PLATFORM, "--index-url", "https://pypi.org/simple", "-q", "-o", str(out)]
+        done = subprocess.run(command, cwd=ROOT)
         if done.returncode != 0:
             print("gpu-deps: the gpu extra does not resolve (uv's message above)")
             return 1
-        resolved = {
-            canonical(n): v
-            for n, v in re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", out.read_text(), re.M)
-        }
+        found = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", out.read_text(), re.M)
+        resolved = {canonical(n): v for n, v in found}
     wrong = {
         name: resolved.get(name) for name, version in pins.items() if resolved.get(name) != version
     }

@@ -45,34 +45,21 @@ def run(
 ) -> list[dict[str, float]]:
     """One training run from scratch; its metrics history."""
     demo = [
-        *[
-            sys.executable,
-            str(ROOT / "examples" / "demo.py"),
-            "--seed",
-            str(seed),
-            "--out",
-            str(out),
-        ],
-        *["--harness", str(ROOT / "examples" / "splitting" / "harness.py")],
+        *[sys.executable, str(ROOT / "examples" / "demo.py"), "--seed", str(seed)],
+        *["--out", str(out), "--harness", str(ROOT / "examples" / "splitting" / "harness.py")],
         *ARMS[arm],
-        *[
-            f"trainer.total_training_steps={args.steps}",
-            f"trainer.test_freq={args.steps}",
-            "trainer.save_freq=-1",
-        ],
+        *[f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}"],
+        "trainer.save_freq=-1",
         *[f"agl.batch_groups={args.batch_groups}", f"agl.active_groups={args.batch_groups + 1}"],
-        *[
-            f"agl.val_tasks={args.out / 'val.jsonl'}",
-            f"trainer.val_before_train={str(val_first).lower()}",
-        ],
+        f"agl.val_tasks={args.out / 'val.jsonl'}",
+        f"trainer.val_before_train={str(val_first).lower()}",
         f"trainer.experiment_name=ablation-{arm}-{seed}",
     ]
-    with (out.parent / f"{arm}-seed{seed}.log").open("wb") as log:
+    log_path = out.parent / f"{arm}-seed{seed}.log"
+    with log_path.open("wb") as log:
         code = subprocess.run(demo, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0:
-        raise SystemExit(
-            f"{arm} seed {seed}: the demo exited with {code}; see {out.parent / f'{arm}-seed{seed}.log'}"
-        )
+        raise SystemExit(f"{arm} seed {seed}: the demo exited with {code}; see {log_path}")
     return [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -139,9 +126,8 @@ def main() -> int:
     args = parser.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    val = (
-        (ROOT / "examples" / "calculator" / "val.jsonl").read_text().splitlines()[: args.val_tasks]
-    )
+    val_path = ROOT / "examples" / "calculator" / "val.jsonl"
+    val = val_path.read_text().splitlines()[: args.val_tasks]
     (args.out / "val.jsonl").write_text("\n".join(val) + "\n")
     started = time.monotonic()
     results: dict[str, list[dict]] = {arm: [] for arm in args.arms}
@@ -149,9 +135,8 @@ def main() -> int:
     for seed in args.seeds:
         for arm in args.arms:
             t0 = time.monotonic()
-            c = curves(
-                run(arm, seed, args.out / f"{arm}-seed{seed}", args, val_first=before is None)
-            )
+            history = run(arm, seed, args.out / f"{arm}-seed{seed}", args, val_first=before is None)
+            c = curves(history)
             before = before or c["val"][0]
             c["val"] = [before, *[v for v in c["val"] if v[0] > 0]]
             results[arm].append({"seed": seed, "curves": c, "wall_s": time.monotonic() - t0})
@@ -174,20 +159,27 @@ def main() -> int:
             "spr": spr,
         }
         print(
-            f"| {arm} | {statistics.mean(final):.3f} ({min(final):.3f}-{max(final):.3f}) | {ratio:.3f} | {spr:.2f} |"
+            f"| {arm} | {statistics.mean(final):.3f} ({min(final):.3f}-{max(final):.3f}) "
+            f"| {ratio:.3f} | {spr:.2f} |"
         )
     if "rollout" in summary and "sample" in summary:
         diff = summary["rollout"]["val"] - summary["sample"]["val"]
         spread = statistics.mean([summary["rollout"]["sd"], summary["sample"]["sd"]])
         print(
-            f"rollout - sample final validation: {diff:+.3f}; seed-to-seed sd within an arm: {spread:.3f}"
+            f"rollout - sample final validation: {diff:+.3f}; "
+            f"seed-to-seed sd within an arm: {spread:.3f}"
         )
     print(f"plot: {args.out / 'ablation.png'}; {time.monotonic() - started:.0f} s in all")
-    get = lambda arm, key: summary.get(arm, {}).get(key, float("nan"))  # noqa: E731
+
+    def get(arm: str, key: str) -> float:
+        return summary.get(arm, {}).get(key, float("nan"))
+
     spr_all = statistics.mean(s["spr"] for s in summary.values())
     print(
-        f"ablation_val_rollout={get('rollout', 'val'):.3f} ablation_val_sample={get('sample', 'val'):.3f} "
-        f"ablation_val_mixed={get('mixed', 'val'):.3f} ablation_entropy_ratio_rollout={get('rollout', 'ratio'):.3f} "
+        f"ablation_val_rollout={get('rollout', 'val'):.3f} "
+        f"ablation_val_sample={get('sample', 'val'):.3f} "
+        f"ablation_val_mixed={get('mixed', 'val'):.3f} "
+        f"ablation_entropy_ratio_rollout={get('rollout', 'ratio'):.3f} "
         f"ablation_entropy_ratio_sample={get('sample', 'ratio'):.3f} seeds={len(args.seeds)} "
         f"samples_per_rollout={spr_all:.2f}"
     )

@@ -32,13 +32,23 @@ rng = np.random.default_rng(0)
 
 def _call(rid: str, seq: int, agent: str, prompt: np.ndarray, response: np.ndarray) -> Call:
     logprobs = -rng.random(len(response), dtype=np.float32)
-    return Call(rid, array("i", prompt.tobytes()), array("i", response.tobytes()), array("f", logprobs.tobytes()),
-                seq=seq, agent=agent, model_version=3)  # fmt: skip
+    return Call(
+        rollout_id=rid,
+        prompt_ids=array("i", prompt.tobytes()),
+        response_ids=array("i", response.tobytes()),
+        logprobs=array("f", logprobs.tobytes()),
+        seq=seq,
+        agent=agent,
+        model_version=3,
+    )
+
+
+def tokens(n: int) -> np.ndarray:
+    return rng.integers(0, 150_000, n, dtype=np.int32)
 
 
 def make_rollout(i: int, with_sub: bool) -> tuple[Rollout, list[Call]]:
     rid = f"r{i}"
-    tokens = lambda n: rng.integers(0, 150_000, n, dtype=np.int32)  # noqa: E731
     chains = {"main": tokens(OBS), "sub": tokens(OBS)}
     calls = []
     for seq in range(CALLS):
@@ -51,9 +61,8 @@ def make_rollout(i: int, with_sub: bool) -> tuple[Rollout, list[Call]]:
         response = tokens(RESP)
         calls.append(_call(rid, seq, agent, seqn, response))
         chains[agent] = np.concatenate([seqn, response])
-    rollout = Rollout(
-        rid, {}, f"g{i // GROUP}", Mode.TRAIN, Status.SUCCEEDED, reward=float(rng.integers(0, 2))
-    )
+    reward = float(rng.integers(0, 2))
+    rollout = Rollout(rid, {}, f"g{i // GROUP}", Mode.TRAIN, Status.SUCCEEDED, reward=reward)
     return rollout, calls
 
 
@@ -64,9 +73,8 @@ def split_ratio(loss_mode: str) -> float:
         seqn, rcalls = rng.integers(0, 1000, 100, dtype=np.int32), []
         for seq in range(5):
             if split and seq:
-                seqn = rng.integers(
-                    1000, 2000, len(seqn) + 100, dtype=np.int32
-                )  # context rewritten
+                # context rewritten
+                seqn = rng.integers(1000, 2000, len(seqn) + 100, dtype=np.int32)
             elif seq:
                 seqn = np.concatenate([seqn, rng.integers(0, 1000, 100, dtype=np.int32)])
             response = rng.integers(0, 1000, 30, dtype=np.int32)
@@ -90,7 +98,8 @@ def main() -> None:
     del data
     call_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for cs in calls.values() for c in cs)
     print(
-        f"generated {ROLLOUTS} rollouts, {call_tokens / 1e6:.0f}M call tokens in {time.perf_counter() - t0:.1f}s"
+        f"generated {ROLLOUTS} rollouts, {call_tokens / 1e6:.0f}M call tokens "
+        f"in {time.perf_counter() - t0:.1f}s"
     )
 
     settings = AdapterSettings(max_length=65_536, dp_size=8, minibatch_rollouts=ROLLOUTS // 4)
@@ -100,7 +109,7 @@ def main() -> None:
         t = time.perf_counter()
         batch = build_batch(rollouts, calls, settings, version=3)
         best = min(best, time.perf_counter() - t)
-        tokens, metrics = len(batch.input_ids), batch.metrics
+        batch_tokens, metrics = len(batch.input_ids), batch.metrics
         del batch
     # Baseline: one np.concatenate of each rollout's last prompt (about as many tokens as the batch):
     # the memory-copy floor of writing a single output array.
@@ -110,17 +119,29 @@ def main() -> None:
         t = time.perf_counter()
         copied = len(np.concatenate(ends))
         base = min(base, time.perf_counter() - t)
-    keys = ("samples", "samples_per_rollout", "merge_rate", "mismatch_new_chain", "mismatch_rewritten",
-            "mismatch_overflow", "padding_samples")  # fmt: skip
+    keys = (
+        "samples",
+        "samples_per_rollout",
+        "merge_rate",
+        "mismatch_new_chain",
+        "mismatch_rewritten",
+        "mismatch_overflow",
+        "padding_samples",
+    )
     print("metrics:", {k: round(float(metrics[k]), 3) for k in keys})
-    adapter = tokens / best / 1e6
-    print(f"adapter: {tokens / 1e6:.1f}M batch tokens in {best:.2f}s = {adapter:.1f}M tok/s "
-          f"({call_tokens / best / 1e6:.0f}M call tok/s); baseline concatenate: {copied / base / 1e6:.0f}M tok/s, "
-          f"adapter/baseline = {adapter / (copied / base / 1e6):.3f}")  # fmt: skip
+    adapter = batch_tokens / best / 1e6
+    baseline = copied / base / 1e6
+    print(
+        f"adapter: {batch_tokens / 1e6:.1f}M batch tokens in {best:.2f}s = {adapter:.1f}M tok/s "
+        f"({call_tokens / best / 1e6:.0f}M call tok/s); baseline concatenate: {baseline:.0f}M tok/s, "
+        f"adapter/baseline = {adapter / baseline:.3f}"
+    )
     sample, rollout = split_ratio("seq-mean-token-mean"), split_ratio("rollout")
     print(f"token-mean ratio (equal trained tokens): {split_ratio('token-mean'):.3f}")
-    print(f"adapter_mtok_per_s={adapter:.1f} split_weight_ratio_sample_level={sample:.3f} "
-          f"split_weight_ratio_rollout_level={rollout:.3f}")  # fmt: skip
+    print(
+        f"adapter_mtok_per_s={adapter:.1f} split_weight_ratio_sample_level={sample:.3f} "
+        f"split_weight_ratio_rollout_level={rollout:.3f}"
+    )
 
 
 if __name__ == "__main__":

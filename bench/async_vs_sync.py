@@ -41,7 +41,8 @@ for _ in range(int(os.environ["BENCH_CALLS"])):
     messages += [reply["choices"][0]["message"], {"role": "user", "content": "tool output"}]
     time.sleep(random.lognormvariate(0.0, float(os.environ["BENCH_SIGMA"])))  # the tool
 reward = float(len(messages[-2]["content"] or "") % 2)
-post(os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"] + "/reward", {"reward": reward})
+rollout = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"]
+post(rollout + "/reward", {"reward": reward})
 """
 
 
@@ -53,32 +54,17 @@ def run_mode(
 
     harness = work / "harness.py"
     overrides = [
-        *[
-            f"agl.gateway={gateway}",
-            f"agl.engine={engine}",
-            f"agl.admin_key={ADMIN}",
-            f"agl.mode={mode}",
-        ],
+        *[f"agl.gateway={gateway}", f"agl.engine={engine}", f"agl.admin_key={ADMIN}"],
+        f"agl.mode={mode}",
         f"agl.spec.harness.command=[{sys.executable},{harness}]",
         f"agl.spec.harness.env={{BENCH_CALLS:'{args.calls}',BENCH_SIGMA:'{args.sigma}'}}",
-        *[
-            f"agl.tasks={work / 'tasks.jsonl'}",
-            "agl.val_tasks=",
-            f"agl.n={args.n}",
-            "agl.threads=1",
-        ],
-        *[
-            f"agl.batch_groups={args.batch_groups}",
-            f"agl.active_groups={args.active_groups}",
-            "agl.poll_s=0.1",
-        ],
+        *[f"agl.tasks={work / 'tasks.jsonl'}", "agl.val_tasks="],
+        *[f"agl.n={args.n}", "agl.threads=1"],
+        *[f"agl.batch_groups={args.batch_groups}", f"agl.active_groups={args.active_groups}"],
+        "agl.poll_s=0.1",
         *[f"agl.max_staleness={args.max_staleness}", f"trainer.total_training_steps={args.steps}"],
-        *[
-            f"trainer.experiment_name=bench-{mode}",
-            f"trainer.default_local_dir={work / mode}",
-            "trainer.logger=[]",
-        ],
-        "trainer.save_freq=0",
+        *[f"trainer.experiment_name=bench-{mode}", f"trainer.default_local_dir={work / mode}"],
+        *["trainer.logger=[]", "trainer.save_freq=0"],
     ]
     cfg, agl = load_config(ROOT / "examples" / "calculator" / "train.yaml", overrides)
     started = time.monotonic()
@@ -93,7 +79,8 @@ def run_mode(
     trained = sum(int(h["adapter/rollouts"]) for h in steps)
     per_step = wall / len(steps)
     print(
-        f"{mode:>5}: {len(steps)} steps, {trained} rollouts, {per_step:.2f} s/step, staleness {dict(staleness)}"
+        f"{mode:>5}: {len(steps)} steps, {trained} rollouts, {per_step:.2f} s/step, "
+        f"staleness {dict(staleness)}"
     )
     return per_step, staleness
 
@@ -113,9 +100,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "harness.py").write_text(HARNESS)
-        (work / "tasks.jsonl").write_text(
-            "".join(json.dumps({"q": f"task {i}"}) + "\n" for i in range(64))
-        )
+        tasks = "".join(json.dumps({"q": f"task {i}"}) + "\n" for i in range(64))
+        (work / "tasks.jsonl").write_text(tasks)
         engine_port, gateway_port = free_port(), free_port()
         engine, gateway = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
         cli = [sys.executable, "-m", "agl.cli"]
@@ -123,20 +109,11 @@ def main() -> None:
         try:
             wait(engine + "/health")
             gw_args = ["--engine-url", engine, "--port", str(gateway_port), "--admin-key", ADMIN]
-            procs.append(
-                subprocess.Popen(
-                    [*cli, "gateway", *gw_args, "--db", f"sqlite:///{work / 'agl.db'}"]
-                )
-            )
+            gw_args += ["--db", f"sqlite:///{work / 'agl.db'}"]
+            procs.append(subprocess.Popen([*cli, "gateway", *gw_args]))
             wait(gateway + "/healthz")
-            ctl = [
-                "--gateway",
-                gateway,
-                "--admin-key",
-                ADMIN,
-                "--state-dir",
-                str(work / "controller"),
-            ]
+            ctl = ["--gateway", gateway, "--admin-key", ADMIN]
+            ctl += ["--state-dir", str(work / "controller")]
             procs.append(subprocess.Popen([*cli, "controller", *ctl, "--launcher", "local"]))
             sync, _ = run_mode("sync", args, gateway, engine, work)
             async_, staleness = run_mode("async", args, gateway, engine, work)
@@ -145,9 +122,8 @@ def main() -> None:
                 p.terminate()
                 p.wait(30)
     print(f"sync {sync:.2f} s/step, async {async_:.2f} s/step: {sync / async_:.2f}x (target >= 2x)")
-    print(
-        f"async_vs_sync_speedup={sync / async_:.2f} max_staleness_seen={max(staleness, default=0)}"
-    )
+    most_stale = max(staleness, default=0)
+    print(f"async_vs_sync_speedup={sync / async_:.2f} max_staleness_seen={most_stale}")
 
 
 if __name__ == "__main__":

@@ -40,9 +40,8 @@ def count(gateway: str, status: str) -> int:
 def create(gateway: str, n: int, group: str, spec: dict) -> None:
     with httpx.Client(base_url=gateway, headers=H) as client:
         for _ in range(n):
-            client.post(
-                "/api/rollouts", json={"group": group, "metadata": {"spec": spec}}
-            ).raise_for_status()
+            body = {"group": group, "metadata": {"spec": spec}}
+            client.post("/api/rollouts", json=body).raise_for_status()
 
 
 def baseline(n: int) -> float:
@@ -60,68 +59,26 @@ def main() -> None:
 
     from engine import models
 
-    tokenizer = str(
-        models.resolve(
-            "tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-        )
-    )
+    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+    tokenizer = str(models.resolve("tiny", cache_dir))
     engine_port, gateway_port = free_port(), free_port()
     engine, gateway = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
     env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            subprocess.Popen(
-                [
-                    py,
-                    "-m",
-                    "bench.gateway",
-                    "--stand-in",
-                    str(engine_port),
-                    "--tokenizer",
-                    tokenizer,
-                ]
-            )
-        ]
+        stand_in = [py, "-m", "bench.gateway", "--stand-in", str(engine_port)]
+        procs = [subprocess.Popen([*stand_in, "--tokenizer", tokenizer])]
         try:
             wait(engine + "/model_info")
-            gw = [
-                py,
-                "-m",
-                "agl.cli",
-                "gateway",
-                "--engine-url",
-                engine,
-                "--port",
-                str(gateway_port),
-            ]
-            procs.append(
-                subprocess.Popen(
-                    [*gw, "--admin-key", ADMIN, "--db", f"sqlite:///{tmp}/bench.db"], env=env
-                )
-            )
+            gw = [py, "-m", "agl.cli", "gateway", "--engine-url", engine]
+            gw += ["--port", str(gateway_port), "--admin-key", ADMIN]
+            gw += ["--db", f"sqlite:///{tmp}/bench.db"]
+            procs.append(subprocess.Popen(gw, env=env))
             wait(gateway + "/healthz")
             create(gateway, args.launches, "quick", {"harness": {"command": ["true"]}})
-            ctl = [
-                py,
-                "-m",
-                "agl.cli",
-                "controller",
-                "--gateway",
-                gateway,
-                "--admin-key",
-                ADMIN,
-                "--state-dir",
-                tmp,
-            ]
-            ctl += [
-                "--max-running",
-                str(args.running + 100),
-                "--launch-per-s",
-                "100000",
-                "--poll-s",
-                "0.05",
-            ]
+            ctl = [py, "-m", "agl.cli", "controller", "--gateway", gateway, "--admin-key", ADMIN]
+            ctl += ["--state-dir", tmp, "--max-running", str(args.running + 100)]
+            ctl += ["--launch-per-s", "100000", "--poll-s", "0.05"]
             controller = subprocess.Popen(
                 ctl, env=env | {"AGL_LOG_LEVEL": "WARNING"}, stderr=subprocess.DEVNULL
             )
@@ -145,13 +102,13 @@ def main() -> None:
             for p in reversed(procs):
                 p.send_signal(signal.SIGTERM)
                 p.wait()
-            for state in Path(tmp, "runs").glob(
-                "*.json"
-            ):  # the controller leaves runs alive, by design
+            # the controller leaves runs alive, by design
+            for state in Path(tmp, "runs").glob("*.json"):
                 with contextlib.suppress(OSError, ValueError, KeyError):
                     os.killpg(json.loads(state.read_text())["pid"], signal.SIGKILL)
     print(
-        f"launch+record, harness `true`: {launch_per_s:.0f} rollouts/s (direct spawn: {direct_per_s:.0f}/s)"
+        f"launch+record, harness `true`: {launch_per_s:.0f} rollouts/s "
+        f"(direct spawn: {direct_per_s:.0f}/s)"
     )
     print(f"controller RSS (peak) with {running} rollouts running: {peak:.0f} MiB")
     print(f"controller_launch_per_s={launch_per_s:.0f} controller_rss_mb_500={peak:.0f}")

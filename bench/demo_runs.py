@@ -26,14 +26,8 @@ def run(seed: int, out: Path, loaded: bool) -> dict[str, float]:
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
     try:
         with (out.parent / f"seed{seed}.log").open("wb") as log:
-            demo = [
-                sys.executable,
-                str(ROOT / "examples" / "demo.py"),
-                "--seed",
-                str(seed),
-                "--out",
-                str(out),
-            ]
+            demo = [sys.executable, str(ROOT / "examples" / "demo.py")]
+            demo += ["--seed", str(seed), "--out", str(out)]
             code = subprocess.run(demo, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
     finally:
         if busy:
@@ -64,8 +58,9 @@ def main() -> int:
         loaded = seed in args.loaded
         r = run(seed, args.out / f"seed{seed}", loaded) | {"seed": seed, "loaded": loaded}
         results.append(r)
+        machine = "one core busy" if loaded else "quiet"
         print(
-            f"| {seed} | {'one core busy' if loaded else 'quiet'} | {r['val_before']:.3f} | {r['val_after']:.3f} "
+            f"| {seed} | {machine} | {r['val_before']:.3f} | {r['val_after']:.3f} "
             f"| {r['train_first3']:.3f} | {r['train_last3']:.3f} | {r['wall_s']:.0f} s |",
             flush=True,
         )
@@ -74,11 +69,10 @@ def main() -> int:
     collapsed = sum(r["train_last3"] < r["train_first3"] for r in results)
     n = len(results)
     ok = improved == n and collapsed == 0
-    print(
-        "PASS"
-        if ok
-        else f"FAIL: {n - improved} run(s) improved by less than {MARGIN}, {collapsed} collapsed"
-    )
+    if ok:
+        print("PASS")
+    else:
+        print(f"FAIL: {n - improved} run(s) improved by less than {MARGIN}, {collapsed} collapsed")
     print(
         f"demo_runs={n} improved={improved} collapsed={collapsed} "
         f"val_before_mean={sum(r['val_before'] for r in results) / n:.3f} "

@@ -73,16 +73,8 @@ def main() -> int:
         port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     # No prefix cache: the rounds repeat their prompts, and what is measured here is batching.
-    argv = [
-        "--model",
-        args.model,
-        "--port",
-        str(port),
-        "--max-batch",
-        "8",
-        "--prefix-cache-tokens",
-        "0",
-    ]
+    argv = ["--model", args.model, "--port", str(port)]
+    argv += ["--max-batch", "8", "--prefix-cache-tokens", "0"]
     server = subprocess.Popen([sys.executable, "-m", "engine.server", *argv], cwd=ROOT)
     try:
         t0 = time.perf_counter()
@@ -100,7 +92,8 @@ def main() -> int:
         server.send_signal(signal.SIGINT)
         server.wait(30)
     print(
-        f"engine_tok_per_s_1={one:.1f} engine_tok_per_s_8={eight:.1f} batching_speedup={eight / one:.2f}"
+        f"engine_tok_per_s_1={one:.1f} engine_tok_per_s_8={eight:.1f} "
+        f"batching_speedup={eight / one:.2f}"
     )
     return 0
 

@@ -72,9 +72,10 @@ def stand_in_app(tokenizer: str) -> Any:
         if state["fail"] > 0:
             state["fail"] -= 1
             return JSONResponse({"error": {"message": "injected failure"}}, 503)
-        return replies.get(state["version"]) or replies.setdefault(
-            state["version"], reply(state["version"])
-        )
+        version = state["version"]
+        if version not in replies:
+            replies[version] = reply(version)
+        return replies[version]
 
     @app.post("/update_weights_from_disk")
     async def update_weights(body: dict) -> dict:
@@ -156,9 +157,8 @@ class Conversation:
 
     async def call(self) -> tuple[float, int]:
         if not self.messages or self.turns == 6:
-            r = await post(
-                self.client, self.gateway + "/api/rollouts", {"group": "bench"}, ADMIN_HEADERS
-            )
+            url = self.gateway + "/api/rollouts"
+            r = await post(self.client, url, {"group": "bench"}, ADMIN_HEADERS)
             self.headers = {"Authorization": f"Bearer {r['agent_token']}"}
             self.messages = [
                 {"role": "system", "content": words(1_650, self.tok, self.salt)},
@@ -170,9 +170,8 @@ class Conversation:
         reply = await post(self.client, self.gateway + "/v1/chat/completions", body, self.headers)
         elapsed = time.perf_counter() - t0
         self.messages.append(reply["choices"][0]["message"])
-        self.messages.append(
-            {"role": "user", "content": words(50, self.tok, f"output {self.turns}")}
-        )
+        tool_output = words(50, self.tok, f"output {self.turns}")
+        self.messages.append({"role": "user", "content": tool_output})
         self.turns += 1
         return elapsed, reply["usage"]["prompt_tokens"]
 
@@ -189,10 +188,8 @@ async def run(
             elapsed, prompt_tokens = await convo.call()
             through.append(elapsed)
             sizes.append(prompt_tokens)
-            body = {
-                "input_ids": list(range(prompt_tokens)),
-                "sampling_params": {"max_new_tokens": 64},
-            }
+            sampling = {"max_new_tokens": 64}
+            body = {"input_ids": list(range(prompt_tokens)), "sampling_params": sampling}
             t0 = time.perf_counter()
             await post(client, engine + "/generate", body | {"return_logprob": True}, {})
             direct.append(time.perf_counter() - t0)
@@ -225,11 +222,8 @@ async def run(
                 r = await post(
                     client, gateway + "/api/rollouts", {"group": "memory"}, ADMIN_HEADERS
                 )
-                body = {
-                    "model": "bench",
-                    "messages": [{"role": "user", "content": f"{i} {big}"}],
-                    "max_tokens": 64,
-                }
+                messages = [{"role": "user", "content": f"{i} {big}"}]
+                body = {"model": "bench", "messages": messages, "max_tokens": 64}
                 headers = {"Authorization": f"Bearer {r['agent_token']}"}
                 await post(client, gateway + "/v1/chat/completions", body, headers)
 
@@ -258,74 +252,46 @@ def main() -> None:
 
     from engine import models
 
-    tokenizer = str(
-        models.resolve(
-            "tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-        )
-    )
+    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+    tokenizer = str(models.resolve("tiny", cache_dir))
     tok = AutoTokenizer.from_pretrained(tokenizer)
     engine_port, gateway_port = free_port(), free_port()
     env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
     with tempfile.TemporaryDirectory() as tmp:
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.gateway",
-                    "--stand-in",
-                    str(engine_port),
-                    "--tokenizer",
-                    tokenizer,
-                ],
-                env=env,
-            ),
-        ]
+        stand_in_argv = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port)]
+        procs = [subprocess.Popen([*stand_in_argv, "--tokenizer", tokenizer], env=env)]
         engine = f"http://127.0.0.1:{engine_port}"
         gateway = f"http://127.0.0.1:{gateway_port}"
         try:
             wait(engine + "/model_info")
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "agl.cli",
-                        "gateway",
-                        "--engine-url",
-                        engine,
-                        "--port",
-                        str(gateway_port),
-                        "--admin-key",
-                        ADMIN,
-                        "--db",
-                        f"sqlite:///{tmp}/bench.db",
-                    ],
-                    env=env,
-                )
-            )
+            gw = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
+            gw += ["--port", str(gateway_port), "--admin-key", ADMIN]
+            gw += ["--db", f"sqlite:///{tmp}/bench.db"]
+            procs.append(subprocess.Popen(gw, env=env))
             wait(gateway + "/healthz")
-            out = asyncio.run(
-                run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts, procs[1].pid)
-            )
-            out["gateway_rss_mb"] = rss_mb(procs[1].pid)
+            pid = procs[1].pid
+            load = run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts, pid)
+            out = asyncio.run(load)
+            out["gateway_rss_mb"] = rss_mb(pid)
         finally:
             for p in procs:
                 p.terminate()
                 p.wait()
     overhead = out["gateway_p50_ms"] - out["direct_p50_ms"]
     print(
-        f"prompts: {out['prompt_tokens']:.0f} tokens on average (multi-turn, prefix-preserving); reply: 64 tokens"
+        f"prompts: {out['prompt_tokens']:.0f} tokens on average (multi-turn, prefix-preserving); "
+        "reply: 64 tokens"
     )
     print(
-        f"direct to the stand-in: p50 {out['direct_p50_ms']:.2f} ms, p99 {out['direct_p99_ms']:.2f} ms"
+        f"direct to the stand-in: p50 {out['direct_p50_ms']:.2f} ms, "
+        f"p99 {out['direct_p99_ms']:.2f} ms"
     )
     print(
-        f"through the gateway:    p50 {out['gateway_p50_ms']:.2f} ms, p99 {out['gateway_p99_ms']:.2f} ms"
+        f"through the gateway:    p50 {out['gateway_p50_ms']:.2f} ms, "
+        f"p99 {out['gateway_p99_ms']:.2f} ms"
     )
-    print(
-        f"added latency: p50 {overhead:.2f} ms, p99 {out['gateway_p99_ms'] - out['direct_p99_ms']:.2f} ms"
-    )
+    added_p99 = out["gateway_p99_ms"] - out["direct_p99_ms"]
+    print(f"added latency: p50 {overhead:.2f} ms, p99 {added_p99:.2f} ms")
     print(
         f"sustained with {args.concurrent} clients: {out['calls_per_s']:.0f} recorded calls/s, "
         f"{out['cpu_ms_per_call']:.2f} ms of gateway CPU per call"
@@ -335,7 +301,8 @@ def main() -> None:
         f"{args.rollouts} open rollouts of 32k tokens opened in {opened:.1f} s; peak RSS {rss:.0f} MiB"
     )
     print(
-        f"gateway_p50_overhead_ms={overhead:.2f} gateway_calls_per_s={out['calls_per_s']:.0f} gateway_rss_mb={rss:.0f}"
+        f"gateway_p50_overhead_ms={overhead:.2f} gateway_calls_per_s={out['calls_per_s']:.0f} "
+        f"gateway_rss_mb={rss:.0f}"
     )
 
 

@@ -41,22 +41,19 @@ async def measure(
         through: list[list[float]] = [[] for _ in gateways]
         direct = []
         for k in range(calls):
-            for i in (
-                range(len(convos)) if k % 2 else reversed(range(len(convos)))
-            ):  # neither always goes first
+            # neither always goes first
+            order = range(len(convos)) if k % 2 else reversed(range(len(convos)))
+            for i in order:
                 elapsed, prompt_tokens = await convos[i].call()
                 through[i].append(elapsed)
-            body = {
-                "input_ids": list(range(prompt_tokens)),
-                "sampling_params": {"max_new_tokens": 64},
-            }
+            sampling = {"max_new_tokens": 64}
+            body = {"input_ids": list(range(prompt_tokens)), "sampling_params": sampling}
             t0 = time.perf_counter()
             await post(client, engine + "/generate", body | {"return_logprob": True}, {})
             direct.append(time.perf_counter() - t0)
         base = statistics.median(direct)
-        out: dict[str, list] = {
-            "overhead_ms": [(statistics.median(t) - base) * 1e3 for t in through]
-        }
+        overhead_ms = [(statistics.median(t) - base) * 1e3 for t in through]
+        out: dict[str, list] = {"overhead_ms": overhead_ms}
         out["calls_per_s"] = [0.0 for _ in gateways]
         per_client = max(1, calls // 10)
         for _ in range(2):
@@ -88,24 +85,14 @@ def main() -> None:
     from engine import models
 
     this = Path(__file__).resolve().parents[1]
-    tokenizer = str(
-        models.resolve(
-            "tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-        )
-    )
+    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+    tokenizer = str(models.resolve("tiny", cache_dir))
     tok = AutoTokenizer.from_pretrained(tokenizer)
     env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
     engine_port = free_port()
     engine = f"http://127.0.0.1:{engine_port}"
-    stand_in = [
-        sys.executable,
-        "-m",
-        "bench.gateway",
-        "--stand-in",
-        str(engine_port),
-        "--tokenizer",
-        tokenizer,
-    ]
+    stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port)]
+    stand_in += ["--tokenizer", tokenizer]
     procs = [subprocess.Popen(stand_in, env=env, cwd=this)]
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -115,17 +102,9 @@ def main() -> None:
             gateways = []
             for i, tree in enumerate((this, Path(args.other).resolve())):
                 port = free_port()
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "agl.cli",
-                    "gateway",
-                    "--engine-url",
-                    engine,
-                    "--port",
-                    str(port),
-                ]
-                cmd += ["--admin-key", ADMIN, "--db", f"sqlite:///{tmp}/gateway{i}.db"]
+                cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
+                cmd += ["--port", str(port), "--admin-key", ADMIN]
+                cmd += ["--db", f"sqlite:///{tmp}/gateway{i}.db"]
                 procs.append(subprocess.Popen(cmd, env=env, cwd=tree))
                 gateways.append(f"http://127.0.0.1:{port}")
             for g in gateways:

@@ -45,14 +45,17 @@ def verdict(ratio: float) -> str:
     return "met" if ratio <= TARGET else "NOT met"
 
 
+def p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 async def timed(
     client: aiohttp.ClientSession, url: str, data: bytes, headers: dict
 ) -> tuple[float, dict]:
     """One POST of an encoded JSON body: (seconds, the reply)."""
+    headers = headers | {"Content-Type": "application/json"}
     t0 = time.perf_counter()
-    async with client.post(
-        url, data=data, headers=headers | {"Content-Type": "application/json"}
-    ) as r:
+    async with client.post(url, data=data, headers=headers) as r:
         r.raise_for_status()
         reply = await r.json()
     return time.perf_counter() - t0, reply
@@ -61,11 +64,14 @@ async def timed(
 async def grow(
     gateway: str, engine: str, tok: object, rollouts: int, turns: int, stagger: int
 ) -> dict:
-    """Grow `rollouts` conversations to `turns` calls each; per prompt length, the measured round trips."""
+    """Grow `rollouts` conversations to `turns` calls each; per prompt length, the measured round
+    trips."""
     system = words(2_000, tok, "system")
     through: dict[int, list[float]] = defaultdict(list)
     direct: dict[int, list[float]] = defaultdict(list)
     tokens: dict[int, list[int]] = defaultdict(list)
+    chat = gateway + "/v1/chat/completions"
+    sampling = {"sampling_params": {"max_new_tokens": 64}, "return_logprob": True}
     async with aiohttp.ClientSession() as client:
         convos: list[tuple[dict, list[dict]]] = []
         for i in range(rollouts):
@@ -78,28 +84,19 @@ async def grow(
                 turn = step - i * stagger
                 if not 0 <= turn < turns:
                     continue
-                body = json.dumps(
-                    {"model": "bench", "messages": messages, "max_tokens": 64}
-                ).encode()
-                elapsed, reply = await timed(
-                    client, gateway + "/v1/chat/completions", body, headers
-                )
+                body = json.dumps({"model": "bench", "messages": messages, "max_tokens": 64})
+                elapsed, reply = await timed(client, chat, body.encode(), headers)
                 n = reply["usage"]["prompt_tokens"]
-                prompt = {
-                    "input_ids": [100 + k % 500 for k in range(n)]
-                }  # 3 digits each, as the tiny vocabulary's
-                body = json.dumps(
-                    prompt | {"sampling_params": {"max_new_tokens": 64}, "return_logprob": True}
-                ).encode()
+                # 3 digits each, as the tiny vocabulary's
+                prompt = {"input_ids": [100 + k % 500 for k in range(n)]}
+                body = json.dumps(prompt | sampling)
                 through[len(messages)].append(elapsed)
-                direct[len(messages)].append(
-                    (await timed(client, engine + "/generate", body, {}))[0]
-                )
+                direct_s, _ = await timed(client, engine + "/generate", body.encode(), {})
+                direct[len(messages)].append(direct_s)
                 tokens[len(messages)].append(n)
                 messages.append(reply["choices"][0]["message"])
-                messages.append(
-                    {"role": "user", "content": words(510, tok, f"tool output {i}.{turn}")}
-                )
+                tool_output = words(510, tok, f"tool output {i}.{turn}")
+                messages.append({"role": "user", "content": tool_output})
         async with client.get(gateway + "/metrics") as got:
             metrics = await got.text()
     lines = [line for line in metrics.splitlines() if line.startswith("agl_prefix_total")]
@@ -108,19 +105,18 @@ async def grow(
 
 
 def stored(db: Path) -> dict[int, list[dict[str, int]]]:
-    """Per prompt length (messages), each recorded call's bytes: stored, its new tokens', its whole prompt's."""
+    """Per prompt length (messages), each recorded call's bytes: stored, its new tokens', its
+    whole prompt's."""
     columns = ("prompt_ids", "response_ids", "logprobs", "request", "response")
     sizes = ", ".join(f"length(CAST({c} AS BLOB))" for c in columns)
+    query = f"SELECT seq, base, {sizes} FROM calls ORDER BY rollout_id, seq"
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        rows = conn.execute(
-            f"SELECT seq, base, {sizes} FROM calls ORDER BY rollout_id, seq"
-        ).fetchall()
+        rows = conn.execute(query).fetchall()
     out: dict[int, list[dict[str, int]]] = defaultdict(list)
     known = 0  # tokens of the rollout recorded by its earlier calls: the last prompt and its reply
     for seq, base, prompt, response, logprobs, request, reply in rows:
-        whole = (
-            prompt + 4 * json.loads(base)["prompt_from"] if base else prompt
-        )  # a chained call stores its tail
+        # a chained call stores its tail
+        whole = prompt + 4 * json.loads(base)["prompt_from"] if base else prompt
         new_prompt = whole // 4 - known if seq else whole // 4
         known = (whole + response) // 4
         out[2 + 2 * seq].append(
@@ -133,6 +129,66 @@ def stored(db: Path) -> dict[int, list[dict[str, int]]]:
             }
         )
     return out
+
+
+def table(args: argparse.Namespace, out: dict, rows: dict) -> tuple[dict, dict]:
+    """Prints one line per prompt length; returns the added latency (ms) and the stored bytes per
+    call, by length."""
+    print(
+        "messages  prompt tok  direct ms  gateway ms  added ms  stored B/call  prompt_ids B  request B"
+        "  new-token B  stored/new  stored/whole"
+    )
+    added, per_call = {}, {}
+    for n in sorted({m for m in LENGTHS if m <= args.messages} | {args.messages}):
+        added[n] = (p50(out["through"][n]) - p50(out["direct"][n])) * 1e3
+        calls = rows[n]
+        per_call[n] = p50([c["stored"] for c in calls])
+        new, whole = p50([c["new"] for c in calls]), p50([c["whole"] for c in calls])
+        print(
+            f"{n:8d}  {p50(out['tokens'][n]):10.0f}  {p50(out['direct'][n]) * 1e3:9.2f}  "
+            f"{p50(out['through'][n]) * 1e3:10.2f}  {added[n]:8.2f}  {per_call[n]:13.0f}  "
+            f"{p50([c['prompt_ids'] for c in calls]):12.0f}  "
+            f"{p50([c['request'] for c in calls]):9.0f}  "
+            f"{new:11.0f}  {per_call[n] / new:10.1f}  {per_call[n] / whole:12.2f}"
+        )
+    return added, per_call
+
+
+def report(args: argparse.Namespace, out: dict, rows: dict, on_disk: int, elapsed: float) -> None:
+    print(
+        f"{args.rollouts} rollouts grown to {args.messages} messages, one call in flight, "
+        f"instant stand-in (64-token replies), tiny tokenizer; prompts by how they extend the "
+        f"rollout: {out['prefix']}"
+    )
+    added, per_call = table(args, out, rows)
+    every = [c for calls in rows.values() for c in calls]
+    total, new_total = sum(c["stored"] for c in every), sum(c["new"] for c in every)
+    print(
+        "(new-token B: 4 bytes per prompt token no earlier call of the rollout recorded, and per "
+        "reply token; stored/whole: stored bytes over 4 bytes per prompt token.) "
+        f"All {len(every)} calls: {total / 2**20:.0f} MiB in their rows for "
+        f"{new_total / 2**20:.1f} MiB of new tokens, {on_disk / 2**20:.0f} MiB on disk "
+        f"(the SQLite file and its WAL); run took {elapsed:.0f} s"
+    )
+    last = args.messages
+    ratio = added[last] / added[20]
+    per_new = {n: per_call[n] / p50([c["new"] for c in rows[n]]) for n in (20, last)}
+    growth = per_new[last] / per_new[20]
+    slope = (added[last] - added[20]) / (last - 20) * 1e3
+    print(
+        f"added latency grows by {slope:.1f} us per message of the prompt, from 20 to {last} messages"
+    )
+    print(
+        f"targets: ratio_{last}_to_20={ratio:.2f} "
+        f"(added latency; target <= {TARGET:.0f}: {verdict(ratio)}); "
+        f"bytes per call / new-token bytes at {last}={per_new[last]:.1f}, {growth:.2f}x that at 20 "
+        "(target: proportional to the new tokens, so the same at any length, "
+        f"taken as <= {TARGET:.0f}x: {verdict(growth)})."
+    )
+    print(
+        f"gateway_p50_ms_20={added[20]:.2f} gateway_p50_ms_{last}={added[last]:.2f} "
+        f"gateway_bytes_per_call_{last}={per_call[last]:.0f}"
+    )
 
 
 def main() -> None:
@@ -151,11 +207,8 @@ def main() -> None:
 
     from engine import models
 
-    tokenizer = str(
-        models.resolve(
-            "tiny", Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-        )
-    )
+    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
+    tokenizer = str(models.resolve("tiny", cache_dir))
     tok = AutoTokenizer.from_pretrained(tokenizer)
     env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
     engine_port, gateway_port = free_port(), free_port()
@@ -164,31 +217,13 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "bench.db"
-        stand_in = [
-            sys.executable,
-            "-m",
-            "bench.gateway",
-            "--stand-in",
-            str(engine_port),
-            "--tokenizer",
-            tokenizer,
-        ]
-        procs = [subprocess.Popen(stand_in, env=env)]
+        stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port)]
+        procs = [subprocess.Popen([*stand_in, "--tokenizer", tokenizer], env=env)]
         try:
             wait(engine + "/model_info")
-            cmd = [
-                sys.executable,
-                "-m",
-                "agl.cli",
-                "gateway",
-                "--engine-url",
-                engine,
-                "--port",
-                str(gateway_port),
-            ]
-            procs.append(
-                subprocess.Popen([*cmd, "--admin-key", ADMIN, "--db", f"sqlite:///{db}"], env=env)
-            )
+            cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
+            cmd += ["--port", str(gateway_port), "--admin-key", ADMIN, "--db", f"sqlite:///{db}"]
+            procs.append(subprocess.Popen(cmd, env=env))
             wait(gateway + "/healthz")
             out = asyncio.run(grow(gateway, engine, tok, args.rollouts, turns, args.stagger))
             rows = stored(db)
@@ -197,56 +232,7 @@ def main() -> None:
             for p in procs:
                 p.terminate()
                 p.wait()
-    elapsed = time.perf_counter() - started
-
-    def p50(values: list[float]) -> float:
-        return statistics.median(values) if values else float("nan")
-
-    print(
-        f"{args.rollouts} rollouts grown to {args.messages} messages, one call in flight, instant stand-in "
-        f"(64-token replies), tiny tokenizer; prompts by how they extend the rollout: {out['prefix']}"
-    )
-    print(
-        "messages  prompt tok  direct ms  gateway ms  added ms  stored B/call  prompt_ids B  request B"
-        "  new-token B  stored/new  stored/whole"
-    )
-    added, per_call = {}, {}
-    for n in sorted({m for m in LENGTHS if m <= args.messages} | {args.messages}):
-        added[n] = (p50(out["through"][n]) - p50(out["direct"][n])) * 1e3
-        calls = rows[n]
-        per_call[n] = p50([c["stored"] for c in calls])
-        new, whole = p50([c["new"] for c in calls]), p50([c["whole"] for c in calls])
-        print(
-            f"{n:8d}  {p50(out['tokens'][n]):10.0f}  {p50(out['direct'][n]) * 1e3:9.2f}  "
-            f"{p50(out['through'][n]) * 1e3:10.2f}  {added[n]:8.2f}  {per_call[n]:13.0f}  "
-            f"{p50([c['prompt_ids'] for c in calls]):12.0f}  {p50([c['request'] for c in calls]):9.0f}  "
-            f"{new:11.0f}  {per_call[n] / new:10.1f}  {per_call[n] / whole:12.2f}"
-        )
-    every = [c for calls in rows.values() for c in calls]
-    total, new_total = sum(c["stored"] for c in every), sum(c["new"] for c in every)
-    print(
-        f"(new-token B: 4 bytes per prompt token no earlier call of the rollout recorded, and per reply token; "
-        f"stored/whole: stored bytes over 4 bytes per prompt token.) All {len(every)} calls: {total / 2**20:.0f} MiB "
-        f"in their rows for {new_total / 2**20:.1f} MiB of new tokens, {on_disk / 2**20:.0f} MiB on disk "
-        f"(the SQLite file and its WAL); run took {elapsed:.0f} s"
-    )
-    last = args.messages
-    ratio = added[last] / added[20]
-    per_new = {n: per_call[n] / p50([c["new"] for c in rows[n]]) for n in (20, last)}
-    growth = per_new[last] / per_new[20]
-    slope = (added[last] - added[20]) / (last - 20) * 1e3
-    print(
-        f"added latency grows by {slope:.1f} us per message of the prompt, from 20 to {last} messages"
-    )
-    print(
-        f"targets: ratio_{last}_to_20={ratio:.2f} (added latency; target <= {TARGET:.0f}: {verdict(ratio)}); "
-        f"bytes per call / new-token bytes at {last}={per_new[last]:.1f}, {growth:.2f}x that at 20 (target: "
-        f"proportional to the new tokens, so the same at any length, taken as <= {TARGET:.0f}x: {verdict(growth)})."
-    )
-    print(
-        f"gateway_p50_ms_20={added[20]:.2f} gateway_p50_ms_{last}={added[last]:.2f} "
-        f"gateway_bytes_per_call_{last}={per_call[last]:.0f}"
-    )
+    report(args, out, rows, on_disk, elapsed=time.perf_counter() - started)
 
 
 if __name__ == "__main__":

@@ -52,9 +52,8 @@ from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, rss_mb, wait
 from controller.launcher import process_start
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE_TIMEOUT_S = (
-    2.0  # the gateway's engine timeout in the engine-fault phase: a hung engine fails fast
-)
+# the gateway's engine timeout in the engine-fault phase: a hung engine fails fast
+ENGINE_TIMEOUT_S = 2.0
 RETRYABLE = (aiohttp.ClientError,)  # refused, reset, cut short: what SDKs retry
 
 
@@ -83,48 +82,23 @@ class Stack:
             "PYTHONPATH": str(ROOT),
         }
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.engine_timeout_s = (
-            60.0  # generous: 1,000 calls at once queue at the one-process stand-in
-        )
+        # generous: 1,000 calls at once queue at the one-process stand-in
+        self.engine_timeout_s = 60.0
 
     def start_engine(self) -> None:
         argv = [sys.executable, "-m", "bench.gateway", "--stand-in", str(self.engine_port)]
         self._start("engine", [*argv, "--tokenizer", self.tokenizer], self.engine + "/model_info")
 
     def start_gateway(self) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "agl.cli",
-            "gateway",
-            "--engine-url",
-            self.engine,
-            "--db",
-            self.db,
-        ]
-        argv += ["--port", str(self.gateway_port), "--admin-key", ADMIN]
+        argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", self.engine]
+        argv += ["--db", self.db, "--port", str(self.gateway_port), "--admin-key", ADMIN]
         env = {"AGL_GATEWAY_ENGINE_TIMEOUT_S": str(self.engine_timeout_s)}
         self._start("gateway", argv, self.url + "/healthz", env)
 
     def start_controller(self, state_dir: Path, max_running: int) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "agl.cli",
-            "controller",
-            "--gateway",
-            self.url,
-            "--admin-key",
-            ADMIN,
-        ]
-        argv += [
-            "--state-dir",
-            str(state_dir),
-            "--max-running",
-            str(max_running),
-            "--poll-s",
-            "0.1",
-        ]
+        argv = [sys.executable, "-m", "agl.cli", "controller", "--gateway", self.url]
+        argv += ["--admin-key", ADMIN, "--state-dir", str(state_dir)]
+        argv += ["--max-running", str(max_running), "--poll-s", "0.1"]
         self._start("controller", argv, None, {"AGL_LOG_LEVEL": "INFO"})
 
     def _start(
@@ -157,7 +131,8 @@ class Stack:
 
 @contextlib.contextmanager
 def running(tmp: Path | None = None, env: dict[str, str] | None = None) -> Iterator[Stack]:
-    """Engine stand-in and gateway up (`env` added to their environment); everything started is killed on exit."""
+    """Engine stand-in and gateway up (`env` added to their environment); everything started is
+    killed on exit."""
     with contextlib.ExitStack() as exits:
         if tmp is None:
             tmp = Path(exits.enter_context(tempfile.TemporaryDirectory()))
@@ -204,9 +179,8 @@ async def create(
 
 async def call(client: aiohttp.ClientSession, url: str, token: str, tag: str) -> tuple[int, str]:
     body = {"model": "soak", "messages": [{"role": "user", "content": tag}], "max_tokens": 64}
-    async with client.post(
-        url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {token}"}
-    ) as r:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with client.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
         return r.status, await r.text()
 
 
@@ -306,6 +280,13 @@ ROLLOUT_ROUTES = [
     ("POST", "/status"),
     ("POST", "/tokens"),
 ]
+ADMIN_ROUTES = [
+    ("GET", "/api/rollouts"),
+    ("POST", "/api/rollouts"),
+    ("POST", "/api/pause"),
+    ("GET", "/api/state"),
+    ("POST", "/api/models"),
+]
 
 
 async def cross_rollout(
@@ -314,26 +295,15 @@ async def cross_rollout(
     """Each rollout's tokens against every rollout-scoped route of another rollout (and the
     admin-only routes), as a header and as a `/r/{token}` path prefix. Accepted must be 0."""
     attempts = rejected = 0
+    body = {"reward": 1.0, "kind": "x", "status": "succeeded", "group": "g", "version": 99}
     async with session() as client:
         victims = await create(client, url, pairs, "victims", admin, grader=True)
         thieves = await create(client, url, pairs, "thieves", admin, grader=True)
         for victim, thief in zip(victims, thieves, strict=True):
             for token in (thief["agent_token"], thief["grader_token"]):
                 targets = [(m, f"/api/rollouts/{victim['id']}{p}") for m, p in ROLLOUT_ROUTES]
-                targets += [
-                    ("GET", "/api/rollouts"),
-                    ("POST", "/api/rollouts"),
-                    ("POST", "/api/pause"),
-                ]
-                targets += [("GET", "/api/state"), ("POST", "/api/models")]
+                targets += ADMIN_ROUTES
                 for method, path in targets:
-                    body = {
-                        "reward": 1.0,
-                        "kind": "x",
-                        "status": "succeeded",
-                        "group": "g",
-                        "version": 99,
-                    }
                     for target, headers in (
                         (url + path, {"Authorization": f"Bearer {token}"}),
                         (f"{url}/r/{token}{path}", {}),
@@ -346,12 +316,8 @@ async def cross_rollout(
                 got = await r.json()
             async with client.get(f"{url}/api/rollouts/{victim['id']}/events", headers=admin) as r:
                 kinds = [e["kind"] for e in await r.json()]
-            assert (got["reward"], got["status"], got["attempt"], kinds) == (
-                None,
-                "queued",
-                1,
-                ["lifecycle"],
-            ), got
+            seen = (got["reward"], got["status"], got["attempt"], kinds)
+            assert seen == (None, "queued", 1, ["lifecycle"]), got
     return {"attempts": attempts, "rejected": rejected, "accepted": attempts - rejected}
 
 
@@ -366,9 +332,8 @@ async def gateway_kill(stack: Stack, rollouts: int, calls: int, kills: int) -> d
         )
         total = rollouts * calls
         for k in range(kills):
-            while len(tally.answered) < total * (k + 1) / (
-                kills + 1
-            ):  # kill at even points of the load
+            # kill at even points of the load
+            while len(tally.answered) < total * (k + 1) / (kills + 1):
                 await asyncio.sleep(0.01)
             stack.kill("gateway")
             await asyncio.to_thread(stack.start_gateway)
@@ -399,9 +364,8 @@ async def pause_cycles(
         max_drain_s = 0.0
         for version in range(first, first + cycles):
             seen = len(tally.answered)
-            while (
-                len(tally.answered) < seen + per_cycle and not tally.errors
-            ):  # under load each cycle
+            # under load each cycle
+            while len(tally.answered) < seen + per_cycle and not tally.errors:
                 await asyncio.sleep(0.005)
             async with client.post(stack.url + "/api/pause", headers=ADMIN_HEADERS) as r:
                 drained = await r.json()
@@ -480,16 +444,17 @@ async def engine_faults(stack: Stack, slow: bool = True) -> dict[str, Any]:
 HARNESS = """
 import json, os, subprocess, sys, time, urllib.request
 kind, marks = sys.argv[1], sys.argv[2]
-open(os.path.join(marks, f"{os.environ['AGL_ROLLOUT_ID']}.{os.environ['AGL_ATTEMPT']}.{os.getpid()}"), "w").close()
+rollout, attempt = os.environ["AGL_ROLLOUT_ID"], os.environ["AGL_ATTEMPT"]
+open(os.path.join(marks, f"{rollout}.{attempt}.{os.getpid()}"), "w").close()
 def post(url, body, token):
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Authorization": "Bearer " + token,
-                                 "Content-Type": "application/json"})
+    headers = {"Authorization": "Bearer " + token, "Content-Type": "application/json"}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     return json.load(urllib.request.urlopen(req, timeout=60))
 token = os.environ["OPENAI_API_KEY"]
 chat = {"messages": [{"role": "user", "content": "hi"}]}
 post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", chat, token)
-if kind == "outage" and os.environ["AGL_ATTEMPT"] == "1":  # a second call once the gateway was killed
-    open(os.path.join(marks, "..", "waiting", os.environ["AGL_ROLLOUT_ID"]), "w").close()
+if kind == "outage" and attempt == "1":  # a second call once the gateway was killed
+    open(os.path.join(marks, "..", "waiting", rollout), "w").close()
     while not os.path.exists(os.path.join(marks, "..", "go")):
         time.sleep(0.05)
     post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", chat, token)  # refused: this run fails
@@ -501,10 +466,20 @@ if kind == "hang":
 if kind == "crash":
     os.abort()
 time.sleep(float(os.environ.get("SOAK_SLEEP", "0")))
-post(f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{os.environ['AGL_ROLLOUT_ID']}/reward", {"reward": 1}, token)
+post(f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{rollout}/reward", {"reward": 1}, token)
 """
 EXPECTED = {"ok": ("succeeded", None), "fork": ("succeeded", None), "crash": ("failed", "task")}
 EXPECTED |= {"hang": ("timed_out", "task"), "outage": ("succeeded", None)}
+
+
+def wrong_outcomes(made: list[tuple[str, str]], ended: dict[str, dict]) -> list[tuple]:
+    """(kind, status) of each rollout that did not end as its kind dictates (`EXPECTED`)."""
+    wrong = []
+    for rid, kind in made:
+        got = ended.get(rid, {})
+        if (got.get("status"), got.get("failure_kind")) != EXPECTED[kind]:
+            wrong.append((kind, got.get("status")))
+    return wrong
 
 
 async def controller_kill(
@@ -568,12 +543,7 @@ async def controller_kill(
     launches = Counter(
         p.name.rsplit(".", 1)[0] for p in marks.glob("*.*.*") if not p.name.startswith("child.")
     )
-    wrong = [
-        (kind, ended.get(rid, {}).get("status"))
-        for rid, kind in made
-        if (ended.get(rid, {}).get("status"), ended.get(rid, {}).get("failure_kind"))
-        != EXPECTED[kind]
-    ]
+    wrong = wrong_outcomes(made, ended)
     children = [int(p.name.split(".")[1]) for p in marks.glob("child.*")]
     deadline = time.monotonic() + 10
     while any(process_start(pid) is not None for pid in children) and time.monotonic() < deadline:
@@ -597,9 +567,8 @@ async def controller_kill(
 
 
 def main() -> None:
-    signal.signal(
-        signal.SIGTERM, lambda *_: sys.exit(143)
-    )  # clean up the processes on a plain kill too
+    # clean up the processes on a plain kill too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, default=1000, help="load: concurrent rollouts")
     parser.add_argument("--calls", type=int, default=10, help="load: calls per rollout")

@@ -39,9 +39,8 @@ def free_port() -> int:
 
 def start(name: str, argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
     log = (logs / f"{name}.log").open("wb")
-    return subprocess.Popen(
-        [sys.executable, "-m", "agl.cli", *argv], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
-    )
+    command = [sys.executable, "-m", "agl.cli", *argv]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 900) -> None:
@@ -103,60 +102,32 @@ def main() -> int:
     started = time.monotonic()
     try:
         print(
-            f"starting the embedded engine ({args.model}; the first run converts the model, about a minute)"
+            f"starting the embedded engine ({args.model}; the first run converts the model, "
+            "about a minute)"
         )
-        engine = [
-            "engine",
-            "--model",
-            args.model,
-            "--port",
-            str(engine_port),
-        ]  # 1 thread: batching is the speed
+        # 1 thread: batching is the speed
+        engine = ["engine", "--model", args.model, "--port", str(engine_port)]
         procs.append(start("engine", engine, out))
         wait_up(engine_url + "/health", procs[-1], "the engine")
-        gateway = [
-            "gateway",
-            "--engine-url",
-            engine_url,
-            "--port",
-            str(gateway_port),
-            "--admin-key",
-            ADMIN_KEY,
-        ]
-        procs.append(start("gateway", [*gateway, "--db", f"sqlite:///{db}"], out))
+        gateway = ["gateway", "--engine-url", engine_url, "--port", str(gateway_port)]
+        gateway += ["--admin-key", ADMIN_KEY, "--db", f"sqlite:///{db}"]
+        procs.append(start("gateway", gateway, out))
         wait_up(gateway_url + "/healthz", procs[-1], "the gateway")
-        controller = [
-            "controller",
-            "--gateway",
-            gateway_url,
-            "--admin-key",
-            ADMIN_KEY,
-            "--launcher",
-            "local",
-        ]
-        procs.append(
-            start("controller", [*controller, "--state-dir", str(out / "controller")], out)
-        )
+        controller = ["controller", "--gateway", gateway_url, "--admin-key", ADMIN_KEY]
+        controller += ["--launcher", "local", "--state-dir", str(out / "controller")]
+        procs.append(start("controller", controller, out))
         print(f"engine {engine_url}, gateway {gateway_url}, store {db}; logs in {out}")
 
         calculator = ROOT / "examples" / "calculator"
         train = [
             *[sys.executable, "-m", "agl.cli", "train", str(calculator / "train.yaml")],
-            *[
-                f"agl.gateway={gateway_url}",
-                f"agl.engine={engine_url}",
-                f"agl.admin_key={ADMIN_KEY}",
-            ],
+            *[f"agl.gateway={gateway_url}", f"agl.engine={engine_url}"],
+            f"agl.admin_key={ADMIN_KEY}",
             f"agl.spec.harness.command=[{sys.executable},{args.harness.resolve()}]",
-            *[
-                f"agl.tasks={calculator / 'tasks.jsonl'}",
-                f"agl.val_tasks={calculator / 'val.jsonl'}",
-            ],
-            *[
-                f"agl.seed={args.seed}",
-                f"trainer.default_local_dir={out / 'train'}",
-                "trainer.resume_mode=disable",
-            ],
+            f"agl.tasks={calculator / 'tasks.jsonl'}",
+            f"agl.val_tasks={calculator / 'val.jsonl'}",
+            *[f"agl.seed={args.seed}", f"trainer.default_local_dir={out / 'train'}"],
+            "trainer.resume_mode=disable",
             *args.overrides,
         ]
         print("running:", " ".join(train[2:]))
@@ -164,13 +135,14 @@ def main() -> int:
             return 1
         result = summary(out / "train" / "metrics.jsonl") | {"wall_s": time.monotonic() - started}
         (out / "summary.json").write_text(json.dumps(result))
+        curve = reward_curve.plot(out / "train")
+        print(f"reward curve: {curve}; TensorBoard: {out / 'train' / 'tensorboard'}")
         print(
-            f"reward curve: {reward_curve.plot(out / 'train')}; TensorBoard: {out / 'train' / 'tensorboard'}"
-        )
-        print(
-            f"validation reward (greedy, {len(VAL)} held-out tasks): before training {result['val_before']:.3f}, "
-            f"after {result['val_after']:.3f}; training reward: first 3 steps {result['train_first3']:.3f}, "
-            f"last 3 steps {result['train_last3']:.3f} ({result['steps']} steps, {result['wall_s']:.0f} s)"
+            f"validation reward (greedy, {len(VAL)} held-out tasks): "
+            f"before training {result['val_before']:.3f}, after {result['val_after']:.3f}; "
+            f"training reward: first 3 steps {result['train_first3']:.3f}, "
+            f"last 3 steps {result['train_last3']:.3f} "
+            f"({result['steps']} steps, {result['wall_s']:.0f} s)"
         )
         return 0
     finally:

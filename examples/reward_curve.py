@@ -20,9 +20,8 @@ def plot(run: Path) -> Path:
     steps = [h for h in history if "reward/mean" in h]
 
     def series(key: str) -> tuple[list[float], list[float]]:
-        return [float(i) for i, h in enumerate(steps, 1) if key in h], [
-            h[key] for h in steps if key in h
-        ]
+        xs = [float(i) for i, h in enumerate(steps, 1) if key in h]
+        return xs, [h[key] for h in steps if key in h]
 
     val = [(h["val/step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
     fig = Figure(figsize=(6, 5.5), layout="tight")

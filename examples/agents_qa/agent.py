@@ -1,19 +1,22 @@
 """A question-answering agent written with the OpenAI Agents SDK: one `search` tool over a small corpus.
 
-It knows nothing about agl. Like any deployment it reads its endpoint and key from OPENAI_BASE_URL /
-OPENAI_API_KEY (the SDK's `AsyncOpenAI()` does) and its task from AGL_TASK ({"question", "answer"}); the agent
-and its model are both named `qa`. It talks Chat Completions (`OpenAIChatCompletionsModel`), so its tool calls
-are Chat Completions tool calls, and the SDK's tracing is off (its exporter would post to api.openai.com).
+It knows nothing about agl. Like any deployment it reads its endpoint and key from
+OPENAI_BASE_URL / OPENAI_API_KEY (the SDK's `AsyncOpenAI()` does) and its task from AGL_TASK
+({"question", "answer"}); the agent and its model are both named `qa`. It talks Chat Completions
+(`OpenAIChatCompletionsModel`), so its tool calls are Chat Completions tool calls, and the SDK's
+tracing is off (its exporter would post to api.openai.com).
 
-`search(query)` scores the passages of `corpus.jsonl` (an invented valley: `data.py`) with BM25 and returns the
-best three; an empty query, one of stop words only, or one that matches nothing gets a text starting with
-`Error:` (so does a tool call the SDK cannot parse), which is what the gateway's AIR option looks for.
+`search(query)` scores the passages of `corpus.jsonl` (an invented valley: `data.py`) with BM25
+and returns the best three; an empty query, one of stop words only, or one that matches nothing
+gets a text starting with `Error:` (so does a tool call the SDK cannot parse), which is what the
+gateway's AIR option looks for.
 
-At the end it posts its own reward to AGL_GATEWAY_URL: 0.9 x correct + 0.1 x format. `correct`: the normalized
-exact match (lower case, no punctuation or articles, single spaces, as SQuAD's) of the text after the last
-`Answer:` (else of the whole final reply) with the task's answer. `format`: the reply's last line is
-`Answer: <something>`. A run that ends without a final reply (too many turns, a tool call it cannot parse)
-gets 0. Exit code 0 means it ran to the end, whatever the answer.
+At the end it posts its own reward to AGL_GATEWAY_URL: 0.9 x correct + 0.1 x format. `correct`:
+the normalized exact match (lower case, no punctuation or articles, single spaces, as SQuAD's) of
+the text after the last `Answer:` (else of the whole final reply) with the task's answer.
+`format`: the reply's last line is `Answer: <something>`. A run that ends without a final reply
+(too many turns, a tool call it cannot parse) gets 0. Exit code 0 means it ran to the end,
+whatever the answer.
 """
 
 from __future__ import annotations
@@ -43,28 +46,12 @@ from agents import (
 
 CORPUS = Path(__file__).resolve().parent / "corpus.jsonl"
 INSTRUCTIONS = (
-    "You answer questions about the towns and rivers of the Veldmark valley. Look facts up with the search "
-    "tool (keywords, such as a town's or a river's name); search again if a passage names something you need. "
-    "Finish with one line: Answer: <short answer>"
+    "You answer questions about the towns and rivers of the Veldmark valley. Look facts up with "
+    "the search tool (keywords, such as a town's or a river's name); search again if a passage "
+    "names something you need. Finish with one line: Answer: <short answer>"
 )
-STOP = {
-    "a",
-    "an",
-    "and",
-    "the",
-    "of",
-    "in",
-    "on",
-    "is",
-    "was",
-    "what",
-    "which",
-    "who",
-    "when",
-    "how",
-    "does",
-    "to",
-}
+STOP = {"a", "an", "and", "the", "of", "in", "on", "is", "was", "to"}
+STOP |= {"what", "which", "who", "when", "how", "does"}
 
 
 def words(text: str) -> list[str]:
@@ -134,19 +121,16 @@ def reward(final: str | None, answer: str) -> float:
         return 0.0
     lines = [line.strip() for line in final.strip().splitlines() if line.strip()]
     formatted = bool(lines) and re.fullmatch(r"Answer:\s*\S.*", lines[-1]) is not None
-    given = (
-        (final.rsplit("Answer:", 1)[1].strip().splitlines() or [""])[0]
-        if "Answer:" in final
-        else final
-    )
+    given = final
+    if "Answer:" in final:
+        given = (final.rsplit("Answer:", 1)[1].strip().splitlines() or [""])[0]
     return 0.9 * (normalize(given) == normalize(answer)) + 0.1 * formatted
 
 
 def make_agent(client: openai.AsyncOpenAI) -> Agent:
     model = OpenAIChatCompletionsModel(model="qa", openai_client=client)
-    settings = ModelSettings(
-        temperature=0.7, max_tokens=96
-    )  # agl.temperature is 0.7: log-probs are computed there
+    # agl.temperature is 0.7: log-probs are computed there
+    settings = ModelSettings(temperature=0.7, max_tokens=96)
     return Agent(
         name="qa", instructions=INSTRUCTIONS, tools=[search], model=model, model_settings=settings
     )
@@ -173,11 +157,8 @@ def main() -> int:
     value = reward(final, str(task["answer"]))
     rollout = os.environ["AGL_ROLLOUT_ID"]
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{rollout}/reward"
-    httpx.post(
-        url,
-        json={"reward": value},
-        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
-    )
+    headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}
+    httpx.post(url, json={"reward": value}, headers=headers)
     print(json.dumps({"final": final, "expected": task["answer"], "reward": value}))
     return 0
 

@@ -1,9 +1,10 @@
 """Writes the QA example's corpus and tasks: `python examples/agents_qa/data.py` (deterministic).
 
-The corpus describes an invented valley, Veldmark: its towns and rivers, one short passage each, so the answers
-come from the corpus and not from what a model remembers. Questions ask for one fact of one passage (a town's
-founding year, trade, mayor or river; a river's length, source or mouth), some for a fact two passages apart
-(the source of the river a town lies on). It owns the data, not the agent or its reward (`agent.py`).
+The corpus describes an invented valley, Veldmark: its towns and rivers, one short passage each,
+so the answers come from the corpus and not from what a model remembers. Questions ask for one
+fact of one passage (a town's founding year, trade, mayor or river; a river's length, source or
+mouth), some for a fact two passages apart (the source of the river a town lies on). It owns the
+data, not the agent or its reward (`agent.py`).
 """
 
 from __future__ import annotations
@@ -14,82 +15,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 TOWNS = [
-    *[
-        "Orlen",
-        "Brevik",
-        "Tamsel",
-        "Kestow",
-        "Ardum",
-        "Velsey",
-        "Marrow",
-        "Quillon",
-        "Dunmere",
-        "Hollis",
-    ],
-    *[
-        "Saltry",
-        "Penfold",
-        "Crask",
-        "Ebbing",
-        "Fallow",
-        "Gorsey",
-        "Hythe",
-        "Ivel",
-        "Jarrow",
-        "Lunde",
-    ],
-    *[
-        "Moss Fen",
-        "Nether Cray",
-        "Oakhollow",
-        "Pridd",
-        "Rushby",
-        "Stennet",
-        "Tolling",
-        "Upwick",
-        "Wendle",
-        "Yarrow",
-    ],
+    *["Orlen", "Brevik", "Tamsel", "Kestow", "Ardum", "Velsey", "Marrow", "Quillon"],
+    *["Dunmere", "Hollis", "Saltry", "Penfold", "Crask", "Ebbing", "Fallow", "Gorsey"],
+    *["Hythe", "Ivel", "Jarrow", "Lunde", "Moss Fen", "Nether Cray", "Oakhollow", "Pridd"],
+    *["Rushby", "Stennet", "Tolling", "Upwick", "Wendle", "Yarrow"],
 ]
 TRADES = [
-    *[
-        "blue glass",
-        "river pearls",
-        "goat cheese",
-        "copper bells",
-        "linen",
-        "slate roofs",
-        "honey mead",
-        "clocks",
-    ],
-    *["wool blankets", "paper", "barrels", "candles", "rope", "pottery", "saddles", "ink"],
+    *["blue glass", "river pearls", "goat cheese", "copper bells", "linen", "slate roofs"],
+    *["honey mead", "clocks", "wool blankets", "paper", "barrels", "candles", "rope", "pottery"],
+    *["saddles", "ink"],
 ]
-FIRST = [
-    "Ilse",
-    "Tomas",
-    "Wren",
-    "Odile",
-    "Bram",
-    "Signe",
-    "Pell",
-    "Ansel",
-    "Mira",
-    "Corin",
-    "Hedda",
-    "Lorcan",
-]
-LAST = [
-    "Harrow",
-    "Vance",
-    "Quist",
-    "Dorrel",
-    "Fenwick",
-    "Ashby",
-    "Morrow",
-    "Castell",
-    "Brin",
-    "Tallis",
-]
+FIRST = ["Ilse", "Tomas", "Wren", "Odile", "Bram", "Signe", "Pell", "Ansel", "Mira", "Corin"]
+FIRST += ["Hedda", "Lorcan"]
+LAST = ["Harrow", "Vance", "Quist", "Dorrel", "Fenwick", "Ashby", "Morrow", "Castell", "Brin"]
+LAST += ["Tallis"]
 RIVERS = [
     ("Sarn", "Mount Orrin", "Lake Vey"),
     ("Idle", "Mount Keld", "Lake Vey"),
@@ -107,10 +46,8 @@ def build() -> tuple[list[dict], list[dict], list[dict]]:
     rng = random.Random(23)
     corpus, questions = [], []
     mayors = rng.sample([f"{f} {last}" for f in FIRST for last in LAST], len(TOWNS))
-    years, trades = (
-        rng.sample(range(1420, 1890), len(TOWNS)),
-        [TRADES[i % len(TRADES)] for i in range(len(TOWNS))],
-    )
+    years = rng.sample(range(1420, 1890), len(TOWNS))
+    trades = [TRADES[i % len(TRADES)] for i in range(len(TOWNS))]
     rng.shuffle(trades)
     river_of = {}
     for i, (name, mayor, year, trade) in enumerate(zip(TOWNS, mayors, years, trades, strict=True)):

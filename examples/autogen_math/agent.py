@@ -1,8 +1,10 @@
-"""A math word-problem agent written with AutoGen (autogen-agentchat 0.7): one `AssistantAgent` with a calculator.
+"""A math word-problem agent written with AutoGen (autogen-agentchat 0.7): one `AssistantAgent`
+with a calculator.
 
-It knows nothing about agl. Like any deployment it reads its endpoint and key from OPENAI_BASE_URL /
-OPENAI_API_KEY and its task from AGL_TASK ({"question", "answer"}); at the end it posts its own reward to
-AGL_GATEWAY_URL (agl allows that for rollouts without a grader): 1 for the right final number, else 0.
+It knows nothing about agl. Like any deployment it reads its endpoint and key from
+OPENAI_BASE_URL / OPENAI_API_KEY and its task from AGL_TASK ({"question", "answer"}); at the end it
+posts its own reward to AGL_GATEWAY_URL (agl allows that for rollouts without a grader): 1 for the
+right final number, else 0.
 
 The agent, `solver` (its name and the model name it asks for, which is how agl tells agents apart), has
 one function tool, `calculator(expression)` (tools.py: evaluated with `ast`, never `eval`). AutoGen runs
@@ -11,10 +13,10 @@ replies in text; if it is still calling tools after the third round, one more ca
 (AutoGen's reflection) makes it reply. So a rollout is one to four calls. The reward reads that reply:
 the number after its last "Answer:", else its last number (thousands separators allowed).
 
-Nothing here counts tokens: AutoGen's default model context keeps the whole conversation, so tiktoken (which
-would download its encodings) is imported by autogen-ext but never asked for one. Runs in a venv of its own
-(README.md): AutoGen 0.7 pins protobuf 5, which agl's own environment cannot have. Exit code 0 means it ran
-to the end, whatever the answer.
+Nothing here counts tokens: AutoGen's default model context keeps the whole conversation, so
+tiktoken (which would download its encodings) is imported by autogen-ext but never asked for one.
+Runs in a venv of its own (README.md): AutoGen 0.7 pins protobuf 5, which agl's own environment
+cannot have. Exit code 0 means it ran to the end, whatever the answer.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ SYSTEM = (
     "You solve math word problems. Use the calculator tool for the arithmetic: give it one expression "
     "written from the problem's numbers. When you have the result, reply with: Answer: <number>"
 )
-# The model is not an OpenAI one, so AutoGen cannot look up what it supports: it calls functions, nothing else.
+# The model is not an OpenAI one, so AutoGen cannot look up what it supports: it calls functions,
+# nothing else.
 MODEL_INFO = ModelInfo(
     vision=False,
     function_calling=True,
@@ -81,9 +84,8 @@ def post_reward(value: float) -> None:
         "Content-Type": "application/json",
     }
     body = json.dumps({"reward": value}).encode()
-    with urllib.request.urlopen(
-        urllib.request.Request(url, body, headers, method="POST"), timeout=30
-    ):
+    request = urllib.request.Request(url, body, headers, method="POST")
+    with urllib.request.urlopen(request, timeout=30):
         pass
 
 
@@ -95,15 +97,9 @@ def main() -> int:
         return 0  # the rollout was ended from outside (e.g. cancelled): stop at once
     value = reward(reply, float(task["answer"]))
     post_reward(value)
+    answer = final_number(reply)
     print(
-        json.dumps(
-            {
-                "reply": reply,
-                "answer": final_number(reply),
-                "expected": task["answer"],
-                "reward": value,
-            }
-        )
+        json.dumps({"reply": reply, "answer": answer, "expected": task["answer"], "reward": value})
     )
     return 0
 

@@ -86,17 +86,15 @@ def main() -> int:
             messages.append({"role": "assistant", "content": text})
             if call := CALL.search(text):
                 expression = call.group(1)
-                messages.append(
-                    {"role": "user", "content": f"calc({expression}) = {calculate(expression)}"}
-                )
+                result = calculate(expression)
+                messages.append({"role": "user", "content": f"calc({expression}) = {result}"})
             elif "Answer:" in text or reminded:
                 answer = final_number(text)
                 break
             else:
                 reminded = True  # one more turn to state the result in the asked format
-                messages.append(
-                    {"role": "user", "content": "State the final result as: Answer: <number>"}
-                )
+                reminder = "State the final result as: Answer: <number>"
+                messages.append({"role": "user", "content": reminder})
     except openai.PermissionDeniedError:
         return 0  # the rollout was ended from outside (e.g. cancelled): stop at once
     report(task, answer)
@@ -108,11 +106,8 @@ def report(task: dict, answer: float | None) -> None:
     reward = 1.0 if answer is not None and abs(answer - float(task["answer"])) < 1e-6 else 0.0
     rollout = os.environ["AGL_ROLLOUT_ID"]
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{rollout}/reward"
-    httpx.post(
-        url,
-        json={"reward": reward},
-        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
-    )
+    headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}
+    httpx.post(url, json={"reward": reward}, headers=headers)
     print(json.dumps({"answer": answer, "expected": task["answer"], "reward": reward}))
 
 

@@ -35,15 +35,15 @@ from langchain_openai import ChatOpenAI
 DATABASE = Path(__file__).resolve().parent / "shop.sql"
 MAX_ROUNDS = 2  # checks (each followed by a rewrite on WRONG)
 SHOWN_ROWS = 10  # result rows the checker sees
-MAX_STEPS = (
-    2_000_000  # SQLite virtual-machine steps before a query is stopped (a cross join of everything)
-)
+# SQLite virtual-machine steps before a query is stopped (a cross join of everything)
+MAX_STEPS = 2_000_000
 
 WRITE = ChatPromptTemplate.from_messages(
     [
         (
             "system",
-            "You write SQLite queries. Database schema:\n{schema}\nReply with one query in a ```sql block.",
+            "You write SQLite queries. Database schema:\n{schema}\n"
+            "Reply with one query in a ```sql block.",
         ),
         ("human", "{question}"),
     ]
@@ -52,8 +52,9 @@ CHECK = ChatPromptTemplate.from_messages(
     [
         (
             "system",
-            "You check SQLite queries. Database schema:\n{schema}\nGiven a question, a query and its result, "
-            "reply OK if the query answers the question; otherwise reply WRONG: and say what is wrong.",
+            "You check SQLite queries. Database schema:\n{schema}\n"
+            "Given a question, a query and its result, reply OK if the query answers the question; "
+            "otherwise reply WRONG: and say what is wrong.",
         ),
         ("human", "Question: {question}\nQuery:\n```sql\n{query}\n```\nResult: {result}"),
     ]
@@ -62,12 +63,13 @@ REWRITE = ChatPromptTemplate.from_messages(
     [
         (
             "system",
-            "You fix SQLite queries. Database schema:\n{schema}\nReply with one query in a ```sql block.",
+            "You fix SQLite queries. Database schema:\n{schema}\n"
+            "Reply with one query in a ```sql block.",
         ),
         (
             "human",
-            "Question: {question}\nQuery:\n```sql\n{query}\n```\nResult: {result}\nReview: {feedback}\n"
-            "Write the corrected query.",
+            "Question: {question}\nQuery:\n```sql\n{query}\n```\nResult: {result}\n"
+            "Review: {feedback}\nWrite the corrected query.",
         ),
     ]
 )
@@ -87,9 +89,8 @@ def open_database() -> sqlite3.Connection:
 
 
 def schema(db: sqlite3.Connection) -> str:
-    return "\n".join(
-        row[0] + ";" for row in db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'")
-    )
+    tables = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'")
+    return "\n".join(row[0] + ";" for row in tables)
 
 
 def run(db: sqlite3.Connection, query: str) -> list[tuple]:
@@ -103,7 +104,8 @@ def run(db: sqlite3.Connection, query: str) -> list[tuple]:
 
 
 def extract_sql(text: str) -> str:
-    """The last ```sql (or ```) block of a reply, else from its first SELECT/WITH to its end, else the reply."""
+    """The last ```sql (or ```) block of a reply, else from its first SELECT/WITH to its end, else
+    the reply."""
     blocks = re.findall(r"```(?:sql)?\s*\n?(.*?)```", text, re.DOTALL | re.IGNORECASE)
     if blocks:
         return blocks[-1].strip()
@@ -123,10 +125,9 @@ def describe(db: sqlite3.Connection, query: str) -> str:
 
 def approved(review: str) -> bool:
     """The checker said OK and not WRONG."""
-    return (
-        re.search(r"\bOK\b", review) is not None
-        and re.search(r"\bWRONG\b", review, re.IGNORECASE) is None
-    )
+    said_ok = re.search(r"\bOK\b", review) is not None
+    said_wrong = re.search(r"\bWRONG\b", review, re.IGNORECASE) is not None
+    return said_ok and not said_wrong
 
 
 def normalized(rows: list[tuple]) -> list[tuple]:
@@ -147,9 +148,8 @@ def reward(db: sqlite3.Connection, query: str, task: dict) -> float:
 def solve(db: sqlite3.Connection, question: str) -> tuple[str, list[dict]]:
     """The final query and the trace of rounds (query, result, review)."""
     writer = agent(WRITE, "writer", temperature=0.7, max_tokens=160)
-    checker = agent(
-        CHECK, "checker", temperature=0.0, max_tokens=120
-    )  # a judge, greedy; it is not trained
+    # a judge, greedy; it is not trained
+    checker = agent(CHECK, "checker", temperature=0.0, max_tokens=120)
     rewriter = agent(REWRITE, "rewriter", temperature=0.7, max_tokens=160)
     context = {"schema": schema(db), "question": question}
     query = extract_sql(writer.invoke(context))
@@ -160,9 +160,8 @@ def solve(db: sqlite3.Connection, question: str) -> tuple[str, list[dict]]:
         trace.append({"query": query, "result": result, "review": review})
         if approved(review):
             break
-        query = extract_sql(
-            rewriter.invoke({**context, "query": query, "result": result, "feedback": review})
-        )
+        rewrite = {**context, "query": query, "result": result, "feedback": review}
+        query = extract_sql(rewriter.invoke(rewrite))
     return query, trace
 
 
@@ -180,11 +179,8 @@ def main() -> int:
 def report(value: float, query: str, trace: list[dict]) -> None:
     """Post the reward with the rollout's own token, and print it."""
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{os.environ['AGL_ROLLOUT_ID']}/reward"
-    httpx.post(
-        url,
-        json={"reward": value},
-        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"},
-    )
+    headers = {"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}"}
+    httpx.post(url, json={"reward": value}, headers=headers)
     print(json.dumps({"query": query, "rounds": trace, "reward": value}))
 
 

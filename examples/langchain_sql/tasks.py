@@ -48,17 +48,20 @@ TRAIN = [
     ),
     (
         "Which employees work in the Marketing department?",
-        "SELECT e.name FROM employees e JOIN departments d ON e.department_id = d.id WHERE d.name = 'Marketing'",
+        "SELECT e.name FROM employees e JOIN departments d ON e.department_id = d.id "
+        "WHERE d.name = 'Marketing'",
         False,
     ),
     (
         "How many employees does each department have? Give the department name and the count.",
-        "SELECT d.name, COUNT(e.id) FROM departments d LEFT JOIN employees e ON e.department_id = d.id GROUP BY d.id",
+        "SELECT d.name, COUNT(e.id) FROM departments d LEFT JOIN employees e ON e.department_id = d.id "
+        "GROUP BY d.id",
         False,
     ),
     (
         "What is the average salary in each department? Give the department name and the average.",
-        "SELECT d.name, AVG(e.salary) FROM departments d JOIN employees e ON e.department_id = d.id GROUP BY d.id",
+        "SELECT d.name, AVG(e.salary) FROM departments d JOIN employees e ON e.department_id = d.id "
+        "GROUP BY d.id",
         False,
     ),
     (
@@ -115,7 +118,8 @@ TRAIN = [
     ),
     (
         "Which employees made more than six sales?",
-        "SELECT e.name FROM employees e JOIN sales s ON s.employee_id = e.id GROUP BY e.id HAVING COUNT(*) > 6",
+        "SELECT e.name FROM employees e JOIN sales s ON s.employee_id = e.id GROUP BY e.id "
+        "HAVING COUNT(*) > 6",
         False,
     ),
     (
@@ -134,7 +138,8 @@ TRAIN = [
         False,
     ),
     (
-        "What was the total amount of sales in the North region in the second half of 2024 (July to December)?",
+        "What was the total amount of sales in the North region in the second half of 2024 "
+        "(July to December)?",
         "SELECT SUM(amount) FROM sales WHERE region = 'North' AND month >= '2024-07'",
         False,
     ),
@@ -151,7 +156,8 @@ TRAIN = [
     ),
     (
         "Which employees sold Pro products? List each name once.",
-        "SELECT DISTINCT e.name FROM employees e JOIN sales s ON s.employee_id = e.id WHERE s.product = 'Pro'",
+        "SELECT DISTINCT e.name FROM employees e JOIN sales s ON s.employee_id = e.id "
+        "WHERE s.product = 'Pro'",
         False,
     ),
     (
@@ -183,7 +189,8 @@ VAL = [
     ("What is the average sale amount?", "SELECT AVG(amount) FROM sales", False),
     (
         "Which employees work in the Finance department?",
-        "SELECT e.name FROM employees e JOIN departments d ON e.department_id = d.id WHERE d.name = 'Finance'",
+        "SELECT e.name FROM employees e JOIN departments d ON e.department_id = d.id "
+        "WHERE d.name = 'Finance'",
         False,
     ),
     (
@@ -193,8 +200,8 @@ VAL = [
     ),
     (
         "Which sales were above 11000? Give the seller's name and the amount, largest first.",
-        "SELECT e.name, s.amount FROM sales s JOIN employees e ON s.employee_id = e.id WHERE s.amount > 11000 "
-        "ORDER BY s.amount DESC",
+        "SELECT e.name, s.amount FROM sales s JOIN employees e ON s.employee_id = e.id "
+        "WHERE s.amount > 11000 ORDER BY s.amount DESC",
         True,
     ),
     (

@@ -43,9 +43,9 @@ def main() -> int:
     answer, reminded = None, False
     try:
         for _ in range(int(task.get("max_turns", 4))):
-            question = task["question"] + (
-                f"\nResults so far: {'; '.join(results)}" if results else ""
-            )
+            question = task["question"]
+            if results:
+                question += f"\nResults so far: {'; '.join(results)}"
             messages = [
                 {"role": "system", "content": SYSTEM},
                 *EXAMPLE,

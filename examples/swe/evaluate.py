@@ -37,13 +37,13 @@ PREFIX = "val-"
 async def collect(
     gw: GatewayClient, tasks: list[Task], name: str, prefix: str = PREFIX
 ) -> tuple[dict, float]:
-    """(preds, Pass@1): each task's first counted rollout's patch; the mean reward over all counted rollouts."""
+    """(preds, Pass@1): each task's first counted rollout's patch; the mean reward over all counted
+    rollouts."""
     preds: dict[str, dict[str, Any]] = {}
     rewards: list[float] = []
     for task in tasks:
-        rollouts = sorted(
-            await gw.list_rollouts(group=prefix + task.instance_id), key=lambda r: r.created_at
-        )
+        listed = await gw.list_rollouts(group=prefix + task.instance_id)
+        rollouts = sorted(listed, key=lambda r: r.created_at)
         ran = [r for r in rollouts if r.status.terminal and counted(r)]
         rewards += [r.reward or 0.0 for r in ran]
         for r in ran:
@@ -52,8 +52,8 @@ async def collect(
                 preds[task.instance_id] = {
                     "instance_id": task.instance_id,
                     "model_name_or_path": name,
+                    "model_patch": patches[-1]["model_patch"],
                 }
-                preds[task.instance_id]["model_patch"] = patches[-1]["model_patch"]
                 break
     return preds, sum(rewards) / len(rewards) if rewards else 0.0
 
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     preds, pass_at_1 = asyncio.run(run())
     args.out.write_text(json.dumps(preds, indent=1) + "\n")
     print(
-        f"{len(preds)}/{len(tasks)} tasks with a patch in {args.out}; agl Pass@1 (grader reward) {pass_at_1:.3f}"
+        f"{len(preds)}/{len(tasks)} tasks with a patch in {args.out}; "
+        f"agl Pass@1 (grader reward) {pass_at_1:.3f}"
     )
     return 0
 

@@ -42,15 +42,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-TEST_CONFIG = {
-    "conftest.py",
-    "pytest.ini",
-    "tox.ini",
-    "setup.cfg",
-    "pyproject.toml",
-    "sitecustomize.py",
-}
-TEST_CONFIG |= {"usercustomize.py"}
+TEST_CONFIG = {"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
+TEST_CONFIG |= {"sitecustomize.py", "usercustomize.py"}
 TEST_DIRS = {"test", "tests", "testing"}
 MAX_PATCH_CHARS = 1_000_000  # a patch beyond this is cut in its event (it earned its reward whole)
 FLAGS = {
@@ -107,9 +100,8 @@ def scan(command: str) -> list[tuple[str, str]]:
 
 
 def git(repo: Path, *args: str, stdin: bytes | None = None) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, check=False
-    )
+    command = ["git", "-C", str(repo), *args]
+    done = subprocess.run(command, input=stdin, capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)}: {done.stderr.decode(errors='replace')[-500:]}")
     return done.stdout.decode(errors="replace")
@@ -124,9 +116,9 @@ def exists(repo: Path, commit: str, path: str) -> bool:
 
 
 def apply(repo: Path, patch: bytes) -> bool:
-    return not patch.strip() or succeeds(
-        "git", "-C", str(repo), "apply", "--binary", "-", stdin=patch
-    )
+    if not patch.strip():
+        return True
+    return succeeds("git", "-C", str(repo), "apply", "--binary", "-", stdin=patch)
 
 
 def file_kind(path: str, named: set[str]) -> str | None:
@@ -184,11 +176,9 @@ def safeguard(
 def run_tests(repo: Path, tests: list[str], command: str, timeout_s: float) -> dict[str, str]:
     """Each test ID -> PASSED / FAILED / ... / MISSING / TIMEOUT."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
-    argv = (
-        shlex.split(command)
-        if command
-        else [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider"]
-    )
+    argv = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider"]
+    if command:
+        argv = shlex.split(command)
     try:
         done = subprocess.run(
             [*argv, *tests], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s
@@ -249,11 +239,9 @@ def main() -> int:
     workspace, source = Path.cwd(), Path(args.source)
     repo = (workspace / args.repo).resolve()
     gateway = Gateway()
-    harness = (
-        json.loads((workspace / "harness.json").read_text())
-        if (workspace / "harness.json").exists()
-        else {}
-    )
+    harness = {}
+    if (workspace / "harness.json").exists():
+        harness = json.loads((workspace / "harness.json").read_text())
     patch = (workspace / "patch.diff").read_bytes() if (workspace / "patch.diff").exists() else b""
 
     base = resolve(source, task["base_commit"])
@@ -285,13 +273,10 @@ def main() -> int:
     for flag in flags:
         gateway.event("flag", flag)
     text = patch.decode(errors="replace")
-    cut = (
-        {"truncated": True} if len(text) > MAX_PATCH_CHARS else {}
-    )  # preds.json gets what fits in an event
-    gateway.event(
-        "swe_patch",
-        {"instance_id": task["instance_id"], "model_patch": text[:MAX_PATCH_CHARS], **cut},
-    )
+    # preds.json gets what fits in an event
+    cut = {"truncated": True} if len(text) > MAX_PATCH_CHARS else {}
+    event = {"instance_id": task["instance_id"], "model_patch": text[:MAX_PATCH_CHARS], **cut}
+    gateway.event("swe_patch", event)
     counts: dict[str, int] = {}
     for flag in flags:
         counts[flag["flag"]] = counts.get(flag["flag"], 0) + 1

@@ -27,27 +27,20 @@ import sys
 from pathlib import Path
 
 GIT = ["git", "-c", "user.name=agl", "-c", "user.email=agl@localhost", "-c", "commit.gpgsign=false"]
-MINI_ENV = {
-    "MSWEA_CONFIGURED": "true",
-    "MSWEA_COST_TRACKING": "ignore_errors",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-}
+MINI_ENV = {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors"}
+MINI_ENV |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        [*GIT, "-C", str(repo), *args], check=True, capture_output=True, text=True
-    ).stdout
+    command = [*GIT, "-C", str(repo), *args]
+    return subprocess.run(command, check=True, capture_output=True, text=True).stdout
 
 
 def resolve(repo: Path, ref: str) -> str:
     """A commit ID for `ref`, also when it exists only as a remote branch (`origin/<ref>`)."""
     for name in (ref, f"origin/{ref}"):
-        found = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--verify", "-q", f"{name}^{{commit}}"],
-            capture_output=True,
-            text=True,
-        )
+        command = ["git", "-C", str(repo), "rev-parse", "--verify", "-q", f"{name}^{{commit}}"]
+        found = subprocess.run(command, capture_output=True, text=True)
         if found.returncode == 0:
             return found.stdout.strip()
     raise SystemExit(f"harness: {ref} is neither a commit nor a branch of {repo}")
@@ -61,9 +54,8 @@ def prepare(source: Path, repo: Path, ref: str) -> None:
         shutil.rmtree(repo / ".git")
     else:
         repo.mkdir(parents=True, exist_ok=True)
-        tree = subprocess.run(
-            ["git", "-C", str(source), "archive", commit], check=True, capture_output=True
-        ).stdout
+        archive = ["git", "-C", str(source), "archive", commit]
+        tree = subprocess.run(archive, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(repo)], input=tree, check=True)
     git(repo, "init", "-q")
     git(repo, "add", "-A")
@@ -73,11 +65,8 @@ def prepare(source: Path, repo: Path, ref: str) -> None:
 def diff(repo: Path) -> bytes:
     """The agent's changes, new files included, as a binary diff against the task's commit."""
     git(repo, "add", "-A")
-    return subprocess.run(
-        [*GIT, "-C", str(repo), "diff", "--cached", "--binary", "HEAD"],
-        check=True,
-        capture_output=True,
-    ).stdout
+    command = [*GIT, "-C", str(repo), "diff", "--cached", "--binary", "HEAD"]
+    return subprocess.run(command, check=True, capture_output=True).stdout
 
 
 def main() -> int:
@@ -101,17 +90,8 @@ def main() -> int:
     configs = ["mini.yaml", *args.config, f"agent.step_limit={args.step_limit}"]
     configs.append(f"model.model_kwargs.api_base={os.environ['OPENAI_BASE_URL']}")
     mini = str(Path(sys.executable).parent / "mini")
-    cmd = [
-        mini,
-        "-y",
-        "--exit-immediately",
-        "-m",
-        args.model,
-        "-t",
-        task["problem_statement"],
-        "-o",
-        str(traj),
-    ]
+    cmd = [mini, "-y", "--exit-immediately", "-m", args.model]
+    cmd += ["-t", task["problem_statement"], "-o", str(traj)]
     cmd += [arg for c in configs for arg in ("-c", c)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGL_")}
     env |= MINI_ENV | {"MSWEA_GLOBAL_CONFIG_DIR": str(workspace / ".mswea")}

@@ -1,6 +1,7 @@
 """The difficulty probe: the base model k times per task, through agl itself.
 
-`python -m examples.swe.probe --tasks T.jsonl --k 4 --gateway URL --admin-key K [--settings S.yaml] --out probe.json`
+`python -m examples.swe.probe --tasks T.jsonl --k 4 --gateway URL --admin-key K
+[--settings S.yaml] --out probe.json`
 
 Creates k rollouts per task (mode `val`, group `probe-<instance_id>`, each carrying the task's
 spec from `spec.py`), lets the running controller (`agl controller`, started without `--spec`)
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     solved = [sum(r >= 1 for r in v) for v in rewards.values()]
     always, never = solved.count(args.k), solved.count(0)
     print(
-        f"{len(rewards)} tasks, k={args.k}, {time.monotonic() - started:.0f} s: always solved {always}, never {never}"
+        f"{len(rewards)} tasks, k={args.k}, {time.monotonic() - started:.0f} s: "
+        f"always solved {always}, never {never}"
     )
     return 0
 

@@ -45,9 +45,8 @@ class SpecSettings:
     harness_timeout_s: float = 3600.0
     grader_timeout_s: float = 900.0
     test_timeout_s: float = 600.0
-    shaping: dict[str, float] = field(
-        default_factory=dict
-    )  # grade.py flags: turn_penalty, free_turns, ...
+    # grade.py flags: turn_penalty, free_turns, ...
+    shaping: dict[str, float] = field(default_factory=dict)
     namespace: str = "default"
     workspace: str = "/workspace"
     cpu: str | None = "2"
@@ -64,23 +63,10 @@ def task_spec(task: Task, s: SpecSettings) -> dict[str, Any]:
     image = s.image.format(**task.record())
     resources = {k: v for k, v in {"cpu": s.cpu, "memory": s.memory}.items() if v}
     harness = [s.python, f"{s.recipe_dir}/harness.py", "--source", s.source, "--repo", s.repo]
-    harness += [
-        "--model",
-        s.model,
-        "--step-limit",
-        str(s.step_limit),
-        "--config",
-        f"{s.recipe_dir}/agent.yaml",
-    ]
-    grader = [
-        s.grader_python,
-        f"{s.recipe_dir}/grade.py",
-        "--source",
-        s.source,
-        "--repo",
-        s.grade_repo,
-    ]
-    grader += ["--test-timeout", str(s.test_timeout_s)]
+    harness += ["--model", s.model, "--step-limit", str(s.step_limit)]
+    harness += ["--config", f"{s.recipe_dir}/agent.yaml"]
+    grader = [s.grader_python, f"{s.recipe_dir}/grade.py", "--source", s.source]
+    grader += ["--repo", s.grade_repo, "--test-timeout", str(s.test_timeout_s)]
     for name, value in s.shaping.items():
         grader += [f"--{name.replace('_', '-')}", str(value)]
     return {
@@ -116,20 +102,18 @@ async def create_rollouts(
     ids = []
     for task in tasks:
         e = entry(task, s)
+        group = prefix + task.instance_id
         for _ in range(k):
             created = await gw.create_rollout(
-                e["task"],
-                prefix + task.instance_id,
-                mode=mode,
-                grader=True,
-                metadata={"spec": e["spec"]},
+                e["task"], group, mode=mode, grader=True, metadata={"spec": e["spec"]}
             )
             ids.append(created["id"])
     return ids
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m examples.swe.spec --tasks clean/train.jsonl --settings settings.yaml --out train.entries.jsonl`"""
+    """`python -m examples.swe.spec --tasks clean/train.jsonl --settings settings.yaml
+    --out train.entries.jsonl`"""
     parser = argparse.ArgumentParser(
         description="Write agl train's task file: one entry (task, spec, grader) per task."
     )

@@ -109,10 +109,8 @@ Checker = Callable[[Task], str | None]  # a reason when the task's image or bran
 
 def listing_checker(path: Path) -> Checker:
     found = json.loads(path.read_text())
-    images, branches = (
-        set(found.get("images", [])),
-        {k: set(v) for k, v in found.get("branches", {}).items()},
-    )
+    images = set(found.get("images", []))
+    branches = {k: set(v) for k, v in found.get("branches", {}).items()}
 
     def check(task: Task) -> str | None:
         if task.image_name not in images:
@@ -128,54 +126,55 @@ class Unreachable(Exception):
     """The registry or git host cannot be reached: the check is skipped, not failed."""
 
 
+def image_exists(image: str, timeout_s: float) -> bool:
+    """Whether Docker Hub has the image (`namespace/name:tag`); Unreachable when it cannot say."""
+    name, _, tag = image.partition(":")
+    namespace, _, repo = name.rpartition("/")
+    url = (
+        f"https://hub.docker.com/v2/namespaces/{namespace or 'library'}/repositories/{repo}"
+        f"/tags/{tag or 'latest'}"
+    )
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return True
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return False
+        raise Unreachable(f"{url}: {e}") from e
+    except OSError as e:
+        raise Unreachable(f"{url}: {e}") from e
+
+
+def remote_branches(repo: str) -> set[str]:
+    """The branches of a GitHub repository (`git ls-remote`); Unreachable when it cannot say."""
+    url = f"https://github.com/{repo}"
+    command = ["git", "ls-remote", "--heads", url]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Unreachable(f"{url}: {e}") from e
+    if done.returncode != 0 and "not found" not in done.stderr:
+        raise Unreachable(f"{url}: {done.stderr.strip()[:200]}")
+    heads = [line for line in done.stdout.splitlines() if "refs/heads/" in line]
+    return {line.split("refs/heads/", 1)[1] for line in heads}
+
+
 def online_checker(timeout_s: float = 10.0) -> Checker:
     """Docker Hub (`namespace/name:tag`) and GitHub branches (`git ls-remote`), one query per image
     and per repository."""
     images: dict[str, bool] = {}
     heads: dict[str, set[str]] = {}
 
-    def image_exists(image: str) -> bool:
-        name, _, tag = image.partition(":")
-        namespace, _, repo = name.rpartition("/")
-        url = f"https://hub.docker.com/v2/namespaces/{namespace or 'library'}/repositories/{repo}/tags/{tag or 'latest'}"
-        try:
-            with urllib.request.urlopen(url, timeout=timeout_s):
-                return True
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                return False
-            raise Unreachable(f"{url}: {e}") from e
-        except OSError as e:
-            raise Unreachable(f"{url}: {e}") from e
-
-    def branches(repo: str) -> set[str]:
-        url = f"https://github.com/{repo}"
-        try:
-            done = subprocess.run(
-                ["git", "ls-remote", "--heads", url], capture_output=True, text=True, timeout=120
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise Unreachable(f"{url}: {e}") from e
-        if done.returncode != 0 and "not found" not in done.stderr:
-            raise Unreachable(f"{url}: {done.stderr.strip()[:200]}")
-        return {
-            line.split("refs/heads/", 1)[1]
-            for line in done.stdout.splitlines()
-            if "refs/heads/" in line
-        }
-
     def check(task: Task) -> str | None:
         if task.image_name not in images:
-            images[task.image_name] = image_exists(task.image_name)
+            images[task.image_name] = image_exists(task.image_name, timeout_s)
         if not images[task.image_name]:
             return f"image {task.image_name} not found"
         if task.repo not in heads:
-            heads[task.repo] = branches(task.repo)
-        return (
-            None
-            if task.base_commit in heads[task.repo]
-            else f"branch {task.base_commit} not in {task.repo}"
-        )
+            heads[task.repo] = remote_branches(task.repo)
+        if task.base_commit not in heads[task.repo]:
+            return f"branch {task.base_commit} not in {task.repo}"
+        return None
 
     return check
 
@@ -198,15 +197,8 @@ class Report:
         for task in tasks:
             why = reason(task)
             (removed if why else kept).append((task, why))
-        self.steps.append(
-            {
-                "step": name,
-                "removed": len(removed),
-                "examples": [
-                    {"instance_id": t.instance_id, "why": why} for t, why in removed[:MAX_EXAMPLES]
-                ],
-            }
-        )
+        examples = [{"instance_id": t.instance_id, "why": why} for t, why in removed[:MAX_EXAMPLES]]
+        self.steps.append({"step": name, "removed": len(removed), "examples": examples})
         return [t for t, _ in kept]
 
 
@@ -262,11 +254,9 @@ def clean(
     def duplicate(task: Task) -> str | None:
         keys = {("id", task.instance_id), (task.repo, " ".join(task.problem_statement.split()))}
         if hit := keys & seen:
-            return (
-                "same instance ID"
-                if ("id", task.instance_id) in hit
-                else "same problem statement in this repo"
-            )
+            if ("id", task.instance_id) in hit:
+                return "same instance ID"
+            return "same problem statement in this repo"
         seen.update(keys)
         return None
 
@@ -279,7 +269,8 @@ def clean(
         t for t in tasks if stable_fraction("split:" + t.instance_id, seed) < validation_share
     ]
     train = [t for t in tasks if t not in validation]
-    report.kept, report.split = len(tasks), {"train": len(train), "validation": len(validation)}
+    report.kept = len(tasks)
+    report.split = {"train": len(train), "validation": len(validation)}
     return train, validation, report
 
 
@@ -312,13 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--validation-share", type=float, default=0.05)
     c.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    checker = (
-        listing_checker(args.available)
-        if args.available
-        else online_checker()
-        if args.online
-        else None
-    )
+    checker = None
+    if args.available:
+        checker = listing_checker(args.available)
+    elif args.online:
+        checker = online_checker()
     probe = json.loads(args.probe.read_text())["rewards"] if args.probe else None
     train, validation, report = clean(
         load(args.tasks, args.split),

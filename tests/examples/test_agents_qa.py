@@ -38,7 +38,7 @@ def tool_call(query: str) -> str:
     return f'<tool_call>\n{{"name": "search", "arguments": {{"query": "{query}"}}}}\n</tool_call>'
 
 
-# ---------------------------------------------------------------------------- fast: data, tool, reward
+# -------------------------------------------------------------------- fast: data, tool, reward
 
 
 def test_the_shipped_data_is_what_data_py_writes_and_every_answer_is_in_the_corpus() -> None:
@@ -46,9 +46,8 @@ def test_the_shipped_data_is_what_data_py_writes_and_every_answer_is_in_the_corp
     assert (rows("corpus.jsonl"), rows("tasks.jsonl"), rows("val.jsonl")) == (corpus, train, val)
     assert 20 <= len(corpus) <= 60 and 20 <= len(train) <= 40 and 10 <= len(val) <= 20
     questions = [t["question"] for t in train + val]
-    assert len(set(questions)) == len(
-        questions
-    )  # none asked twice, none both trained on and validated
+    # none asked twice, none both trained on and validated
+    assert len(set(questions)) == len(questions)
     text = " ".join(p["text"] for p in corpus)
     assert all(t["answer"] in text for t in train + val)
 
@@ -86,7 +85,7 @@ def test_normalize_is_squad_s() -> None:
     assert normalize(" The  Mount-Orrin. ") == "mountorrin" and normalize("An Ember") == "ember"
 
 
-# ---------------------------------------------------------------------------- slow: the harness, and training
+# -------------------------------------------------------------------- slow: the harness, and training
 
 
 @pytest.mark.slow
@@ -96,9 +95,7 @@ def test_the_harness_answers_through_the_gateway_and_air_penalizes_the_failed_se
 ) -> None:
     task = rows("tasks.jsonl")[0]
     script = [tool_call(NOTHING), tool_call("Penfold"), f"Answer: {task['answer']}"]
-    with stack(
-        tiny_path, tmp_path, script, air_tool_error_reward=-0.5, air_error_pattern=ERROR
-    ) as gw:
+    with stack(tiny_path, tmp_path, script, **AIR) as gw:
         rollout = gw.rollout(task=task)
         env = os.environ | {
             "OPENAI_BASE_URL": rollout["base_url"],
@@ -135,9 +132,10 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
     tiny_path: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    # One task (the first), so the script's answers are right or wrong for every group. Finals cycle through the
-    # four rewards (1, 0, 0.9, 0.1) and searches alternate between one that fails (AIR) and one that finds the
-    # passage: the two rollouts of a group, served concurrently, end with different rewards.
+    # One task (the first), so the script's answers are right or wrong for every group. Finals cycle
+    # through the four rewards (1, 0, 0.9, 0.1) and searches alternate between one that fails (AIR)
+    # and one that finds the passage: the two rollouts of a group, served concurrently, end with
+    # different rewards.
     task = rows("tasks.jsonl")[0]
     (tmp_path / "one.jsonl").write_text(json.dumps(task) + "\n")
     finals = [
@@ -147,20 +145,11 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
         "Answer: Nowhere",
     ]
     cycle = [text for final in finals for text in (tool_call(NOTHING), final, tool_call("Penfold"))]
-    overrides = [
-        f"agl.tasks={tmp_path / 'one.jsonl'}",
-        "agl.n=2",
-        "agl.batch_groups=2",
-        "agl.active_groups=2",
-    ]
+    overrides = [f"agl.tasks={tmp_path / 'one.jsonl'}", "agl.n=2", "agl.batch_groups=2"]
+    overrides += ["agl.active_groups=2", "agl.intermediate_coef=1.0"]
+    script = cycle * 60
     steps, calls = train_example(
-        HERE / "train.yaml",
-        tiny_path,
-        tmp_path,
-        cycle * 60,
-        *overrides,
-        "agl.intermediate_coef=1.0",
-        gateway=AIR,
+        HERE / "train.yaml", tiny_path, tmp_path, script, *overrides, gateway=AIR
     )
 
     assert len(steps) == 2
@@ -176,11 +165,11 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
     # AIR: the penalty reached a trained call's advantages in the run
     assert sum(m["adapter/calls_shaped"] for m in steps) > 0
 
-    # ... and where: rebuild the batch of the recorded rollouts, with their AIR rewards as the loop reads them
+    # ... and where: rebuild the batch of the recorded rollouts, with their AIR rewards as the loop
+    # reads them
     with Store(f"sqlite:///{tmp_path / 'gateway.db'}") as store:
-        rollouts = [
-            r for r in store.list_rollouts(limit=1000) if r.status.terminal and r.mode is Mode.TRAIN
-        ]
+        listed = store.list_rollouts(limit=1000)
+        rollouts = [r for r in listed if r.status.terminal and r.mode is Mode.TRAIN]
         rewards = {
             r.id: [
                 e.data for e in store.events(r.id) if e.kind == "reward" and e.attempt == r.attempt
@@ -191,8 +180,9 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
         rid: {e["call_seq"]: e["value"] for e in es if not e["final"]}
         for rid, es in rewards.items()
     }
-    # every failed search but a rollout's last call (no request followed it) has its penalty, and nothing else
-    # does; rollouts the run's end cancelled may have been cut between a failed search and the next call
+    # every failed search but a rollout's last call (no request followed it) has its penalty, and
+    # nothing else does; rollouts the run's end cancelled may have been cut between a failed search
+    # and the next call
     ended = [r.id for r in rollouts if r.status is Status.SUCCEEDED]
     failed = {(rid, c.seq) for rid in ended for c in calls[rid][:-1] if failed_search(c)}
     assert failed and {(rid, seq) for rid in ended for seq in shaped[rid]} == failed
@@ -200,9 +190,8 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
     settings = AdapterSettings(
         intermediate_coef=1.0, trained_agents=frozenset({"qa"}), temperature=0.7
     )
-    batch = build_batch(
-        rollouts, {r.id: calls[r.id] for r in rollouts}, settings, intermediate=shaped
-    )
+    recorded = {r.id: calls[r.id] for r in rollouts}
+    batch = build_batch(rollouts, recorded, settings, intermediate=shaped)
     assert batch.metrics["calls_shaped"] > 0
     by_seq = {(r.id, c.seq): c for r in rollouts for c in calls[r.id]}
     penalized = 0
@@ -210,14 +199,14 @@ def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advan
         rid = batch.rollout_ids[batch.sample_rollout[i]]
         a = batch.rollout_advantages[batch.sample_rollout[i]]
         span = slice(batch.offsets[i], batch.offsets[i + 1])
+        # each call's sampled tokens, in order: the rollout's advantage, -0.5 on a failed search's
         expected = [
             a + shaped[rid].get(seq, 0.0)
             for seq in batch.sample_calls[i]
             for _ in range(len(by_seq[rid, seq].response_ids))
-        ]  # each call's sampled tokens, in order: the rollout's advantage, -0.5 on a failed search's
-        np.testing.assert_allclose(
-            batch.advantages[span][batch.loss_mask[span]], expected, rtol=0, atol=1e-6
-        )
+        ]
+        trained_advantages = batch.advantages[span][batch.loss_mask[span]]
+        np.testing.assert_allclose(trained_advantages, expected, rtol=0, atol=1e-6)
         penalized += sum(
             len(by_seq[rid, seq].response_ids)
             for seq in batch.sample_calls[i]

@@ -53,16 +53,15 @@ def test_reward_compares_result_sets(db: sqlite3.Connection) -> None:
     ordered = next(t for t in TASKS if t["question"] == "List all employees ordered by name.")
     assert agent.reward(db, "SELECT name FROM employees ORDER BY name DESC", ordered) == 0.0
     # rows missing, duplicated, extra columns, an error, a write: all wrong
-    assert (
-        agent.reward(db, "SELECT name FROM employees WHERE department_id = 3 LIMIT 2", MARKETING)
-        == 0.0
+    missing = "SELECT name FROM employees WHERE department_id = 3 LIMIT 2"
+    assert agent.reward(db, missing, MARKETING) == 0.0
+    twice = (
+        "SELECT e.name FROM employees e JOIN sales s ON s.employee_id = e.id OR 1 "
+        "WHERE e.department_id = 3"
     )
-    twice = "SELECT e.name FROM employees e JOIN sales s ON s.employee_id = e.id OR 1 WHERE e.department_id = 3"
     assert agent.reward(db, twice, MARKETING) == 0.0
-    assert (
-        agent.reward(db, "SELECT name, salary FROM employees WHERE department_id = 3", MARKETING)
-        == 0.0
-    )
+    extra_column = "SELECT name, salary FROM employees WHERE department_id = 3"
+    assert agent.reward(db, extra_column, MARKETING) == 0.0
     assert agent.reward(db, "SELECT name FROM staff", MARKETING) == 0.0
     assert agent.reward(db, "DELETE FROM employees", MARKETING) == 0.0
     assert agent.run(db, "SELECT COUNT(*) FROM employees") == [(18,)]  # the write did not happen
@@ -70,7 +69,10 @@ def test_reward_compares_result_sets(db: sqlite3.Connection) -> None:
     average = next(
         t for t in TASKS if t["question"].startswith("What is the average salary in each")
     )
-    rounded = "SELECT d.name, ROUND(AVG(e.salary), 2) FROM departments d JOIN employees e ON e.department_id = d.id"
+    rounded = (
+        "SELECT d.name, ROUND(AVG(e.salary), 2) FROM departments d "
+        "JOIN employees e ON e.department_id = d.id"
+    )
     assert agent.reward(db, rounded + " GROUP BY d.id", average) == 1.0
 
 
@@ -85,18 +87,11 @@ def test_runaway_queries_are_stopped(db: sqlite3.Connection) -> None:
 
 
 def test_replies_are_parsed() -> None:
-    assert (
-        agent.extract_sql("Here:\n```sql\nSELECT 1\n```\nand better:\n```SQL\nSELECT 2;\n```")
-        == "SELECT 2;"
-    )
-    assert (
-        agent.extract_sql("```\nSELECT name FROM departments\n```")
-        == "SELECT name FROM departments"
-    )
-    assert (
-        agent.extract_sql("The query is SELECT name FROM departments")
-        == "SELECT name FROM departments"
-    )
+    two_blocks = "Here:\n```sql\nSELECT 1\n```\nand better:\n```SQL\nSELECT 2;\n```"
+    assert agent.extract_sql(two_blocks) == "SELECT 2;"
+    query = "SELECT name FROM departments"
+    assert agent.extract_sql(f"```\n{query}\n```") == query
+    assert agent.extract_sql(f"The query is {query}") == query
     assert agent.extract_sql("no idea") == "no idea"
     assert agent.approved("OK") and agent.approved("The query is right. OK.")
     assert not agent.approved("WRONG: it counts the wrong table. Otherwise OK")
@@ -104,45 +99,40 @@ def test_replies_are_parsed() -> None:
 
 
 def test_the_checker_sees_rows_or_the_error(db: sqlite3.Connection) -> None:
-    assert (
-        agent.describe(db, "SELECT name FROM departments WHERE city = 'Lisbon'")
-        == "1 rows: [('Support',)]"
-    )
-    assert agent.describe(db, "SELECT id FROM employees").startswith(
-        "18 rows (first 10 shown): [(1,), (2,)"
-    )
+    lisbon = "SELECT name FROM departments WHERE city = 'Lisbon'"
+    assert agent.describe(db, lisbon) == "1 rows: [('Support',)]"
+    first_ten = "18 rows (first 10 shown): [(1,), (2,)"
+    assert agent.describe(db, "SELECT id FROM employees").startswith(first_ten)
     assert agent.describe(db, "SELECT x FROM employees") == "error: no such column: x"
     assert "CREATE TABLE sales" in agent.schema(db)
 
 
 def script(groups: int) -> list[str]:
-    """Blocks of ten texts, one a group (see the module): nine wrong queries, then the gold one, all WRONG."""
+    """Blocks of ten texts, one a group (see the module): nine wrong queries, then the gold one, all
+    WRONG."""
     wrong = ["SELECT name FROM employees WHERE department_id = 2", "SELECT name FROM staff"]
-    block = [
-        f"```sql\n{wrong[i % 2]}\n```\nWRONG: match the department by its name." for i in range(9)
-    ]
-    block.append(f"```sql\n{MARKETING['gold']}\n```\nWRONG: match the department by its name.")
+    review = "WRONG: match the department by its name."
+    block = [f"```sql\n{wrong[i % 2]}\n```\n{review}" for i in range(9)]
+    block.append(f"```sql\n{MARKETING['gold']}\n```\n{review}")
     return block * groups
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_writer_and_rewriter_train_and_the_checker_does_not(
-    tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
+    tiny_path: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(
-        json.dumps(MARKETING) + "\n"
-    )  # one question, which the scripted queries are about
+    # one question, which the scripted queries are about
+    tasks.write_text(json.dumps(MARKETING) + "\n")
     small = ["agl.n=2", "agl.batch_groups=1", "agl.active_groups=1", f"agl.tasks={tasks}"]
     steps, calls = train_example(EXAMPLE / "train.yaml", tiny_path, tmp_path, script(40), *small)
 
     assert len(steps) == 2
     for cs in calls.values():  # each rollout: the writer, then two rounds of check and rewrite
-        assert [c.agent for c in sorted(cs, key=lambda c: c.seq)] == [
-            "writer",
-            *["checker", "rewriter"] * 2,
-        ]
+        agents = [c.agent for c in sorted(cs, key=lambda c: c.seq)]
+        assert agents == ["writer", *["checker", "rewriter"] * 2]
         assert all(c.temperature == (0.0 if c.agent == "checker" else 0.7) for c in cs)
     for m in steps:
         # the checker's calls are recorded and served, and they are exactly the untrained ones

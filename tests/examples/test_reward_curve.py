@@ -16,10 +16,8 @@ def test_a_run_s_metrics_become_a_png(tmp_path: Path) -> None:
         for i in range(3)
     ]
     val = [{"val/step": 0.0, "val/reward_mean": 0.5}, {"val/step": 3.0, "val/reward_mean": 0.75}]
-    (tmp_path / "metrics.jsonl").write_text(
-        "".join(json.dumps(h) + "\n" for h in [val[0], *steps, val[1]])
-    )
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "reward_curve.py"), str(tmp_path)], check=True
-    )
+    history = [val[0], *steps, val[1]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    script = ROOT / "examples" / "reward_curve.py"
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], check=True)
     assert done.returncode == 0 and (tmp_path / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"

@@ -35,9 +35,9 @@ def train_example(
     steps: int = 2,
     gateway: dict[str, Any] | None = None,
 ) -> tuple[list[dict], dict[str, list[Call]]]:
-    """`steps` training steps of `config` without validation, run from the repository's root (as `make` does),
-    with this interpreter's `python` first on PATH; `gateway`: its settings (AIR's). Returns the steps' metrics
-    and every rollout's calls."""
+    """`steps` training steps of `config` without validation, run from the repository's root (as
+    `make` does), with this interpreter's `python` first on PATH; `gateway`: its settings (AIR's).
+    Returns the steps' metrics and every rollout's calls."""
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
     with (
         stack(tiny_path, tmp_path, script=script, **(gateway or {})) as gw,

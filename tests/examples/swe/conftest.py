@@ -26,17 +26,8 @@ from tests.gateway.stack import ADMIN, Stack, stack
 collect_ignore_glob = ["toy/*"]  # the toy task's own tests run only inside the recipe
 HERE = Path(__file__).parent
 RECIPE = HERE.parents[2] / "examples" / "swe"
-GIT = [
-    "git",
-    "-c",
-    "user.name=t",
-    "-c",
-    "user.email=t@t",
-    "-c",
-    "commit.gpgsign=false",
-    "-c",
-    "init.defaultBranch=main",
-]
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+GIT += ["-c", "init.defaultBranch=main"]
 
 
 @pytest.fixture
@@ -46,9 +37,10 @@ def toy(tmp_path: Path) -> tuple[Path, Task]:
     record = json.loads((HERE / "toy" / "task.json").read_text())
     source = tmp_path / "source"
     shutil.copytree(HERE / "toy", source, ignore=shutil.ignore_patterns("task.json", "__pycache__"))
-    run = lambda *argv, **kw: subprocess.run(
-        [*GIT, *argv], cwd=source, check=True, capture_output=True, **kw
-    )  # noqa: E731
+
+    def run(*argv: str, **kw: Any) -> None:
+        subprocess.run([*GIT, *argv], cwd=source, check=True, capture_output=True, **kw)
+
     run("init", "-q")
     run("add", "-A")
     run("commit", "-q", "-m", "original")
@@ -101,6 +93,5 @@ def run_one(s: Stack, task: Task, settings: SpecSettings, timeout: float = 180) 
 
 
 def events(s: Stack, rid: str, kind: str) -> list[dict]:
-    return [
-        e["data"] for e in s.admin.get(f"/api/rollouts/{rid}/events").json() if e["kind"] == kind
-    ]
+    listed = s.admin.get(f"/api/rollouts/{rid}/events").json()
+    return [e["data"] for e in listed if e["kind"] == kind]

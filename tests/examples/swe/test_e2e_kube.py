@@ -27,8 +27,11 @@ pytestmark = [
 
 
 def test_toy_task_as_a_job_under_the_network_policy(
-    tiny_path: Path, tmp_path: Path, toy, namespace: str
-) -> None:  # noqa: F811
+    tiny_path: Path,
+    tmp_path: Path,
+    toy,
+    namespace: str,  # noqa: F811
+) -> None:
     from kubernetes import client
 
     policy = yaml.safe_load((RECIPE / "k8s" / "network-policy.yaml").read_text())
@@ -37,24 +40,20 @@ def test_toy_task_as_a_job_under_the_network_policy(
     settings = local_settings(source, namespace=namespace, workspace=str(tmp_path / "ws"))
     peek = tool_call("git log --oneline")
     launcher = kube_launcher(namespace)
-    with recipe_stack(
-        tiny_path, tmp_path, [peek, FIX, tool_call(SUBMIT)], launcher, launcher="kubernetes"
-    ) as s:
+    script = [peek, FIX, tool_call(SUBMIT)]
+    with recipe_stack(tiny_path, tmp_path, script, launcher, launcher="kubernetes") as s:
         done = run_one(s, task, settings)
         assert (done["status"], done["reward"]) == ("succeeded", 1.0), reasons(s, done["id"])
         assert [f["flag"] for f in events(s, done["id"], "flag")] == ["git_history"]
-        pods = client.CoreV1Api().list_namespaced_pod(
-            namespace, label_selector=f"agl.dev/rollout={done['id']}"
-        )
+        selector = f"agl.dev/rollout={done['id']}"
+        pods = client.CoreV1Api().list_namespaced_pod(namespace, label_selector=selector)
     launcher.close()
     (pod,) = pods.items
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod.metadata.labels.items()
     (harness,), (grader,) = pod.spec.init_containers, pod.spec.containers
-    assert (
-        str(RECIPE / "harness.py") in harness.command and str(RECIPE / "grade.py") in grader.command
-    )
-    assert "AGL_GRADER_TOKEN" not in {e.name for e in harness.env} and "OPENAI_API_KEY" not in {
-        e.name for e in grader.env
-    }
+    assert str(RECIPE / "harness.py") in harness.command
+    assert str(RECIPE / "grade.py") in grader.command
+    assert "AGL_GRADER_TOKEN" not in {e.name for e in harness.env}
+    assert "OPENAI_API_KEY" not in {e.name for e in grader.env}
     stored = client.NetworkingV1Api().read_namespaced_network_policy("agl-swe-rollouts", namespace)
     assert stored.spec.policy_types == ["Ingress", "Egress"] and len(stored.spec.egress) == 2

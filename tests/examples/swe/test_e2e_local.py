@@ -50,19 +50,15 @@ def test_correct_fix_earns_1_wrong_fix_0_and_the_adapter_merges_calls(
             "tests/test_calc.py::test_add": "PASSED",
             "tests/test_calc.py::test_sub": "PASSED",
         }
-        assert (
-            events(s, bad["id"], "swe_grade")[0]["results"]["tests/test_calc.py::test_add"]
-            == "FAILED"
-        )
+        (bad_grade,) = events(s, bad["id"], "swe_grade")
+        assert bad_grade["results"]["tests/test_calc.py::test_add"] == "FAILED"
         assert events(s, good["id"], "flag") == []
         (patch,) = events(s, good["id"], "swe_patch")
-        assert (
-            "+    return a + b" in patch["model_patch"] and patch["instance_id"] == task.instance_id
-        )
+        assert "+    return a + b" in patch["model_patch"]
+        assert patch["instance_id"] == task.instance_id
         preds, pass_at_1 = asyncio.run(preds_of(s.url, task))
-        assert preds == {
-            task.instance_id: {"instance_id": task.instance_id, "model_name_or_path": "toy"} | patch
-        }
+        named = {"instance_id": task.instance_id, "model_name_or_path": "toy"}
+        assert preds == {task.instance_id: named | patch}
         assert pass_at_1 == 0.5
         rollouts = [s.store.get_rollout(r["id"]) for r in (good, bad)]
         calls = s.store.calls_for([r.id for r in rollouts])
@@ -70,12 +66,10 @@ def test_correct_fix_earns_1_wrong_fix_0_and_the_adapter_merges_calls(
     assert traj["info"]["exit_status"] == "Submitted"
 
     batch = build_batch(rollouts, calls, AdapterSettings())
-    assert (
-        batch.metrics["rollouts_trained"] == 2 and batch.n_samples == 2
-    )  # one token sequence per rollout
-    assert (
-        batch.metrics["merge_rate"] == 0.5
-    )  # of each rollout's two calls, the second extended the first
+    # one token sequence per rollout
+    assert batch.metrics["rollouts_trained"] == 2 and batch.n_samples == 2
+    # of each rollout's two calls, the second extended the first
+    assert batch.metrics["merge_rate"] == 0.5
     advantage = dict(zip(batch.rollout_ids, batch.rollout_advantages, strict=True))
     assert advantage[good["id"]] > 0 and advantage[good["id"]] == -advantage[bad["id"]]
 
@@ -83,9 +77,8 @@ def test_correct_fix_earns_1_wrong_fix_0_and_the_adapter_merges_calls(
 def test_a_test_edit_is_reverted_flagged_and_earns_0(tiny_path: Path, tmp_path: Path, toy) -> None:
     """The edit would make the tests pass on the buggy code; reverted, they fail."""
     source, task = toy
-    hack = tool_call(
-        "sed -i 's/== 5/!= 5/' tests/test_calc.py && echo 'collect_ignore = []' > conftest.py"
-    )
+    edit = "sed -i 's/== 5/!= 5/' tests/test_calc.py && echo 'collect_ignore = []' > conftest.py"
+    hack = tool_call(edit)
     with recipe_stack(tiny_path, tmp_path, [hack, tool_call(SUBMIT)]) as s:
         done = run_one(s, task, local_settings(source))
         assert (done["status"], done["reward"]) == ("succeeded", 0.0), reasons(s, done["id"])
@@ -94,15 +87,12 @@ def test_a_test_edit_is_reverted_flagged_and_earns_0(tiny_path: Path, tmp_path: 
             ("test_edit", "conftest.py", "A"),
             ("test_edit", "tests/test_calc.py", "M"),
         ]
-        assert (
-            "!= 5" in events(s, done["id"], "swe_patch")[0]["model_patch"]
-        )  # what the agent did is kept
+        # what the agent did is kept
+        assert "!= 5" in events(s, done["id"], "swe_patch")[0]["model_patch"]
         assert events(s, done["id"], "swe_grade")[0]["flags"] == {"test_edit": 2}
     graded = workspace(tmp_path, done["id"]) / "grade"
-    assert (
-        "== 5" in (graded / "tests" / "test_calc.py").read_text()
-        and not (graded / "conftest.py").exists()
-    )
+    assert "== 5" in (graded / "tests" / "test_calc.py").read_text()
+    assert not (graded / "conftest.py").exists()
 
 
 def test_reading_git_history_is_flagged_and_finds_no_history(
@@ -112,26 +102,21 @@ def test_reading_git_history_is_flagged_and_finds_no_history(
     peek = tool_call("git log --oneline --all && git rev-list --all | wc -l")
     with recipe_stack(tiny_path, tmp_path, [peek, FIX, tool_call(SUBMIT)]) as s:
         done = run_one(s, task, local_settings(source))
-        assert (done["status"], done["reward"]) == ("succeeded", 1.0), reasons(
-            s, done["id"]
-        )  # flags cost nothing
+        # flags cost nothing
+        assert (done["status"], done["reward"]) == ("succeeded", 1.0), reasons(s, done["id"])
         flags = events(s, done["id"], "flag")
-        assert [(f["flag"], f["call_seq"], f["match"]) for f in flags] == [
-            ("git_history", 0, "git log")
-        ], flags
+        found = [(f["flag"], f["call_seq"], f["match"]) for f in flags]
+        assert found == [("git_history", 0, "git log")], flags
     repo = workspace(tmp_path, done["id"]) / "repo"
     history = subprocess.run(
         ["git", "rev-list", "--all"], cwd=repo, capture_output=True, text=True, check=True
     )
     assert len(history.stdout.split()) == 1  # one commit, made by the harness
     for commit in ("main", task.base_commit):  # neither the original nor the bug commit is there
-        sha = subprocess.run(
-            ["git", "rev-parse", commit], cwd=source, capture_output=True, text=True
-        ).stdout.strip()
-        assert (
-            subprocess.run(["git", "cat-file", "-e", sha], cwd=repo, capture_output=True).returncode
-            != 0
-        )
+        rev_parse = ["git", "rev-parse", commit]
+        sha = subprocess.run(rev_parse, cwd=source, capture_output=True, text=True).stdout.strip()
+        found = subprocess.run(["git", "cat-file", "-e", sha], cwd=repo, capture_output=True)
+        assert found.returncode != 0
     traj = json.loads((workspace(tmp_path, done["id"]) / "traj.json").read_text())
     observation = json.dumps(traj["messages"][3])  # the tool output of the first command
     assert " task\\n1\\n" in observation, observation

@@ -50,12 +50,14 @@ def test_ordinary_commands_are_not(command: str) -> None:
 
 def test_commands_are_read_from_tool_calls_and_fences_not_from_prose() -> None:
     tool = {"name": "bash", "arguments": {"command": "git log"}}
-    assert commands(f"I must not run git log.\n<tool_call>\n{json.dumps(tool)}\n</tool_call>") == [
-        "git log"
-    ]
+    reply = f"I must not run git log.\n<tool_call>\n{json.dumps(tool)}\n</tool_call>"
+    assert commands(reply) == ["git log"]
     stringy = {"name": "bash", "arguments": json.dumps({"command": "ls"})}
     assert commands(f"<tool_call>{json.dumps(stringy)}</tool_call>") == ["ls"]
-    xml = "<tool_call>\n<function=bash>\n<parameter=command>\npip install x\n</parameter>\n</function>\n</tool_call>"
+    xml = (
+        "<tool_call>\n<function=bash>\n<parameter=command>\npip install x\n</parameter>\n"
+        "</function>\n</tool_call>"
+    )
     assert commands(xml) == ["pip install x\n"]
     assert commands("THOUGHT: look.\n\n```mswea_bash_command\ncat a.py\n```") == ["cat a.py\n"]
     assert commands("no command at all, not even git log") == []

@@ -23,13 +23,10 @@ pytestmark = pytest.mark.slow
 def test_probe_two_tasks_k2_then_clean(tiny_path: Path, tmp_path: Path, toy) -> None:
     source, task = toy
     statement = task.problem_statement + " (reported twice)"
-    twin = dataclasses.replace(
-        task, instance_id=task.instance_id + "_twin", problem_statement=statement
-    )
-    script = [FIX, tool_call(SUBMIT)] + [
-        WRONG,
-        tool_call(SUBMIT),
-    ] * 3  # one rollout of four solves it
+    twin_id = task.instance_id + "_twin"
+    twin = dataclasses.replace(task, instance_id=twin_id, problem_statement=statement)
+    # one rollout of four solves it
+    script = [FIX, tool_call(SUBMIT)] + [WRONG, tool_call(SUBMIT)] * 3
 
     async def run(url: str) -> dict[str, list[float]]:
         async with GatewayClient(url, ADMIN) as gw:

@@ -22,27 +22,27 @@ VALIDATE = Path(__file__).parents[3] / ".venv" / "bin" / "kubernetes-validate"
 
 def test_the_spec_runs_the_task_image_with_harness_then_grader(tmp_path: Path) -> None:
     task = Task.from_record(json.loads((HERE / "toy" / "task.json").read_text()))
-    settings = dataclasses.replace(
-        load_settings(RECIPE / "settings.yaml"), shaping={"turn_penalty": 0.01, "free_turns": 20}
-    )
+    shaping = {"turn_penalty": 0.01, "free_turns": 20}
+    settings = dataclasses.replace(load_settings(RECIPE / "settings.yaml"), shaping=shaping)
     spec = parse_spec(task_spec(task, settings))
     image = "registry.example.com/agl-swe/" + task.image_name
-    assert spec.harness.image == spec.grader.image == image  # type: ignore[union-attr]
+    grader = spec.grader
+    assert grader is not None
+    assert spec.harness.image == grader.image == image
     assert spec.harness.command[:2] == [
         "/opt/agl-swe/venv/bin/python",
         "/opt/agl-swe/recipe/harness.py",
     ]
-    assert spec.grader.command[0] == "/opt/miniconda3/envs/testbed/bin/python"  # type: ignore[union-attr]
-    assert spec.grader.command[-4:] == ["--turn-penalty", "0.01", "--free-turns", "20"]  # type: ignore[union-attr]
+    assert grader.command[0] == "/opt/miniconda3/envs/testbed/bin/python"
+    assert grader.command[-4:] == ["--turn-penalty", "0.01", "--free-turns", "20"]
     assert spec.labels == RECIPE_LABEL
     creds = Credentials(
         "r" * 32, 1, task.rollout_task(), "http://gw:8000", "http://gw:8000/v1", "t", "g"
     )
     secret, job = manifests(spec, creds)
     assert job["spec"]["template"]["metadata"]["labels"]["agl.dev/recipe"] == "swe"
-    env = {
-        e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
+    containers = job["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in containers[0]["env"]}
     assert "patch" not in json.loads(env["AGL_TASK"])
     rendered = tmp_path / "job.yaml"
     rendered.write_text(yaml.safe_dump_all([secret, job]))
@@ -67,12 +67,6 @@ def test_train_entries_feed_agl_train_with_the_recipes_config(tmp_path: Path) ->
         assert e["grader"] is True and "patch" not in e["task"]
         parse_spec(e["spec"])
     cfg, agl = load_config(RECIPE / "train.yaml", ["agl.admin_key=k", f"agl.tasks={out}"])
-    assert (
-        agl.spec is None
-        and cfg.trainer.device == "cuda"
-        and agl.loss_mode == "rollout"
-        and agl.mode == "async"
-    )
-    assert (
-        cfg.actor_rollout_ref.model.path == "Qwen/Qwen3.5-9B" and cfg.trainer.n_gpus_per_node == 8
-    )
+    assert agl.spec is None and agl.loss_mode == "rollout" and agl.mode == "async"
+    assert cfg.trainer.device == "cuda" and cfg.trainer.n_gpus_per_node == 8
+    assert cfg.actor_rollout_ref.model.path == "Qwen/Qwen3.5-9B"
