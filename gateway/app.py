@@ -12,6 +12,7 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import uvicorn
 import uvloop
@@ -46,29 +47,54 @@ ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 class Admission:
-    """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for `gateway/auth.py`), refuses
-    NUL in paths and bodies over the limit (the declared length or the bytes as they arrive), answers every error
-    with `on_error` and keeps the connection (Starlette's handler of Exception answers, then re-raises: uvicorn
-    drops it), and writes the access log."""
+    """ASGI middleware: moves a `/r/{token}/...` path's token into the scope (for
+    `gateway/auth.py`), refuses NUL in paths and bodies over the limit (the declared length or the
+    bytes as they arrive), answers every error with `on_error` and keeps the connection
+    (Starlette's handler of Exception answers, then re-raises: uvicorn drops it), and writes the
+    access log."""
 
     def __init__(
-        self, app: ASGIApp, max_body_bytes: int, on_error: ErrorHandler, access_log: bool = False
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        on_error: ErrorHandler,
+        access_log: bool = False,
     ) -> None:
-        self.app, self.max_body_bytes, self.on_error, self.access_log = (
-            app,
-            max_body_bytes,
-            on_error,
-            access_log,
-        )
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.on_error = on_error
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope = _without_path_token(scope)
         path: str = scope["path"]
-        if path.startswith("/r/"):
-            token, _, rest = path[3:].partition("/")
-            path = "/" + rest
-            scope = {**scope, "path": path, "raw_path": path.encode(), "agl_path_token": token}
+        reply = _Reply(send)
+        started = time.monotonic()
+        try:
+            self._check(scope)
+            await self.app(scope, self._limited(receive), reply.send)
+        except Exception as e:  # every error, refusals and bugs alike
+            if reply.status:
+                raise  # the reply had begun: nothing left to answer with
+            await (await self.on_error(Request(scope), e))(scope, receive, reply.send)
+        finally:
+            if self.access_log:
+                _log_access(scope, path, reply.status, started)
+
+    def _check(self, scope: Scope) -> None:
+        """Refuses NUL in the path or query (IDs and names are text columns), and a body whose
+        declared length is over the limit."""
+        if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
+            raise RenderError("NUL characters are not allowed in paths or queries")
+        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            raise self._too_large()
+
+    def _limited(self, receive: Receive) -> Receive:
+        """`receive`, refusing the body once the bytes that arrived pass the limit."""
         seen = 0
 
         async def limited() -> Message:
@@ -76,62 +102,64 @@ class Admission:
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.max_body_bytes:
-                raise TooLarge(
-                    f"request body is larger than the limit of {self.max_body_bytes} bytes"
-                )
+                raise self._too_large()
             return message
 
-        status, started = 0, time.monotonic()
+        return limited
 
-        async def sending(message: Message) -> None:
-            nonlocal status
-            status = message["status"] if message["type"] == "http.response.start" else status
-            await send(message)
+    def _too_large(self) -> TooLarge:
+        return TooLarge(f"request body is larger than the limit of {self.max_body_bytes} bytes")
 
-        try:
-            if "\x00" in path or b"%00" in scope.get(
-                "query_string", b""
-            ):  # IDs and names are text columns
-                raise RenderError("NUL characters are not allowed in paths or queries")
-            length = dict(scope.get("headers") or []).get(b"content-length", b"0")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                raise TooLarge(
-                    f"request body is larger than the limit of {self.max_body_bytes} bytes"
-                )
-            await self.app(scope, limited, sending)
-        except Exception as e:  # every error, refusals and bugs alike
-            if status:
-                raise  # the reply had begun: nothing left to answer with
-            await (await self.on_error(Request(scope), e))(scope, receive, sending)
-        finally:
-            if self.access_log:  # the path without a /r/{token} prefix, and no query: never a token
-                rollout = getattr(scope.get("state", {}).get("rollout"), "id", "-")
-                ms = (time.monotonic() - started) * 1000
-                log.info(
-                    "%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout
-                )
+
+class _Reply:
+    """`send`, noting the reply's status once it begins (0 before)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 0
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+
+def _without_path_token(scope: Scope) -> Scope:
+    """The scope of a `/r/{token}/...` request with the token moved from its path to
+    `agl_path_token`; any other scope as it is."""
+    path: str = scope["path"]
+    if not path.startswith("/r/"):
+        return scope
+    token, _, rest = path[3:].partition("/")
+    path = "/" + rest
+    return {**scope, "path": path, "raw_path": path.encode(), "agl_path_token": token}
+
+
+def _log_access(scope: Scope, path: str, status: int, started: float) -> None:
+    """One line per request: `path` is without a /r/{token} prefix, and no query: never a token."""
+    rollout = getattr(scope.get("state", {}).get("rollout"), "id", "-")
+    ms = (time.monotonic() - started) * 1000
+    log.info("%s %s %d %.1f ms rollout_id=%s", scope["method"], path, status, ms, rollout)
 
 
 class Bounded(HttpToolsProtocol):
-    """uvicorn's HTTP protocol with the bounds it lacks: a request's head (request line and headers) arrives
-    within `head_timeout_s` of its first byte, or of the connection's opening, and is at most `max_head_bytes`;
-    else the connection closes (after a 400 for the size). Slow or huge heads would hold connections and memory."""
+    """uvicorn's HTTP protocol with the bounds it lacks: a request's head (request line and
+    headers) arrives within `head_timeout_s` of its first byte, or of the connection's opening,
+    and is at most `max_head_bytes`; else the connection closes (after a 400 for the size). Slow
+    or huge heads would hold connections and memory."""
 
-    max_head_bytes, head_timeout_s = 64 * 1024, 30.0
+    max_head_bytes = 64 * 1024
+    head_timeout_s = 30.0
     timer: asyncio.TimerHandle | None = None  # armed while a head is awaited
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self.timer, self.head = self.loop.call_later(self.head_timeout_s, self.transport.close), 0
+        self._await_head()
 
     def data_received(self, data: bytes) -> None:
-        if self.timer is None and (
-            self.cycle is None or self.cycle.response_complete
-        ):  # a new request begins
-            self.timer, self.head = (
-                self.loop.call_later(self.head_timeout_s, self.transport.close),
-                0,
-            )
+        # a new request begins
+        if self.timer is None and (self.cycle is None or self.cycle.response_complete):
+            self._await_head()
         super().data_received(data)
         self.head += len(data)
         if self.timer is not None and self.head > self.max_head_bytes:
@@ -145,52 +173,118 @@ class Bounded(HttpToolsProtocol):
             self.timer = None
         super().on_headers_complete()
 
+    def _await_head(self) -> None:
+        """Arms the timer of a request's head, and counts its bytes from none."""
+        self.timer = self.loop.call_later(self.head_timeout_s, self.transport.close)
+        self.head = 0
 
-def _answer(e: Exception, path: str) -> tuple[int, str, str, str | None]:
+
+# ---------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Answer:
     """How an error is answered: status, message, error type and (OpenAI's) error code."""
+
+    status: int
+    message: str
+    kind: str
+    code: str | None = None
+
+
+# Refusals answered with their own message, by the first row whose types match: (types, status,
+# error type, OpenAI's error code). A ContextOverflow is a RenderError with a code of its own.
+REFUSALS: list[tuple[tuple[type[Exception], ...], int, str, str | None]] = [
+    ((ContextOverflow,), 400, "invalid_request_error", "context_length_exceeded"),
+    ((RenderError, InvalidData, EngineRejected), 400, "invalid_request_error", None),
+    ((IllegalTransition,), 409, "invalid_request_error", None),
+    ((NotFound,), 404, "not_found_error", None),
+]
+
+
+def _answer(e: Exception, path: str) -> Answer:
+    """How an error is answered: a refusal (the client's fault) with its own message, a failure
+    (upstream, or a bug) logged and told in general terms."""
     anthropic = path.endswith("/v1/messages")
-    busy = "overloaded_error" if anthropic else "server_error"  # a temporary failure: retry
-    match e:
-        case AuthError():
-            return (
-                e.status,
-                str(e),
-                "authentication_error" if e.status == 401 else "permission_error",
-                None,
-            )
-        case ContextOverflow():
-            return 400, str(e), "invalid_request_error", "context_length_exceeded"
-        case TooLarge():
-            return 413, str(e), "request_too_large" if anthropic else "invalid_request_error", None
-        case IllegalTransition():
-            return 409, str(e), "invalid_request_error", None
-        case RenderError() | InvalidData() | EngineRejected():
-            return 400, str(e), "invalid_request_error", None
-        case ValidationError():
-            return 400, f"invalid request: {problems(e)}", "invalid_request_error", None
-        case RequestValidationError():
-            return 400, f"invalid request: {e.errors()}", "invalid_request_error", None
-        case NotFound():
-            return 404, str(e), "not_found_error", None
-        case HeldTooLong():
-            return 503, str(e), busy, None
-        case EngineAborted():  # nothing was recorded: a retry samples afresh
-            log.warning("request %s: %s", path, e)
-            return 503, "the model engine aborted the generation; retry the call", busy, None
-        case EngineUnavailable():  # the details (engine addresses) go to the log, not to harnesses
-            log.error("request %s failed: %s", path, e)
-            return 503, "the model engine is unavailable; retry shortly", busy, None
-        case EngineError() | StoreError():
-            log.error("request %s failed: %s", path, e)
-            return 502, "upstream failure (the gateway's log has the details)", "api_error", None
+    if isinstance(e, AuthError):
+        if e.status == 401:
+            return Answer(status=e.status, message=str(e), kind="authentication_error")
+        return Answer(status=e.status, message=str(e), kind="permission_error")
+    if isinstance(e, TooLarge):
+        kind = "request_too_large" if anthropic else "invalid_request_error"
+        return Answer(status=413, message=str(e), kind=kind)
+    for types, status, kind, code in REFUSALS:
+        if isinstance(e, types):
+            return Answer(status=status, message=str(e), kind=kind, code=code)
+    if isinstance(e, ValidationError):
+        message = f"invalid request: {problems(e)}"
+        return Answer(status=400, message=message, kind="invalid_request_error")
+    if isinstance(e, RequestValidationError):
+        message = f"invalid request: {e.errors()}"
+        return Answer(status=400, message=message, kind="invalid_request_error")
+    return _failure(e, path, anthropic=anthropic)
+
+
+def _failure(e: Exception, path: str, *, anthropic: bool) -> Answer:
+    """A failure that is not the client's: a temporary one (503: retry) or not."""
+    busy = "overloaded_error" if anthropic else "server_error"
+    if isinstance(e, HeldTooLong):
+        return Answer(status=503, message=str(e), kind=busy)
+    if isinstance(e, EngineAborted):
+        # nothing was recorded: a retry samples afresh
+        log.warning("request %s: %s", path, e)
+        message = "the model engine aborted the generation; retry the call"
+        return Answer(status=503, message=message, kind=busy)
+    if isinstance(e, EngineUnavailable):
+        # the details (engine addresses) go to the log, not to harnesses
+        log.error("request %s failed: %s", path, e)
+        message = "the model engine is unavailable; retry shortly"
+        return Answer(status=503, message=message, kind=busy)
+    if isinstance(e, EngineError | StoreError):
+        log.error("request %s failed: %s", path, e)
+        message = "upstream failure (the gateway's log has the details)"
+        return Answer(status=502, message=message, kind="api_error")
     log.exception("unexpected error on %s", path, exc_info=e)
-    return 500, "internal error", "api_error", None
+    return Answer(status=500, message="internal error", kind="api_error")
+
+
+def _error_handler(proxy: Proxy, store: Store) -> ErrorHandler:
+    """Answers every error in the caller's wire format (`_answer`), counts those of model calls,
+    and records a model call's as an event of its rollout."""
+
+    async def on_error(request: Request, e: Exception) -> Response:
+        if isinstance(e, ClientDisconnect):
+            return Response(status_code=499)  # nobody is listening; nothing was recorded
+        path = request.url.path
+        answer = _answer(e, path)
+        if path.startswith("/v1/"):
+            proxy.metrics.errors.labels(str(answer.status), answer.kind).inc()
+        # set on model calls by `Auth.agent`
+        rollout = getattr(request.state, "rollout", None)
+        if rollout is not None:
+            try:
+                event = {"status": answer.status, "message": answer.message[:2000]}
+                await asyncio.wrap_future(store.append_event(rollout.id, "error", event))
+            except StoreError:
+                log.warning("rollout_id=%s: could not record an error event", rollout.id)
+        anthropic = path.endswith("/v1/messages")
+        body = wire.error(answer.message, answer.kind, answer.code, anthropic=anthropic)
+        headers = None
+        if answer.status == 503:
+            headers = {"Retry-After": "5"}
+        return JSONResponse(body, status_code=answer.status, headers=headers)
+
+    return on_error
+
+
+# ---------------------------------------------------------------------------- the app
 
 
 def make_app(
     settings: GatewaySettings, store: Store, engines: EngineClient, info: EngineInfo
 ) -> FastAPI:
-    """The gateway's ASGI app over an open store and engine client, given what the engine says of itself."""
+    """The gateway's ASGI app over an open store and engine client, given what the engine says of
+    itself."""
     from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
 
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info.tokenizer_path)
@@ -203,9 +297,8 @@ def make_app(
     renderer = Renderer(tokenizer, tool_parser=settings.tool_parser, context_length=context_length)
     honours_seed = settings.seed_honoured
     if honours_seed is None:
-        honours_seed = (
-            info.owned_by == "agl"
-        )  # the embedded engine; sglang only with settings it cannot report
+        # the embedded engine; sglang only with settings it cannot report
+        honours_seed = info.owned_by == "agl"
     proxy = Proxy(store, engines, renderer, settings, honours_seed=honours_seed)
 
     @contextlib.asynccontextmanager
@@ -221,34 +314,20 @@ def make_app(
     )
     app.include_router(rollout_routes(proxy, auth))
     app.include_router(open_routes(store, proxy))
-
-    async def on_error(request: Request, e: Exception) -> Response:
-        if isinstance(e, ClientDisconnect):
-            return Response(status_code=499)  # nobody is listening; nothing was recorded
-        path = request.url.path
-        status, message, kind, code = _answer(e, path)
-        if path.startswith("/v1/"):
-            proxy.metrics.errors.labels(str(status), kind).inc()
-        rollout = getattr(request.state, "rollout", None)  # set on model calls by `Auth.agent`
-        if rollout is not None:
-            try:
-                event = {"status": status, "message": message[:2000]}
-                await asyncio.wrap_future(store.append_event(rollout.id, "error", event))
-            except StoreError:
-                log.warning("rollout_id=%s: could not record an error event", rollout.id)
-        body = wire.error(message, kind, code, anthropic=path.endswith("/v1/messages"))
-        return JSONResponse(
-            body, status_code=status, headers={"Retry-After": "5"} if status == 503 else None
-        )
-
-    app.add_exception_handler(
-        RequestValidationError, on_error
-    )  # instead of FastAPI's 422; the rest: `Admission`
-    app.add_middleware(Admission, settings.max_body_bytes, on_error, settings.access_log)
+    on_error = _error_handler(proxy, store)
+    # instead of FastAPI's 422; the rest: `Admission`
+    app.add_exception_handler(RequestValidationError, on_error)
+    app.add_middleware(
+        Admission,
+        max_body_bytes=settings.max_body_bytes,
+        on_error=on_error,
+        access_log=settings.access_log,
+    )
     return app
 
 
 async def engine_info(engines: EngineClient, wait_s: float = 600) -> EngineInfo:
+    """What the engine says of itself, once it answers (waiting up to `wait_s` for it)."""
     deadline = asyncio.get_running_loop().time() + wait_s
     while True:
         try:
@@ -272,24 +351,22 @@ def main(argv: list[str]) -> int:
         )
         async with client as engines:
             app = make_app(settings, store, engines, await engine_info(engines))
-            gc.collect()  # the start-up heap (tokenizer, transformers: ~400k objects) lives as long as
-            gc.freeze()  # the process: kept out of every later collection (4-10% more calls/s, measured)
-            Bounded.max_head_bytes, Bounded.head_timeout_s = (
-                settings.max_head_bytes,
-                settings.head_timeout_s,
-            )
+            # The start-up heap (tokenizer, transformers: ~400k objects) lives as long as the
+            # process: kept out of every later collection (4-10% more calls/s, measured).
+            gc.collect()
+            gc.freeze()
+            Bounded.max_head_bytes = settings.max_head_bytes
+            Bounded.head_timeout_s = settings.head_timeout_s
             config = uvicorn.Config(
                 app,
-                settings.host,
-                settings.port,
+                host=settings.host,
+                port=settings.port,
                 log_level="warning",
                 access_log=False,
                 http=Bounded,
+                limit_concurrency=settings.max_connections,
+                timeout_keep_alive=120,  # idle harnesses (s)
             )
-            config.limit_concurrency, config.timeout_keep_alive = (
-                settings.max_connections,
-                120,
-            )  # idle harnesses (s)
             log.info(
                 "gateway on http://%s:%d, engines %s",
                 settings.host,

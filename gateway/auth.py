@@ -3,12 +3,16 @@
 A credential (the admin key, or a rollout's agent or grader token) comes as `Authorization:
 Bearer`, `x-api-key` or the `/r/{token}` path prefix. A token reaches only its own live rollout,
 never the admin routes; only the agent token calls the model, and only the grader token posts
-the reward of a rollout with a grader. It raises `AuthError`s; `gateway/app.py` answers them.
+the reward of a rollout with a grader. Each dependency leaves the request's `Caller` (its role,
+and its rollout for a token) in `request.state.caller`, for routes to read (`caller_of`). It
+raises `AuthError`s; `gateway/app.py` answers them.
 """
 
 import asyncio
+import enum
 import hmac
 from collections import defaultdict
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -17,26 +21,60 @@ from agl.types import Rollout, Status
 
 
 class AuthError(Exception):
+    """A request refused for its credential: `status` 401 (none, or not known) or 403 (known, but
+    not allowed here)."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
 
 
+class Role(enum.Enum):
+    """Who holds a credential: the admin key, or a rollout's agent or grader token."""
+
+    ADMIN = "admin"
+    AGENT = "agent"
+    GRADER = "grader"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a request: a role, and for a token the rollout it belongs to (as cached)."""
+
+    role: Role
+    rollout: Rollout | None = None
+
+    @property
+    def credential(self) -> str:
+        """The credential's name, in messages and as a reward's source: `admin`, `agent token` or
+        `grader token`."""
+        if self.role is Role.ADMIN:
+            return "admin"
+        return f"{self.role.value} token"
+
+
+def caller_of(request: Request) -> Caller:
+    """The request's caller, as its route's auth dependency found it."""
+    caller: Caller = request.state.caller
+    return caller
+
+
 class Tokens:
-    """Token hash -> (rollout, role), read once (a store read per call costs a fifth of the gateway's
-    CPU, measured). The gateway, the store's only writer, keeps it current: `issued` adds the tokens
-    it hands out (reads of new tokens race other changes under load), `changed` follows each change
-    to a rollout, and a read that overlapped a change is not cached (`changes` counts them)."""
+    """Token hash -> (rollout, role), read once (a store read per call costs a fifth of the
+    gateway's CPU, measured). The gateway, the store's only writer, keeps it current: `issued` adds
+    the tokens it hands out (reads of new tokens race other changes under load), `changed` follows
+    each change to a rollout, and a read that overlapped a change is not cached (`changes` counts
+    them). At most `size` tokens are kept, the oldest dropped first."""
 
     def __init__(self, store: Store, size: int = 100_000) -> None:
-        self.store, self.size = store, size
-        self.found: dict[str, tuple[Rollout, str]] = {}  # oldest first
-        self.of_rollout: defaultdict[str, set[str]] = defaultdict(
-            set
-        )  # rollout id -> its cached token hashes
+        self.store = store
+        self.size = size
+        self.found: dict[str, tuple[Rollout, Role]] = {}  # oldest first
+        # rollout id -> its cached token hashes
+        self.of_rollout: defaultdict[str, set[str]] = defaultdict(set)
         self.changes = 0
 
-    async def lookup(self, token: str) -> tuple[Rollout, str] | None:
+    async def lookup(self, token: str) -> tuple[Rollout, Role] | None:
         if token_expired(token):
             raise AuthError(
                 401,
@@ -47,29 +85,40 @@ class Tokens:
             return self.found[digest]
         changes = self.changes
         found = await asyncio.to_thread(self.store.rollout_for_token, token)
-        if found is not None and changes == self.changes:
-            self._add(digest, *found)
-        return found
+        if found is None:
+            return None
+        rollout, role = found
+        if changes == self.changes:
+            self._add(digest, rollout, Role(role))
+        return rollout, Role(role)
 
     def issued(self, created: Created) -> None:
-        self._add(hash_token(created.agent_token), created.rollout, "agent")
+        self._add(hash_token(created.agent_token), created.rollout, Role.AGENT)
         if created.grader_token:
-            self._add(hash_token(created.grader_token), created.rollout, "grader")
+            self._add(hash_token(created.grader_token), created.rollout, Role.GRADER)
 
     def changed(self, rollout_id: str, now: Rollout | None = None) -> None:
-        """A rollout changed: its entries get its new state `now`, or go (its tokens may be rotated)."""
+        """A rollout changed: its entries get its new state `now`, or go (its tokens may be
+        rotated)."""
         self.changes += 1
         for digest in self.of_rollout.pop(rollout_id, ()):
             _, role = self.found.pop(digest)
             if now is not None:
                 self._add(digest, now, role)
 
-    def _add(self, digest: str, rollout: Rollout, role: str) -> None:
+    def _add(self, digest: str, rollout: Rollout, role: Role) -> None:
         self.found[digest] = (rollout, role)
         self.of_rollout[rollout.id].add(digest)
         if len(self.found) > self.size:
-            oldest = next(iter(self.found))
-            self.of_rollout[self.found.pop(oldest)[0].id].discard(oldest)
+            self._drop(next(iter(self.found)))
+
+    def _drop(self, digest: str) -> None:
+        """Drops a token from the cache, and its rollout's entry with its last token."""
+        rollout, _ = self.found.pop(digest)
+        digests = self.of_rollout[rollout.id]
+        digests.discard(digest)
+        if not digests:
+            del self.of_rollout[rollout.id]
 
 
 def _ended(rollout: Rollout) -> AuthError:
@@ -81,10 +130,13 @@ class Auth:
     dependency on its thread pool, a round trip no harness call should pay."""
 
     def __init__(self, admin_key: str, store: Store) -> None:
-        self.admin_key, self.store, self.tokens = admin_key, store, Tokens(store)
+        self.admin_key = admin_key
+        self.store = store
+        self.tokens = Tokens(store)
 
     @staticmethod
     def presented(request: Request) -> str:
+        """The credential the request presents: its `/r/{token}` prefix, `x-api-key` or bearer."""
         token = request.scope.get("agl_path_token") or request.headers.get("x-api-key", "")
         auth = request.headers.get("authorization", "")
         if not token and auth.lower().startswith("bearer "):
@@ -92,16 +144,19 @@ class Auth:
         return str(token)
 
     def is_admin(self, request: Request) -> bool:
-        presented, key = (
-            s.encode(errors="surrogatepass") for s in (self.presented(request), self.admin_key)
-        )
-        return bool(key) and hmac.compare_digest(presented, key)  # bytes: a str must be ASCII
+        # compared as bytes: a str must be ASCII
+        presented = self.presented(request).encode(errors="surrogatepass")
+        key = self.admin_key.encode(errors="surrogatepass")
+        return bool(key) and hmac.compare_digest(presented, key)
 
     async def admin(self, request: Request) -> None:
-        if not self.is_admin(request):
-            raise AuthError(
-                401 if not self.presented(request) else 403, "the admin key is required"
-            )
+        """The admin key."""
+        if self.is_admin(request):
+            request.state.caller = Caller(role=Role.ADMIN)
+            return
+        if not self.presented(request):
+            raise AuthError(401, "the admin key is required")
+        raise AuthError(403, "the admin key is required")
 
     async def agent(self, request: Request) -> Rollout:
         """A live rollout's agent token; the first call starts a queued rollout."""
@@ -112,35 +167,41 @@ class Auth:
         if found is None:
             raise AuthError(401, "invalid API key")
         rollout, role = found
-        if role != "agent":
+        if role is not Role.AGENT:
             raise AuthError(403, "the grader token cannot call the model")
         if rollout.status is Status.QUEUED:
-            started = self.store.transition(rollout.id, Status.RUNNING, reason="first model call")
-            try:
-                rollout = await asyncio.wrap_future(started)
-                self.tokens.changed(rollout.id, rollout)
-            except IllegalTransition:  # started (or ended) by someone else meanwhile
-                self.tokens.changed(rollout.id)
-                rollout = await asyncio.to_thread(self.store.get_rollout, rollout.id)
+            rollout = await self._start(rollout)
         if rollout.status.terminal:
             raise _ended(rollout)
-        request.state.rollout = (
-            rollout  # its error replies are recorded as events; a refused token writes nothing
-        )
+        request.state.caller = Caller(role=Role.AGENT, rollout=rollout)
+        # Its error replies are recorded as events; a refused token writes nothing.
+        request.state.rollout = rollout
+        return rollout
+
+    async def _start(self, rollout: Rollout) -> Rollout:
+        """A queued rollout, started by its first model call (or as someone else left it)."""
+        started = self.store.transition(rollout.id, Status.RUNNING, reason="first model call")
+        try:
+            rollout = await asyncio.wrap_future(started)
+            self.tokens.changed(rollout.id, rollout)
+        except IllegalTransition:  # started (or ended) by someone else meanwhile
+            self.tokens.changed(rollout.id)
+            rollout = await asyncio.to_thread(self.store.get_rollout, rollout.id)
         return rollout
 
     async def rollout(self, request: Request, rollout_id: str) -> Rollout:
         """The admin key, or a token of this very rollout while it is live."""
         if self.is_admin(request):
+            request.state.caller = Caller(role=Role.ADMIN)
             return await asyncio.to_thread(self.store.get_rollout, rollout_id)
         token = self.presented(request)
-        found = await self.tokens.lookup(token) if token else None
+        found = None
+        if token:
+            found = await self.tokens.lookup(token)
         if found is None:
             raise AuthError(401, "the admin key or this rollout's token is required")
         rollout, role = found
-        request.state.credential = (
-            f"{role} token"  # for `reward` and the reward's source (admin key: none)
-        )
+        request.state.caller = Caller(role=role, rollout=rollout)
         if rollout.id != rollout_id:
             raise AuthError(403, "this token belongs to another rollout")
         if rollout.status.terminal:
@@ -150,7 +211,7 @@ class Auth:
     async def reward(self, request: Request, rollout_id: str) -> Rollout:
         """As `rollout`, but of a rollout with a grader only the grader token."""
         rollout = await self.rollout(request, rollout_id)
-        if rollout.has_grader and getattr(request.state, "credential", "admin") == "agent token":
+        if rollout.has_grader and caller_of(request).role is Role.AGENT:
             raise AuthError(
                 403, "this rollout has a grader: only the grader token may post its reward"
             )

@@ -1,4 +1,6 @@
-"""The gateway's client for its engine replicas, over sglang's native HTTP API (DESIGN.md section 5).
+"""The gateway's client for its engine replicas, over sglang's native HTTP API.
+
+What it relies on, and what sglang does differently, is in docs/architecture.md, "Engines".
 
 Owns replica choice, retries and the engine's wire format (the embedded engine speaks it too). A
 rollout sticks to one replica (a hash of its id, for sglang's prefix cache) unless it is down,
@@ -41,8 +43,9 @@ class EngineRejected(EngineError):
 
 
 class EngineAborted(EngineUnavailable):
-    """The engine aborted the generation (sglang: a 200 whose finish reason is `abort`, with the partial output,
-    as when a request is aborted to update weights): nothing to record; the harness may retry the call."""
+    """The engine aborted the generation (sglang: a 200 whose finish reason is `abort`, with the
+    partial output, as when a request is aborted to update weights): nothing to record; the harness
+    may retry the call."""
 
 
 class _ServerError(Exception):
@@ -54,7 +57,8 @@ class TransportError(Exception):
 
 
 class _Unanswered(TransportError):
-    """The engine closed a kept connection without replying (its keep-alive ran out): resent at once, free."""
+    """The engine closed a kept connection without replying (its keep-alive ran out): resent at
+    once, free."""
 
 
 @dataclass(frozen=True)
@@ -104,22 +108,21 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         down_s: float = 10.0,
         api_key: str = "",
     ) -> None:
-        """Seconds: `timeout_s` bounds a request (a whole generation); a failing replica sits out `down_s`; retry k
-        waits `min(max_backoff_s, backoff_s * 2**(k-1))`, jittered by x0.5-1. `attempts`: tries in all. `api_key`:
-        the engines' own key (sglang's --api-key), if they have one."""
+        """Seconds: `timeout_s` bounds a request (a whole generation); a failing replica sits out
+        `down_s`; retry k waits `min(max_backoff_s, backoff_s * 2**(k-1))`, jittered by x0.5-1.
+        `attempts`: tries in all. `api_key`: the engines' own key (sglang's --api-key), if they
+        have one."""
         if not urls or attempts < 1:
             raise ValueError("an engine client needs at least one replica URL and one attempt")
         self.replicas = [_Replica(u.rstrip("/")) for u in urls]
-        self._attempts, self._backoff_s, self._max_backoff_s, self._down_s = (
-            attempts,
-            backoff_s,
-            max_backoff_s,
-            down_s,
-        )
-        self._timeout_s, self._auth = (
-            timeout_s,
-            {"Authorization": f"Bearer {api_key}"} if api_key else {},
-        )
+        self._attempts = attempts
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._down_s = down_s
+        self._timeout_s = timeout_s
+        self._auth: dict[str, str] = {}
+        if api_key:
+            self._auth = {"Authorization": f"Bearer {api_key}"}
         self._http: aiohttp.ClientSession | None = None
 
     @property
@@ -148,9 +151,8 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         rollout_id: str | None = None,
     ) -> Generation:
         """Sample a continuation of `input_ids`, on the rollout's replica when it is up."""
-        ids = np.asarray(
-            input_ids, np.int32
-        )  # a rendered prompt (an int32 `array`) is viewed, not copied
+        # a rendered prompt (an int32 `array`) is viewed, not copied
+        ids = np.asarray(input_ids, np.int32)
         body = {"input_ids": ids, "sampling_params": sampling_params, "return_logprob": True}
         replica, reply = await self.call("POST", "/generate", body, rollout_id=rollout_id)
         try:
@@ -198,23 +200,23 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
     # ------------------------------------------------------------------ plumbing
 
     def pick(self, rollout_id: str | None = None) -> _Replica:
-        """The rollout's own replica if up, else the least-loaded one up (if none is, the one back soonest)."""
+        """The rollout's own replica if up, else the least-loaded one up (if none is, the one back
+        soonest)."""
         now = time.monotonic()
         up = [r for r in self.replicas if r.down_until <= now]
         if rollout_id is not None:
             home = self.replicas[zlib.crc32(rollout_id.encode()) % len(self.replicas)]
             if home in up:
                 return home
-        return (
-            min(up, key=lambda r: r.inflight)
-            if up
-            else min(self.replicas, key=lambda r: r.down_until)
-        )
+        if not up:
+            return min(self.replicas, key=lambda r: r.down_until)
+        return min(up, key=lambda r: r.inflight)
 
     async def call(
         self, method: str, path: str, body: Any = None, *, rollout_id: str | None = None
     ) -> tuple[_Replica, Any]:
-        """One request, on `pick(rollout_id)`'s replica, with retries: (the replica that answered, its reply)."""
+        """One request, on `pick(rollout_id)`'s replica, with retries: (the replica that answered,
+        its reply)."""
         last: Exception | None = None
         for attempt in range(self._attempts):
             if attempt:
@@ -224,11 +226,8 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             r.inflight += 1
             try:
                 reply = await self._once(r, method, path, body)
-            except (
-                _ServerError,
-                TransportError,
-                TimeoutError,
-            ) as e:  # the replica's fault: retried
+            except (_ServerError, TransportError, TimeoutError) as e:
+                # the replica's fault: retried
                 last = e
                 r.down_until = time.monotonic() + self._down_s
                 n = f"{attempt + 1}/{self._attempts}"
@@ -251,7 +250,9 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         ) from last
 
     async def _once(self, r: _Replica, method: str, path: str, body: Any) -> Any:
-        data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY) if body is not None else None
+        data = None
+        if body is not None:
+            data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         try:
             status, reason, raw = await self._exchange(r, method, path, data)
         except _Unanswered:
@@ -286,10 +287,14 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
 
 
 def _message(text: str, reason: str) -> str:
-    """The error message of an sglang reply (`{"error": {"message"}}`, `{"message"}`) or its body, cut."""
+    """The error message of an sglang reply (`{"error": {"message"}}`, `{"message"}`) or its body,
+    cut."""
     found = None
     with contextlib.suppress(ValueError, AttributeError):  # not JSON, or not an object
         data = orjson.loads(text)
         inner = data.get("error")
-        found = inner.get("message") if isinstance(inner, dict) else inner or data.get("message")
+        if isinstance(inner, dict):
+            found = inner.get("message")
+        else:
+            found = inner or data.get("message")
     return str(found or text or reason)[:BODY_CUT]

@@ -1,13 +1,12 @@
-"""The gateway's routes (DESIGN.md section 3) as FastAPI routers: model calls (`/v1`), a rollout's
-own records, the admin API, `/healthz` and `/metrics`, with auth as a dependency. Routes parse
-their bodies themselves (`body`) to answer bad input in the caller's wire format, so the OpenAPI
-schema shows no request bodies. They do not sample, record (`proxy.py`) or answer errors (`app.py`).
+"""The gateway's routes as FastAPI routers: model calls (`/v1`), a rollout's own records, the
+admin API, `/healthz` and `/metrics`, with auth as a dependency. Routes parse their bodies
+themselves (`body`) to answer bad input in the caller's wire format, so the OpenAPI schema shows
+no request bodies. They do not sample, record (`proxy.py`) or answer errors (`app.py`).
 """
 
 import asyncio
 import dataclasses
 import json
-import time
 from asyncio import wrap_future
 from typing import Annotated, Any
 
@@ -21,19 +20,20 @@ from agl.settings import Strict
 from agl.store import Created, Store
 from agl.types import ARRAYS, JSON, Call, Mode, ModelVersion, Rollout, Status
 from gateway import wire
-from gateway.auth import Auth, AuthError
+from gateway.auth import Auth, AuthError, Caller, Role, caller_of
 from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, Message, RenderError
 
-MAX_DEPTH = 64  # of a request body's JSON: tool schemas nest a few levels; the store's encoder stops near 1,000
-Cursor = Annotated[
-    int, Query(ge=0, le=2**31 - 1)
-]  # compared with INTEGER columns: a larger one overflows PostgreSQL
+# Of a request body's JSON: tool schemas nest a few levels; the store's encoder stops near 1,000.
+MAX_DEPTH = 64
+# Compared with INTEGER columns: a larger one overflows PostgreSQL.
+Cursor = Annotated[int, Query(ge=0, le=2**31 - 1)]
 
 
 class SamplingIn(Strict):
-    """Sampling the gateway applies to every call of a rollout, whatever the harness asks (e.g. greedy validation)."""
+    """Sampling the gateway applies to every call of a rollout, whatever the harness asks (e.g.
+    greedy validation)."""
 
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -41,15 +41,16 @@ class SamplingIn(Strict):
 
 
 class RolloutIn(Strict):
+    """A rollout to create: its task, group and mode, grader, sampling and metadata."""
+
     task: JSON = Field(default_factory=dict)
     group: str = Field(min_length=1, max_length=255)
     mode: Mode = Mode.TRAIN
     grader: Any = None
     sampling: SamplingIn | None = None
     metadata: JSON = Field(default_factory=dict)
-    token_ttl_s: float | None = Field(
-        None, gt=0
-    )  # the tokens' lifetime (s); default: the gateway's
+    # the tokens' lifetime (s); default: the gateway's
+    token_ttl_s: float | None = Field(None, gt=0)
 
     @field_validator("metadata")
     @classmethod
@@ -90,23 +91,44 @@ class ResumeIn(Strict):
 
 
 async def body(request: Request, schema: type[Any]) -> Any:
-    """The request's JSON body, validated by `schema`; the raw object stays in `request.state.body`."""
-    data = await request.body()
-    try:
-        raw = orjson.loads(data)  # a quarter of the standard library's time on a harness's body
-    except orjson.JSONDecodeError:
-        try:  # what only the standard library takes: NaN, integers beyond 64 bits
-            raw = json.loads(data)
-            json.dumps(
-                raw, ensure_ascii=False
-            ).encode()  # and lone surrogates, which no tokenizer takes
-        except (ValueError, RecursionError) as e:
-            raise RenderError(f"the request body is not valid JSON: {e}") from e
+    """The request's JSON body, validated by `schema`; the raw object stays in
+    `request.state.body`."""
+    raw = _loads(await request.body())
     if not isinstance(raw, dict):
         raise RenderError("the request body must be a JSON object")
-    level = [
-        raw
-    ]  # each nesting level in turn: deeper than MAX_DEPTH could not be stored with the call
+    _check_depth(raw)
+    request.state.body = raw
+    return schema.model_validate(raw)
+
+
+async def body_or_defaults(request: Request, schema: type[Any]) -> Any:
+    """As `body`, but an empty body is the schema's defaults."""
+    if not await request.body():
+        return schema()
+    return await body(request, schema)
+
+
+def _loads(data: bytes) -> Any:
+    """JSON as the standard library takes it, parsed fast where orjson can."""
+    try:
+        # a quarter of the standard library's time on a harness's body
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
+    # What only the standard library takes: NaN, integers beyond 64 bits; and lone surrogates,
+    # which no tokenizer takes, are refused.
+    try:
+        raw = json.loads(data)
+        json.dumps(raw, ensure_ascii=False).encode()
+    except (ValueError, RecursionError) as e:
+        raise RenderError(f"the request body is not valid JSON: {e}") from e
+    return raw
+
+
+def _check_depth(raw: JSON) -> None:
+    """Refuses JSON deeper than MAX_DEPTH, which could not be stored with the call; each nesting
+    level in turn."""
+    level: list[Any] = [raw]
     for _ in range(MAX_DEPTH):
         level = [
             x
@@ -116,15 +138,14 @@ async def body(request: Request, schema: type[Any]) -> Any:
         ]
     if level:
         raise RenderError(f"the request body nests deeper than {MAX_DEPTH} levels")
-    request.state.body = raw
-    return schema.model_validate(raw)
 
 
 def _jsonable(record: Any) -> JSON:
     return {k: v.tolist() if k in ARRAYS else v for k, v in dataclasses.asdict(record).items()}
 
 
-# agl's own event kinds, which no token may post: the gateway's, and those of agl's launchers and reward posts
+# agl's own event kinds, which no token may post: the gateway's, and those of agl's launchers and
+# reward posts
 SYSTEM_EVENTS = {
     "lifecycle",
     "tokens",
@@ -132,57 +153,78 @@ SYSTEM_EVENTS = {
     "prefix_mismatch",
     "max_tokens_lowered",
     "not_honoured",
+    "launch",
+    "reward",
 }
-SYSTEM_EVENTS |= {"launch", "reward"}
-GRADER_EVENTS = {
-    "flag",
-    "swe_patch",
-}  # they steer the reward: on a rollout with a grader, not the agent's to post
+# They steer the reward: on a rollout with a grader, not the agent's to post.
+GRADER_EVENTS = {"flag", "swe_patch"}
+
+
+def may_post(caller: Caller, rollout: Rollout, kind: str) -> bool:
+    """Whether the caller may post an event of `kind` on the rollout: the admin any; a token no
+    system event, and an agent token no event that steers the reward of a rollout with a grader."""
+    if caller.role is Role.ADMIN:
+        return True
+    if kind in SYSTEM_EVENTS:
+        return False
+    return not (caller.role is Role.AGENT and rollout.has_grader and kind in GRADER_EVENTS)
+
+
+def may_move(caller: Caller, status: Status) -> bool:
+    """Whether the caller may move a rollout to `status`: the admin anywhere `TRANSITIONS` allows;
+    its token (the one that posts its reward) may only start or end it: an applied Job reports
+    its own end (`controller/report.py`)."""
+    return caller.role is Role.ADMIN or status not in (Status.QUEUED, Status.CANCELLED)
+
+
+# ---------------------------------------------------------------------------- model calls
+
+
+def _ask(request: Request, rollout: Rollout, api: str, req: wire.Request) -> Ask:
+    """The call as received; its agent is named by `x-agl-agent`, else the request's model."""
+    agent = request.headers.get("x-agl-agent") or req.model or "default"
+    # A stored column and a metric label: no NUL, no megabytes.
+    if len(agent) > 255 or not agent.isprintable():
+        raise RenderError(
+            "the agent name (x-agl-agent, else model) must be at most 255 printable characters"
+        )
+    return Ask(rollout=rollout, agent=agent, api=api, body=request.state.body)
+
+
+def _reply(req: wire.Request, completions: list[Completion]) -> Response:
+    """The recorded completions in the request's wire format, streamed if it asked."""
+    reply = req.reply(completions)
+    if req.stream:
+        headers = {"Cache-Control": "no-cache"}
+        return StreamingResponse(req.events(reply), media_type="text/event-stream", headers=headers)
+    return Response(orjson.dumps(reply), media_type="application/json")
+
+
+async def _air_penalty(proxy: Proxy, ask: Ask, messages: list[Message]) -> JSON | None:
+    """AIR: `air_tool_error_reward` for each tool result this request sends back (after its last
+    assistant message) that reports an error (`is_error`, or `air_error_pattern` in its text), as
+    the `reward` of the agent's call that asked for the tools (its `call_seq`); None when none did,
+    or AIR is off."""
+    reward = proxy.settings.air_tool_error_reward
+    pattern = proxy.settings.air_error_pattern
+    last = (i for i in reversed(range(len(messages))) if messages[i].role == "assistant")
+    start = next(last, None)
+    if reward is None or start is None:
+        return None
+    results = [m for m in messages[start + 1 :] if m.role == "tool"]
+    failed = sum(m.is_error or bool(pattern and pattern.search(m.content)) for m in results)
+    if not failed:
+        return None
+    seq = await asyncio.to_thread(proxy.store.last_seq, ask.rollout.id, ask.agent)
+    if seq is None:
+        return None
+    return {"reward": failed * reward, "call_seq": seq}
 
 
 def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     """The model calls, each with a live rollout's agent token; every reply is recorded first."""
     router = APIRouter()
     Agent = Annotated[Rollout, Depends(auth.agent)]
-
-    def ask(request: Request, rollout: Rollout, api: str, req: wire.Request) -> Ask:
-        agent = request.headers.get("x-agl-agent") or req.model or "default"
-        if (
-            len(agent) > 255 or not agent.isprintable()
-        ):  # a stored column and a metric label: no NUL, no megabytes
-            raise RenderError(
-                "the agent name (x-agl-agent, else model) must be at most 255 printable characters"
-            )
-        return Ask(rollout, agent, api, request.state.body)
-
-    def answer(req: wire.Request, completions: list[Completion]) -> Response:
-        reply = req.reply(completions)
-        if req.stream:
-            headers = {"Cache-Control": "no-cache"}
-            return StreamingResponse(
-                req.events(reply), media_type="text/event-stream", headers=headers
-            )
-        return Response(orjson.dumps(reply), media_type="application/json")
-
-    async def air_penalty(a: Ask, messages: list[Message]) -> JSON | None:
-        """AIR: `air_tool_error_reward` for each tool result this request sends back (after its last assistant
-        message) that reports an error (`is_error`, or `air_error_pattern` in its text), as the `reward` of the
-        agent's call that asked for the tools (its `call_seq`); None when none did, or AIR is off."""
-        reward, pattern = proxy.settings.air_tool_error_reward, proxy.settings.air_error_pattern
-        start = next(
-            (i for i in reversed(range(len(messages))) if messages[i].role == "assistant"), None
-        )
-        if reward is None or start is None:
-            return None
-        results = [m for m in messages[start + 1 :] if m.role == "tool"]
-        if not (
-            failed := sum(
-                m.is_error or bool(pattern and pattern.search(m.content)) for m in results
-            )
-        ):
-            return None
-        seq = await asyncio.to_thread(proxy.store.last_seq, a.rollout.id, a.agent)
-        return {"reward": failed * reward, "call_seq": seq} if seq is not None else None
 
     def chat(
         api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]
@@ -191,13 +233,15 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             await proxy.charge(rollout, len(await request.body()))
             req = await body(request, schema)
             messages, tools, params = req.parse(proxy.renderer.thinking_switch)
-            asked = ask(request, rollout, api, req)
-            air = await air_penalty(asked, messages)
-            reply = answer(req, await proxy.chat(asked, messages, tools, params))
-            if air:  # once the call is recorded: a refused request changes nothing stored
-                await wrap_future(
-                    proxy.store.set_reward(rollout.id, **air, source="air:tool_error", final=False)
+            asked = _ask(request, rollout, api, req)
+            air = await _air_penalty(proxy, asked, messages)
+            reply = _reply(req, await proxy.chat(asked, messages, tools, params))
+            # Once the call is recorded: a refused request changes nothing stored.
+            if air:
+                posted = proxy.store.set_reward(
+                    rollout.id, **air, source="air:tool_error", final=False
                 )
+                await wrap_future(posted)
             return reply
 
         return route
@@ -210,35 +254,40 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     async def completions(request: Request, rollout: Agent) -> Response:
         await proxy.charge(rollout, len(await request.body()))
         req = await body(request, wire.CompletionRequest)
-        ids = (
-            await asyncio.to_thread(proxy.renderer.encode, req.prompt)
-            if isinstance(req.prompt, str)
-            else req.prompt
-        )
-        return answer(
-            req, await proxy.complete(ask(request, rollout, "completions", req), ids, req.params())
-        )
+        if isinstance(req.prompt, str):
+            ids = await asyncio.to_thread(proxy.renderer.encode, req.prompt)
+        else:
+            ids = req.prompt
+        asked = _ask(request, rollout, "completions", req)
+        return _reply(req, await proxy.complete(asked, ids, req.params()))
 
     @router.get("/v1/models")
     async def models(_: Agent) -> Any:
-        return {
-            "object": "list",
-            "data": [{"id": "agl", "object": "model", "created": 0, "owned_by": "agl"}],
-        }
+        card = {"id": "agl", "object": "model", "created": 0, "owned_by": "agl"}
+        return {"object": "list", "data": [card]}
 
     return router
 
 
+# ---------------------------------------------------------------------------- a rollout's own
+
+
 def rollout_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     """What a rollout's own tokens reach, besides the admin: its records, events, reward and end."""
-    router, store = APIRouter(), proxy.store
+    router = APIRouter()
+    _add_records(router, proxy.store, auth)
+    _add_reports(router, proxy, auth)
+    return router
+
+
+def _add_records(router: APIRouter, store: Store, auth: Auth) -> None:
+    """A rollout's records: the rollout, its calls and its events."""
     Scoped = Annotated[Rollout, Depends(auth.rollout)]
 
     @router.get("/api/rollouts/{rollout_id}")
     async def get_rollout(rollout: Scoped) -> Any:
-        return _jsonable(
-            await asyncio.to_thread(store.get_rollout, rollout.id)
-        )  # not the cached copy: rewards, calls
+        # not the cached copy: rewards, calls
+        return _jsonable(await asyncio.to_thread(store.get_rollout, rollout.id))
 
     @router.get("/api/rollouts/{rollout_id}/calls")
     async def get_calls(rollout: Scoped, all_attempts: bool = False) -> Any:
@@ -249,86 +298,113 @@ def rollout_routes(proxy: Proxy, auth: Auth) -> APIRouter:
 
     @router.get("/api/rollouts/{rollout_id}/events")
     async def get_events(rollout: Scoped, after: Cursor = 0) -> Any:
-        return [
-            _jsonable(e) for e in await asyncio.to_thread(store.events, rollout.id, after=after)
-        ]
+        events = await asyncio.to_thread(store.events, rollout.id, after=after)
+        return [_jsonable(e) for e in events]
+
+
+def _add_reports(router: APIRouter, proxy: Proxy, auth: Auth) -> None:
+    """What a rollout's harness and grader post: events, its reward, its start and its end."""
+    store = proxy.store
+    Scoped = Annotated[Rollout, Depends(auth.rollout)]
+    Rewarded = Annotated[Rollout, Depends(auth.reward)]
 
     @router.post("/api/rollouts/{rollout_id}/events")
     async def post_event(request: Request, rollout: Scoped) -> Any:
-        if (poster := getattr(request.state, "credential", "admin")) != "admin":
+        poster = caller_of(request)
+        if poster.role is not Role.ADMIN:
             await proxy.charge(rollout, len(await request.body()))
         req = await body(request, EventIn)
-        steering = req.kind in GRADER_EVENTS and rollout.has_grader and poster == "agent token"
-        if poster != "admin" and (req.kind in SYSTEM_EVENTS or steering):
-            raise AuthError(403, f"events of kind {req.kind!r} cannot be posted with the {poster}")
+        if not may_post(poster, rollout, req.kind):
+            raise AuthError(
+                403, f"events of kind {req.kind!r} cannot be posted with the {poster.credential}"
+            )
         event = _jsonable(await wrap_future(store.append_event(rollout.id, req.kind, req.data)))
-        return {
-            k: v for k, v in event.items() if k != "data"
-        }  # not echoed back: it can be megabytes
+        # not echoed back: it can be megabytes
+        return {k: v for k, v in event.items() if k != "data"}
 
     @router.post("/api/rollouts/{rollout_id}/reward")
-    async def post_reward(
-        request: Request, rollout: Annotated[Rollout, Depends(auth.reward)]
-    ) -> Any:
+    async def post_reward(request: Request, rollout: Rewarded) -> Any:
         req = await body(request, RewardIn)
-        source = req.source or getattr(request.state, "credential", "admin")
+        source = req.source or caller_of(request).credential
         done = store.set_reward(
             rollout.id, req.reward, source=source, final=req.final, call_seq=req.call_seq
         )
         return _jsonable(await wrap_future(done))
 
     @router.post("/api/rollouts/{rollout_id}/status")
-    async def post_status(
-        request: Request, rollout: Annotated[Rollout, Depends(auth.reward)]
-    ) -> Any:
-        """The admin moves a rollout anywhere `TRANSITIONS` allows; its token (the one that posts its reward)
-        may only start or end it: an applied Job reports its own end (`controller/report.py`)."""
+    async def post_status(request: Request, rollout: Rewarded) -> Any:
+        """Moves the rollout, as far as the caller may (`may_move`)."""
         req = await body(request, StatusIn)
-        if hasattr(request.state, "credential") and req.status in (Status.QUEUED, Status.CANCELLED):
+        poster = caller_of(request)
+        if not may_move(poster, req.status):
             raise AuthError(
-                403, f"the {request.state.credential} cannot move its rollout to {req.status.value}"
+                403, f"the {poster.credential} cannot move its rollout to {req.status.value}"
             )
         try:
             done = store.transition(rollout.id, req.status, **req.model_dump(exclude={"status"}))
             rollout = await wrap_future(done)
         finally:
             auth.tokens.changed(rollout.id)
-        if rollout.status.terminal or rollout.status is Status.QUEUED:
-            proxy.forget(rollout.id)
+        proxy.moved(rollout)
         return _jsonable(rollout)
 
-    return router
+
+# ---------------------------------------------------------------------------- the admin API
+
+
+def _credentials(settings: GatewaySettings, auth: Auth, created: Created) -> JSON:
+    """What a launcher needs to run an attempt: the tokens (now known to the cache) and where
+    harnesses call."""
+    auth.tokens.issued(created)
+    public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
+    out = {
+        "id": created.rollout.id,
+        "attempt": created.rollout.attempt,
+        "agent_token": created.agent_token,
+        "base_url": public + "/v1",
+        "anthropic_base_url": public,
+    }
+    if created.grader_token:
+        out["grader_token"] = created.grader_token
+    return out
+
+
+def _metadata(req: RolloutIn) -> JSON:
+    """A new rollout's metadata: the request's, with its grader and sampling."""
+    metadata = dict(req.metadata)
+    if req.grader not in (None, False):
+        metadata["grader"] = req.grader
+    if req.sampling and (sampling := req.sampling.model_dump(exclude_none=True)):
+        metadata["sampling"] = sampling
+    return metadata
 
 
 def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Auth) -> APIRouter:
-    """The admin API; the admin key is checked where the router is mounted (`gateway/app.py`)."""
+    """The admin API: rollouts, and the model served; the admin key is checked where the router is
+    mounted (`gateway/app.py`)."""
     router = APIRouter()
+    _add_rollouts_admin(router, settings, store, auth)
+    _add_serving_admin(router, store, proxy)
+    return router
 
-    def credentials(created: Created) -> JSON:
-        """What a launcher needs to run an attempt: the tokens (now known to the cache) and where harnesses call."""
-        auth.tokens.issued(created)
-        public = (settings.public_url or f"http://{settings.host}:{settings.port}").rstrip("/")
-        out = {
-            "id": created.rollout.id,
-            "attempt": created.rollout.attempt,
-            "agent_token": created.agent_token,
-        }
-        out |= {"base_url": public + "/v1", "anthropic_base_url": public}
-        return out | ({"grader_token": created.grader_token} if created.grader_token else {})
+
+def _add_rollouts_admin(
+    router: APIRouter, settings: GatewaySettings, store: Store, auth: Auth
+) -> None:
+    """Creating rollouts, new tokens for an attempt, and listing rollouts."""
 
     @router.post("/api/rollouts")
     async def create_rollout(request: Request) -> Any:
         req = await body(request, RolloutIn)
-        metadata = req.metadata | (
-            {"grader": req.grader} if req.grader not in (None, False) else {}
-        )
-        if req.sampling and (sampling := req.sampling.model_dump(exclude_none=True)):
-            metadata["sampling"] = sampling
-        grader, ttl_s = bool(req.grader), req.token_ttl_s or settings.token_ttl_s
         made = store.create_rollout(
-            req.task, req.group, req.mode, grader=grader, metadata=metadata, token_ttl_s=ttl_s
+            req.task,
+            req.group,
+            req.mode,
+            grader=bool(req.grader),
+            metadata=_metadata(req),
+            token_ttl_s=req.token_ttl_s or settings.token_ttl_s,
         )
-        return credentials(await wrap_future(made))
+        return _credentials(settings, auth, await wrap_future(made))
 
     @router.post("/api/rollouts/{rollout_id}/tokens")
     async def rotate_tokens(rollout_id: str, attempt: int | None = None) -> Any:
@@ -339,7 +415,8 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
             created = await wrap_future(made)
         finally:
             auth.tokens.changed(rollout_id)  # the old tokens are dead
-        return credentials(created)  # new ones for a launcher, as a create gives
+        # new ones for a launcher, as a create gives
+        return _credentials(settings, auth, created)
 
     @router.get("/api/rollouts")
     async def list_rollouts(
@@ -358,6 +435,10 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
             )
         return [_jsonable(r) for r in found]
 
+
+def _add_serving_admin(router: APIRouter, store: Store, proxy: Proxy) -> None:
+    """The model versions, and pausing and resuming the calls around a weight update."""
+
     @router.post("/api/models")
     async def register_model(request: Request) -> Any:
         req = await body(request, ModelIn)
@@ -365,29 +446,23 @@ def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Au
 
     @router.post("/api/pause")
     async def pause() -> Any:
-        started = time.monotonic()
-        await proxy.gate.pause()
-        return {"drained_s": round(time.monotonic() - started, 4)} | proxy.state()
+        drained_s = await proxy.pause()
+        return {"drained_s": round(drained_s, 4)} | proxy.state()
 
     @router.post("/api/resume")
     async def resume(request: Request) -> Any:
-        req = await body(request, ResumeIn) if await request.body() else ResumeIn()
-        proxy.version = proxy.version if req.version is None else req.version
-        proxy.gate.resume()
+        req = await body_or_defaults(request, ResumeIn)
+        proxy.resume(req.version)
         return proxy.state()
 
     @router.get("/api/state")
     async def state() -> Any:
-        latest, last_end = (
-            await asyncio.to_thread(store.latest_model),
-            await asyncio.to_thread(store.last_end),
-        )
-        return proxy.state() | {
-            "latest_model": _jsonable(latest) if latest else None,
-            "last_end": last_end,
-        }
-
-    return router
+        latest = await asyncio.to_thread(store.latest_model)
+        last_end = await asyncio.to_thread(store.last_end)
+        model = None
+        if latest:
+            model = _jsonable(latest)
+        return proxy.state() | {"latest_model": model, "last_end": last_end}
 
 
 def open_routes(store: Store, proxy: Proxy) -> APIRouter:
@@ -396,17 +471,14 @@ def open_routes(store: Store, proxy: Proxy) -> APIRouter:
 
     @router.get("/healthz")
     async def healthz() -> Any:
-        return {
-            "ok": True,
-            "started_at": proxy.started,
-        } | proxy.state()  # a controller learns of restarts
+        # a controller learns of restarts
+        return {"ok": True, "started_at": proxy.started} | proxy.state()
 
     @router.get("/metrics")
     async def metrics() -> Response:
         for status, count in (await asyncio.to_thread(store.status_counts)).items():
             proxy.metrics.rollouts.labels(status).set(count)
-        return Response(
-            generate_latest(proxy.metrics.registry), media_type="text/plain; version=0.0.4"
-        )
+        exposition = generate_latest(proxy.metrics.registry)
+        return Response(exposition, media_type="text/plain; version=0.0.4")
 
     return router

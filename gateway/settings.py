@@ -61,10 +61,10 @@ class GatewaySettings(BaseSettings):
     )
     seed_honoured: bool | None = Field(
         None,
-        description="Whether the engines honour a request's seed. Default: yes for the embedded engine, no for "
-        "sglang, which uses a seed only when started with --enable-deterministic-inference and "
-        "--sampling-backend pytorch (then set this). A seed that is not honoured is not sent, and is named in "
-        "the rollout's not_honoured event.",
+        description="Whether the engines honour a request's seed. Default: yes for the embedded "
+        "engine, no for sglang, which uses a seed only when started with "
+        "--enable-deterministic-inference and --sampling-backend pytorch (then set this). A seed "
+        "that is not honoured is not sent, and is named in the rollout's not_honoured event.",
     )
     default_max_tokens: int = Field(
         4096, description="Completion budget when a request gives none (tokens)."
@@ -76,7 +76,11 @@ class GatewaySettings(BaseSettings):
         False, description="Log each request: method, path, status, latency, rollout (no token)."
     )
     prefix_preserving: bool = Field(
-        True, description="Reuse sampled IDs of earlier replies (DESIGN.md section 4)."
+        True,
+        description=(
+            "Reuse the sampled token IDs of earlier replies when a later prompt repeats them"
+            " (docs/architecture.md, 'Prefix preservation')."
+        ),
     )
     tool_parser: str = Field(
         "hermes", description="Tool-call format of the model family (gateway/render.py)."

@@ -26,13 +26,18 @@ class ContextOverflow(RenderError):
 
 @dataclass(frozen=True)
 class ToolCall:
+    """A tool call of an assistant message: the function's name, its arguments and the call's id."""
+
     name: str
     arguments: str  # JSON text, as OpenAI clients send and expect it
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
 
     def parsed_arguments(self) -> Any:
+        """The arguments as JSON values; text that is not JSON stays text."""
+        if not self.arguments:
+            return {}
         try:
-            return json.loads(self.arguments) if self.arguments else {}
+            return json.loads(self.arguments)
         except ValueError:
             return self.arguments
 
@@ -58,10 +63,11 @@ class Message:
     is_error: bool = False  # a tool result the harness marked as an error (Anthropic's `is_error`)
 
     def template_dict(self) -> JSON:
-        out: JSON = {
-            "role": "system" if self.role == "developer" else self.role,
-            "content": self.content,
-        }
+        """The message as a chat template takes it (OpenAI's shape; empty optional fields left out)."""
+        role = self.role
+        if role == "developer":  # OpenAI's newer name of the system role; templates know only that
+            role = "system"
+        out: JSON = {"role": role, "content": self.content}
         if self.tool_calls:
             out["tool_calls"] = [c.openai(c.parsed_arguments()) for c in self.tool_calls]
         extra = {
@@ -72,14 +78,24 @@ class Message:
         return out | {k: v for k, v in extra.items() if v}
 
     def map_text(self, f: Callable[[str], str]) -> "Message":
-        calls = tuple(ToolCall(f(c.name), f(c.arguments), f(c.id)) for c in self.tool_calls)
+        """The message with `f` applied to each of its texts (the role and `is_error` kept)."""
+        calls = tuple(
+            ToolCall(name=f(c.name), arguments=f(c.arguments), id=f(c.id)) for c in self.tool_calls
+        )
         return Message(
-            self.role, f(self.content), calls, f(self.reasoning), f(self.tool_call_id), f(self.name)
+            role=self.role,
+            content=f(self.content),
+            tool_calls=calls,
+            reasoning=f(self.reasoning),
+            tool_call_id=f(self.tool_call_id),
+            name=f(self.name),
+            is_error=self.is_error,
         )
 
     def key(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
-        """What identifies the message for prefix matching: tool arguments as the template gets them (parsed);
-        reasoning and call ids are left out, since harnesses often drop the first and may rename the second."""
+        """What identifies the message for prefix matching: tool arguments as the template gets
+        them (parsed); reasoning and call ids are left out, since harnesses often drop the first
+        and may rename the second."""
         calls = tuple(
             (c.name, json.dumps(c.parsed_arguments(), sort_keys=True)) for c in self.tool_calls
         )
@@ -98,8 +114,9 @@ class Ask:
 
 @dataclass
 class Params:
-    """Sampling parameters after each wire format's names are mapped; what the chat template gets besides the
-    messages and tools; and the request's fields that change what the model would see but cannot be honoured."""
+    """Sampling parameters after each wire format's names are mapped; what the chat template gets
+    besides the messages and tools; and the request's fields that change what the model would see
+    but cannot be honoured."""
 
     n: int = 1  # choices, each one recorded call
     max_tokens: int | None = None
@@ -108,12 +125,10 @@ class Params:
     top_k: int = -1
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
-    template: JSON = field(
-        default_factory=dict
-    )  # the template's variables: `enable_thinking`, chat_template_kwargs
-    not_honoured: list[str] = field(
-        default_factory=list
-    )  # e.g. "thinking.budget_tokens", "tools.web_search"
+    # the template's variables: `enable_thinking`, chat_template_kwargs
+    template: JSON = field(default_factory=dict)
+    # e.g. "thinking.budget_tokens", "tools.web_search"
+    not_honoured: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -21,6 +22,10 @@ from agl.types import JSON
 from gateway.types import Completion, Message, Params, RenderError, ToolCall
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
+# Anthropic's `thinking.type`: whether it asks for thinking (an unknown type: asked in a way not known)
+THINKING_TYPES = {"enabled": True, "adaptive": True, "disabled": False}
+# Anthropic's stop reason of each finish reason but a tool call's ("tool_use"); else "end_turn"
+STOP_REASONS = {"length": "max_tokens", "stop_sequence": "stop_sequence"}
 
 
 def _id(prefix: str) -> str:
@@ -28,7 +33,10 @@ def _id(prefix: str) -> str:
 
 
 def _sse(data: Any) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+    """A server-sent event's data line: text as it is, anything else as JSON."""
+    if not isinstance(data, str):
+        data = json.dumps(data, ensure_ascii=False)
+    return f"data: {data}\n\n"
 
 
 def _event(kind: str, **data: Any) -> str:
@@ -36,34 +44,55 @@ def _event(kind: str, **data: Any) -> str:
     return f"event: {kind}\n" + _sse({"type": kind, **data})
 
 
+def _type_of(item: Any) -> Any:
+    """An item's `type` (a tool, a content block), or None when the item is not an object."""
+    if isinstance(item, dict):
+        return item.get("type")
+    return None
+
+
 def error(message: str, kind: str, code: str | None = None, *, anthropic: bool) -> JSON:
+    """An error object in Anthropic's shape, or else OpenAI's."""
     if anthropic:
         return {"type": "error", "error": {"type": kind, "message": message}}
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
 class _Request(BaseModel):
+    """What every format's request has: the model's name, sampling and whether to stream."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str = ""
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1, le=2**31 - 1)
-    seed: int | None = Field(
-        None, ge=-(2**63), le=2**63 - 1 - 16
-    )  # plus the choice's index: still 64 bits
+    # plus the choice's index: still 64 bits
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1 - 16)
     stream: bool = False
 
     def _params(
         self, max_tokens: int | None, stop: str | list[str] | None = None, n: int = 1
     ) -> Params:
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        return Params(n, max_tokens, self.temperature, self.top_p, self.top_k, stops, self.seed)
+        """The sampling parameters; `stop`: one stop string or several."""
+        if isinstance(stop, str):
+            stops = [stop]
+        else:
+            stops = list(stop or [])
+        return Params(
+            n=n,
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=stops,
+            seed=self.seed,
+        )
 
     @staticmethod
     def _thinking(params: Params, name: str, on: bool | None, switch: bool) -> None:
-        """Thinking asked on or off (None: asked in a way not known) as the template's `enable_thinking`, where it
-        has that `switch`; else the field `name` is not honoured."""
+        """Thinking asked on or off (None: asked in a way not known) as the template's
+        `enable_thinking`, where it has that `switch`; else the field `name` is not honoured."""
         if switch and on is not None:
             params.template["enable_thinking"] = on
         else:
@@ -91,28 +120,44 @@ def _part_text(part: Any) -> str:
         return part["text"]
     if isinstance(part, dict) and part.get("type") in ("tool_result", "output_text", "input_text"):
         return text_of(part.get("content", part.get("text")))
-    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    kind: Any = type(part).__name__
+    if isinstance(part, dict):
+        kind = part.get("type")
     raise RenderError(f"unsupported content part of type {kind!r}: only text is supported")
 
 
+def _openai_tool_call(call: Any) -> ToolCall:
+    """A tool call of an OpenAI message; arguments sent as an object are kept as JSON text."""
+    fn = None
+    if isinstance(call, dict):
+        fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise RenderError("a tool call needs function.name")
+    args = fn.get("arguments", "")
+    if not isinstance(args, str):
+        args = json.dumps(args)
+    return ToolCall(name=fn["name"], arguments=args, id=call.get("id") or "call_0")
+
+
 def message_from_openai(raw: Any) -> Message:
+    """An OpenAI chat message as a Message (reasoning from `reasoning_content` or `reasoning`)."""
     if not isinstance(raw, dict):
         raise RenderError("each message must be an object")
     role = raw.get("role")
     if role not in ROLES:
         raise RenderError(f"unknown message role {role!r}; expected one of {sorted(ROLES)}")
-    calls = []
-    for call in raw.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise RenderError("a tool call needs function.name")
-        args = fn.get("arguments", "")
-        args = args if isinstance(args, str) else json.dumps(args)
-        calls.append(ToolCall(fn["name"], args, call.get("id") or "call_0"))
+    calls = tuple(_openai_tool_call(call) for call in raw.get("tool_calls") or [])
     reasoning = raw.get("reasoning_content") or raw.get("reasoning")
-    reasoning = reasoning if isinstance(reasoning, str) else ""
-    tool_call_id, name = str(raw.get("tool_call_id") or ""), str(raw.get("name") or "")
-    return Message(role, text_of(raw.get("content")), tuple(calls), reasoning, tool_call_id, name)
+    if not isinstance(reasoning, str):
+        reasoning = ""
+    return Message(
+        role=role,
+        content=text_of(raw.get("content")),
+        tool_calls=calls,
+        reasoning=reasoning,
+        tool_call_id=str(raw.get("tool_call_id") or ""),
+        name=str(raw.get("name") or ""),
+    )
 
 
 def validate_tools(tools: list[JSON] | None) -> list[JSON]:
@@ -121,7 +166,8 @@ def validate_tools(tools: list[JSON] | None) -> list[JSON]:
         fn = tool.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RenderError(
-                "each tool must be {'type': 'function', 'function': {'name': ..., 'parameters': {...}}}"
+                "each tool must be "
+                "{'type': 'function', 'function': {'name': ..., 'parameters': {...}}}"
             )
         if not isinstance(fn.get("parameters", {}), dict):
             raise RenderError(f"tool {fn['name']!r}: parameters must be a JSON schema object")
@@ -129,16 +175,20 @@ def validate_tools(tools: list[JSON] | None) -> list[JSON]:
 
 
 def _finish(c: Completion) -> str:
-    return (
-        "tool_calls" if c.reply.tool_calls else "length" if c.finish_reason == "length" else "stop"
-    )
+    """OpenAI's finish reason of a completion."""
+    if c.reply.tool_calls:
+        return "tool_calls"
+    if c.finish_reason == "length":
+        return "length"
+    return "stop"
 
 
 def _openai_reply(
     prefix: str, kind: str, model: str, choices: list[JSON], completions: list[Completion]
 ) -> JSON:
     """The envelope of a Chat Completions or Completions reply; its choices share one prompt."""
-    prompt, out = completions[0].prompt_tokens, sum(c.completion_tokens for c in completions)
+    prompt = completions[0].prompt_tokens
+    out = sum(c.completion_tokens for c in completions)
     usage = {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
     head = {"id": _id(prefix), "object": kind, "created": int(time.time()), "model": model}
     return head | {"choices": choices, "usage": usage}
@@ -156,6 +206,18 @@ def _logprobs(c: Completion) -> JSON:
     }
 
 
+def _chat_message(reply: Message) -> JSON:
+    """A reply as a Chat Completions message: its content is null when it only calls tools."""
+    message: JSON = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls and not reply.content:
+        message["content"] = None
+    if reply.tool_calls:
+        message["tool_calls"] = [t.openai(t.arguments) for t in reply.tool_calls]
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    return message
+
+
 class ChatRequest(_Request):
     messages: list[JSON] = Field(min_length=1)
     tools: list[JSON] | None = None
@@ -168,18 +230,21 @@ class ChatRequest(_Request):
     stream_options: JSON | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    chat_template_kwargs: JSON | None = (
-        None  # the template's variables, as vLLM and sglang take them
-    )
+    # the template's variables, as vLLM and sglang take them
+    chat_template_kwargs: JSON | None = None
     response_format: JSON | None = None
     reasoning_effort: Any = None
 
     def parse(self, thinking_switch: bool = False) -> tuple[list[Message], list[JSON], Params]:
         messages = [message_from_openai(m) for m in self.messages]
-        tools = [] if self.tool_choice == "none" else validate_tools(self.tools)
+        tools: list[JSON] = []
+        if self.tool_choice != "none":
+            tools = validate_tools(self.tools)
         params = self._params(self.max_completion_tokens or self.max_tokens, self.stop, self.n)
         params.template = dict(self.chat_template_kwargs or {})
-        asked = {  # no template shows these (thinking: `chat_template_kwargs`, e.g. {"enable_thinking": false})
+        # No template shows these (thinking is asked through `chat_template_kwargs`, e.g.
+        # {"enable_thinking": false}).
+        asked = {
             "tool_choice": self.tool_choice not in (None, "auto", "none"),
             "response_format": self.response_format not in (None, {"type": "text"}),
             "reasoning_effort": self.reasoning_effort is not None,
@@ -190,24 +255,22 @@ class ChatRequest(_Request):
     def reply(self, completions: list[Completion]) -> JSON:
         choices = []
         for i, c in enumerate(completions):
-            content = c.reply.content if c.reply.content or not c.reply.tool_calls else None
-            message: JSON = {"role": "assistant", "content": content}
-            if c.reply.tool_calls:
-                message["tool_calls"] = [t.openai(t.arguments) for t in c.reply.tool_calls]
-            if c.reply.reasoning:
-                message["reasoning_content"] = c.reply.reasoning
-            logprobs = _logprobs(c) if self.logprobs else None
-            choices.append(
-                {"index": i, "message": message, "finish_reason": _finish(c), "logprobs": logprobs}
-            )
+            choice = {
+                "index": i,
+                "message": _chat_message(c.reply),
+                "finish_reason": _finish(c),
+                "logprobs": None,
+            }
+            if self.logprobs:
+                choice["logprobs"] = _logprobs(c)
+            choices.append(choice)
         return _openai_reply("chatcmpl-", "chat.completion", self.model, choices, completions)
 
     def events(self, response: JSON) -> Iterator[str]:
-        base = {k: response[k] for k in ("id", "created", "model")} | {
-            "object": "chat.completion.chunk"
-        }
+        base = {k: response[k] for k in ("id", "created", "model")}
+        base["object"] = "chat.completion.chunk"
         for choice in response["choices"]:
-            i, message = choice["index"], choice["message"]
+            message = choice["message"]
             deltas: list[JSON] = [{"role": "assistant", "content": ""}]
             deltas += [
                 {key: message[key]} for key in ("reasoning_content", "content") if message.get(key)
@@ -216,15 +279,19 @@ class ChatRequest(_Request):
                 {"tool_calls": [{"index": k, **call}]}
                 for k, call in enumerate(message.get("tool_calls", []))
             ]
-            for n, delta in enumerate(
-                [*deltas, {}]
-            ):  # the last, empty delta carries the finish reason
-                finish = choice["finish_reason"] if n == len(deltas) else None
-                chunk = {"index": i, "delta": delta, "finish_reason": finish, "logprobs": None}
-                yield _sse(base | {"choices": [chunk]})
+            for delta in deltas:
+                yield _chunk(base, choice["index"], delta, None)
+            # the last, empty delta carries the finish reason
+            yield _chunk(base, choice["index"], {}, choice["finish_reason"])
         if (self.stream_options or {}).get("include_usage"):
             yield _sse(base | {"choices": [], "usage": response["usage"]})
         yield _sse("[DONE]")
+
+
+def _chunk(base: JSON, index: int, delta: JSON, finish: str | None) -> str:
+    """One chunk of a Chat Completions stream: a choice's delta."""
+    choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+    return _sse(base | {"choices": [choice]})
 
 
 # ---------------------------------------------------------------------------- OpenAI completions
@@ -257,11 +324,12 @@ class CompletionRequest(_Request):
 
 
 def _functions(tools: list[JSON], not_honoured: list[str]) -> list[JSON]:
-    """Responses tools in the chat shape: function tools, and those a `namespace` tool groups (Codex's), each
-    under its own name, as a call of it comes back; other types (built-in: `web_search`, ...) are not honoured."""
+    """Responses tools in the chat shape: function tools, and those a `namespace` tool groups
+    (Codex's), each under its own name, as a call of it comes back; other types (built-in:
+    `web_search`, ...) are not honoured."""
     out = []
     for t in tools:
-        kind = t.get("type") if isinstance(t, dict) else None
+        kind = _type_of(t)
         if kind == "function":
             fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
             out.append({"type": "function", "function": fn})
@@ -276,6 +344,19 @@ def _functions(tools: list[JSON], not_honoured: list[str]) -> list[JSON]:
     return out
 
 
+def _add_function_call(messages: list[Message], item: JSON) -> None:
+    """A `function_call` item, as a tool call of the assistant message it follows (else of a new one)."""
+    call = ToolCall(
+        name=str(item.get("name", "")),
+        arguments=str(item.get("arguments", "")),
+        id=str(item.get("call_id", "")),
+    )
+    last = Message(role="assistant")
+    if messages and messages[-1].role == "assistant":
+        last = messages.pop()
+    messages.append(replace(last, tool_calls=(*last.tool_calls, call)))
+
+
 class ResponsesRequest(_Request):
     input: str | list[JSON]
     instructions: str | None = None
@@ -287,58 +368,49 @@ class ResponsesRequest(_Request):
     previous_response_id: str | None = None
 
     def parse(self, thinking_switch: bool = False) -> tuple[list[Message], list[JSON], Params]:
-        messages = [Message("system", self.instructions)] if self.instructions else []
-        items = (
-            [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
-        )
-        for item in items:
-            kind = item.get("type", "message")
-            if kind == "message":
-                messages.append(
-                    message_from_openai({"role": item.get("role"), "content": item.get("content")})
-                )
-            elif kind == "function_call":
-                call = ToolCall(
-                    str(item.get("name", "")),
-                    str(item.get("arguments", "")),
-                    str(item.get("call_id", "")),
-                )
-                last = (
-                    messages.pop()
-                    if messages and messages[-1].role == "assistant"
-                    else Message("assistant")
-                )
-                messages.append(
-                    Message("assistant", last.content, (*last.tool_calls, call), last.reasoning)
-                )
-            elif kind == "function_call_output":
-                messages.append(
-                    Message(
-                        "tool",
-                        text_of(item.get("output")),
-                        tool_call_id=str(item.get("call_id", "")),
-                    )
-                )
-            elif kind != "reasoning":
-                raise RenderError(f"unsupported input item type {kind!r}")
+        messages = self._messages()
         params = self._params(self.max_output_tokens)
-        tools = (
-            [] if self.tool_choice == "none" else _functions(self.tools or [], params.not_honoured)
-        )
-        if (
-            self.reasoning is not None
-        ):  # effort "none" or "minimal": off, else on; no template switch sets a level
+        tools: list[JSON] = []
+        if self.tool_choice != "none":
+            tools = _functions(self.tools or [], params.not_honoured)
+        if self.reasoning is not None:
+            # Effort "none" or "minimal": thinking off, else on; no template switch sets a level.
             effort = self.reasoning.get("effort")
             self._thinking(params, "reasoning", effort not in ("none", "minimal"), thinking_switch)
-            params.not_honoured += ["reasoning.effort"] if effort not in (None, "none") else []
+            if effort not in (None, "none"):
+                params.not_honoured.append("reasoning.effort")
         asked = {
             "tool_choice": self.tool_choice not in (None, "auto", "none"),
             "text.format": (self.text or {}).get("format") not in (None, {"type": "text"}),
-            "previous_response_id": self.previous_response_id
-            is not None,  # no response is stored to continue
+            # no response is stored to continue
+            "previous_response_id": self.previous_response_id is not None,
         }
         params.not_honoured += [name for name, unmet in asked.items() if unmet]
         return messages, validate_tools(tools), params
+
+    def _messages(self) -> list[Message]:
+        """The instructions and input items as chat messages (reasoning items are left out)."""
+        messages = []
+        if self.instructions:
+            messages.append(Message(role="system", content=self.instructions))
+        if isinstance(self.input, str):
+            items: list[JSON] = [{"role": "user", "content": self.input}]
+        else:
+            items = self.input
+        for item in items:
+            kind = item.get("type", "message")
+            if kind == "message":
+                raw = {"role": item.get("role"), "content": item.get("content")}
+                messages.append(message_from_openai(raw))
+            elif kind == "function_call":
+                _add_function_call(messages, item)
+            elif kind == "function_call_output":
+                output = text_of(item.get("output"))
+                result_of = str(item.get("call_id", ""))
+                messages.append(Message(role="tool", content=output, tool_call_id=result_of))
+            elif kind != "reasoning":
+                raise RenderError(f"unsupported input item type {kind!r}")
+        return messages
 
     def reply(self, completions: list[Completion]) -> JSON:
         (c,) = completions
@@ -347,15 +419,15 @@ class ResponsesRequest(_Request):
             summary = [{"type": "summary_text", "text": c.reply.reasoning}]
             output.append({"type": "reasoning", "id": _id("rs_"), "summary": summary})
         if c.reply.content or not c.reply.tool_calls:
-            message = {
-                "type": "message",
-                "id": _id("msg_"),
-                "status": "completed",
-                "role": "assistant",
-            }
+            text = {"type": "output_text", "text": c.reply.content, "annotations": []}
             output.append(
-                message
-                | {"content": [{"type": "output_text", "text": c.reply.content, "annotations": []}]}
+                {
+                    "type": "message",
+                    "id": _id("msg_"),
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [text],
+                }
             )
         for t in c.reply.tool_calls:
             call = {
@@ -365,19 +437,18 @@ class ResponsesRequest(_Request):
                 "status": "completed",
             }
             output.append({"type": "function_call", "id": _id("fc_")} | call)
-        cut = c.finish_reason == "length"
         usage: JSON = {"input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens}
         usage["total_tokens"] = c.prompt_tokens + c.completion_tokens
         usage |= {
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0},
         }
-        return {
+        response = {
             "id": _id("resp_"),
             "object": "response",
             "created_at": int(time.time()),
-            "status": "incomplete" if cut else "completed",
-            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "status": "completed",
+            "incomplete_details": None,
             "model": self.model,
             "output": output,
             "parallel_tool_calls": True,
@@ -385,6 +456,10 @@ class ResponsesRequest(_Request):
             "tools": [],
             "usage": usage,
         }
+        if c.finish_reason == "length":
+            response["status"] = "incomplete"
+            response["incomplete_details"] = {"reason": "max_output_tokens"}
+        return response
 
     def events(self, response: JSON) -> Iterator[str]:
         seq = itertools.count()
@@ -404,17 +479,58 @@ class ResponsesRequest(_Request):
                 yield event("response.content_part.done", **ids, part=part)
             elif item["type"] == "function_call":
                 ids = {"item_id": item["id"], "output_index": i}
-                yield event(
-                    "response.function_call_arguments.delta", **ids, delta=item["arguments"]
-                )
-                yield event(
-                    "response.function_call_arguments.done", **ids, arguments=item["arguments"]
-                )
+                arguments = item["arguments"]
+                yield event("response.function_call_arguments.delta", **ids, delta=arguments)
+                yield event("response.function_call_arguments.done", **ids, arguments=arguments)
             yield event("response.output_item.done", output_index=i, item=item)
         yield event("response.completed", response=response)
 
 
 # ---------------------------------------------------------------------------- Anthropic Messages
+
+
+def _tool_use(block: JSON) -> ToolCall:
+    """A `tool_use` block as a tool call; its input object becomes JSON text."""
+    return ToolCall(
+        name=str(block.get("name", "")),
+        arguments=json.dumps(block.get("input", {}), ensure_ascii=False),
+        id=str(block.get("id", "")),
+    )
+
+
+def _tool_result(block: JSON) -> Message:
+    """A `tool_result` block as a tool message; `is_error` marks a failed call."""
+    return Message(
+        role="tool",
+        content=text_of(block.get("content")),
+        tool_call_id=str(block.get("tool_use_id", "")),
+        is_error=block.get("is_error") is True,
+    )
+
+
+def _add_turn(messages: list[Message], role: str, content: Any) -> None:
+    """One Anthropic message's content blocks, added to `messages`: each tool result as a tool
+    message of its own, then its text and tool calls as one message of `role` (an assistant's
+    even when empty). Thinking blocks are left out."""
+    blocks = content
+    if isinstance(content, str):
+        blocks = [{"type": "text", "text": content}]
+    if not isinstance(blocks, list):
+        raise RenderError("message content must be a string or a list of content blocks")
+    text = []
+    calls = []
+    for block in blocks:
+        kind = _type_of(block)
+        if kind == "text":
+            text.append(str(block.get("text", "")))
+        elif kind == "tool_use":
+            calls.append(_tool_use(block))
+        elif kind == "tool_result":
+            messages.append(_tool_result(block))
+        elif kind != "thinking":
+            raise RenderError(f"unsupported content block type {kind!r}")
+    if text or calls or role == "assistant":
+        messages.append(Message(role=role, content="".join(text), tool_calls=tuple(calls)))
 
 
 class AnthropicRequest(_Request):
@@ -427,65 +543,52 @@ class AnthropicRequest(_Request):
     tool_choice: JSON | None = None
 
     def parse(self, thinking_switch: bool = False) -> tuple[list[Message], list[JSON], Params]:
-        messages = [Message("system", text_of(self.system))] if self.system else []
+        messages = self._messages()
+        params = self._params(self.max_tokens, self.stop_sequences)
+        tools = self._tools(params.not_honoured)
+        if self.thinking is not None:
+            # no template switch sets a budget
+            on = THINKING_TYPES.get(str(self.thinking.get("type")))
+            self._thinking(params, "thinking", on, thinking_switch)
+            if "budget_tokens" in self.thinking:
+                params.not_honoured.append("thinking.budget_tokens")
+        choice = (self.tool_choice or {}).get("type")
+        if choice not in (None, "auto", "none"):
+            params.not_honoured.append("tool_choice")
+        if choice == "none":
+            return messages, [], params
+        return messages, validate_tools(tools), params
+
+    def _messages(self) -> list[Message]:
+        """The system prompt and the messages as chat messages."""
+        messages = []
+        if self.system:
+            messages.append(Message(role="system", content=text_of(self.system)))
         for raw in self.messages:
-            role, content = raw.get("role"), raw.get("content")
-            if role not in (
-                "user",
-                "assistant",
-                "system",
-            ):  # Claude Code sends system turns mid-conversation
+            role = raw.get("role")
+            # Claude Code sends system turns mid-conversation.
+            if role not in ("user", "assistant", "system"):
                 raise RenderError(
                     f"unknown message role {role!r}; expected 'user', 'assistant' or 'system'"
                 )
-            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-            if not isinstance(blocks, list):
-                raise RenderError("message content must be a string or a list of content blocks")
-            text, calls = [], []
-            for block in blocks:
-                kind = block.get("type") if isinstance(block, dict) else None
-                if kind == "text":
-                    text.append(str(block.get("text", "")))
-                elif kind == "tool_use":
-                    args = json.dumps(block.get("input", {}), ensure_ascii=False)
-                    calls.append(
-                        ToolCall(str(block.get("name", "")), args, str(block.get("id", "")))
-                    )
-                elif kind == "tool_result":
-                    output, result_of = (
-                        text_of(block.get("content")),
-                        str(block.get("tool_use_id", "")),
-                    )
-                    failed = block.get("is_error") is True
-                    messages.append(
-                        Message("tool", output, tool_call_id=result_of, is_error=failed)
-                    )
-                elif kind != "thinking":
-                    raise RenderError(f"unsupported content block type {kind!r}")
-            if text or calls or role == "assistant":
-                messages.append(Message(role, "".join(text), tuple(calls)))
-        params, tools = self._params(self.max_tokens, self.stop_sequences), []
-        for t in self.tools or []:  # in the OpenAI shape the templates take
-            if (
-                t.get("type", "custom") != "custom"
-            ):  # a server or schema-less tool: `web_search_20250305`, `bash_...`
-                params.not_honoured.append(f"tools.{str(t['type'])[:64]}")
+            _add_turn(messages, role, raw.get("content"))
+        return messages
+
+    def _tools(self, not_honoured: list[str]) -> list[JSON]:
+        """The custom tools, in the OpenAI shape the templates take; a server or schema-less tool
+        (`web_search_20250305`, `bash_...`) is not honoured."""
+        tools = []
+        for t in self.tools or []:
+            if t.get("type", "custom") != "custom":
+                not_honoured.append(f"tools.{str(t['type'])[:64]}")
                 continue
-            fn = {"name": t.get("name"), "description": t.get("description", "")}
-            tools.append(
-                {"type": "function", "function": fn | {"parameters": t.get("input_schema", {})}}
-            )
-        if self.thinking is not None:  # no template switch sets a budget
-            on = {"enabled": True, "adaptive": True, "disabled": False}.get(
-                str(self.thinking.get("type"))
-            )
-            self._thinking(params, "thinking", on, thinking_switch)
-            params.not_honoured += (
-                ["thinking.budget_tokens"] if "budget_tokens" in self.thinking else []
-            )
-        choice = (self.tool_choice or {}).get("type")
-        params.not_honoured += ["tool_choice"] if choice not in (None, "auto", "none") else []
-        return messages, [] if choice == "none" else validate_tools(tools), params
+            fn = {
+                "name": t.get("name"),
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema", {}),
+            }
+            tools.append({"type": "function", "function": fn})
+        return tools
 
     def reply(self, completions: list[Completion]) -> JSON:
         (c,) = completions
@@ -496,10 +599,12 @@ class AnthropicRequest(_Request):
             content.append({"type": "text", "text": c.reply.content})
         for call in c.reply.tool_calls:
             args = call.parsed_arguments()
-            args = args if isinstance(args, dict) else {}
+            if not isinstance(args, dict):  # an input is an object
+                args = {}
             content.append({"type": "tool_use", "id": call.id, "name": call.name, "input": args})
-        reasons = {"length": "max_tokens", "stop_sequence": "stop_sequence"}
-        stop_reason = "tool_use" if c.reply.tool_calls else reasons.get(c.finish_reason, "end_turn")
+        stop_reason = STOP_REASONS.get(c.finish_reason, "end_turn")
+        if c.reply.tool_calls:
+            stop_reason = "tool_use"
         return {
             "id": _id("msg_"),
             "type": "message",
@@ -516,28 +621,26 @@ class AnthropicRequest(_Request):
         start["usage"] = {"input_tokens": message["usage"]["input_tokens"], "output_tokens": 0}
         yield _event("message_start", message=start)
         for i, block in enumerate(message["content"]):
-            if block["type"] == "text":
-                empty, delta = (
-                    {"type": "text", "text": ""},
-                    {"type": "text_delta", "text": block["text"]},
-                )
-            elif block["type"] == "thinking":
-                empty = {"type": "thinking", "thinking": "", "signature": ""}
-                delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-            else:
-                empty = block | {"input": {}}
-                delta = {
-                    "type": "input_json_delta",
-                    "partial_json": json.dumps(block["input"], ensure_ascii=False),
-                }
+            empty, delta = _block_start(block)
             yield _event("content_block_start", index=i, content_block=empty)
             yield _event("content_block_delta", index=i, delta=delta)
             yield _event("content_block_stop", index=i)
         delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-        yield _event(
-            "message_delta", delta=delta, usage={"output_tokens": message["usage"]["output_tokens"]}
-        )
+        usage = {"output_tokens": message["usage"]["output_tokens"]}
+        yield _event("message_delta", delta=delta, usage=usage)
         yield _event("message_stop")
+
+
+def _block_start(block: JSON) -> tuple[JSON, JSON]:
+    """A reply's content block as a stream sends it: the block empty, then its whole content as
+    one delta."""
+    if block["type"] == "text":
+        return {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+    if block["type"] == "thinking":
+        empty = {"type": "thinking", "thinking": "", "signature": ""}
+        return empty, {"type": "thinking_delta", "thinking": block["thinking"]}
+    arguments = json.dumps(block["input"], ensure_ascii=False)
+    return block | {"input": {}}, {"type": "input_json_delta", "partial_json": arguments}
 
 
 Request = ChatRequest | CompletionRequest | ResponsesRequest | AnthropicRequest

@@ -17,9 +17,8 @@ import uvicorn
 def serve(app: object, port: int = 0) -> Iterator[str]:
     """Run an ASGI app with uvicorn in a thread on `port` (default: a free one); yield its base URL."""
     sock = socket.socket()
-    sock.setsockopt(
-        socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
-    )  # a port a server just left can be served again
+    # a port a server just left can be served again
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     server = uvicorn.Server(
         uvicorn.Config(app, ws="none", log_level="warning", timeout_graceful_shutdown=2)

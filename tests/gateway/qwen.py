@@ -44,8 +44,8 @@ You are provided with function signatures within <tools></tools> XML tags:
 {%- endfor %}
 </tools>
 
-For each function call, return a json object with function name and arguments within <tool_call></tool_call> \
-XML tags:
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
 <tool_call>
 {"name": <function-name>, "arguments": <args-json-object>}
 </tool_call><|im_end|>
@@ -54,13 +54,15 @@ XML tags:
 {% endif %}"""
 
 _CALLS = """\
-{%- for call in message.tool_calls %}{{ "\n" if call != message.tool_calls[0] or message.content else "" }}<tool_call>
+{%- for call in message.tool_calls %}\
+{{ "\n" if call != message.tool_calls[0] or message.content else "" }}<tool_call>
 {"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
 </tool_call>
 {%- endfor %}"""
 
 _TOOL = """\
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}{{ "\n" }}<tool_response>
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}\
+{{ "\n" }}<tool_response>
 {{ message.content }}
 </tool_response>
 {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>

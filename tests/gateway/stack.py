@@ -93,9 +93,8 @@ def stack(
         engine = Engine(model, script=script)
         stack.callback(engine.close)
         key = str(settings.get("engine_key", ""))
-        engine_url = stack.enter_context(
-            serve(engine_app(engine, api_key=key))
-        )  # the gateway's engine key
+        # the gateway's engine key
+        engine_url = stack.enter_context(serve(engine_app(engine, api_key=key)))
         s = stack.enter_context(gateway(engine_url, tmp, port, admin, **settings))
         s.engine = engine
         yield s

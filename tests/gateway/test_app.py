@@ -123,9 +123,8 @@ def test_calls_record_their_temperature_and_a_rollouts_sampling_overrides_the_ha
         free.admin.get(f"/api/rollouts/{r['id']}/calls").json() for r in (plain, greedy)
     )
     assert a["temperature"] == b["temperature"] == pytest.approx(0.3)  # as asked
-    assert (
-        c["temperature"] == d["temperature"] == 0.0 and c["response_ids"] == d["response_ids"]
-    )  # greedy
+    # greedy
+    assert c["temperature"] == d["temperature"] == 0.0 and c["response_ids"] == d["response_ids"]
     assert free.admin.get(f"/api/rollouts/{greedy['id']}").json()["metadata"]["sampling"] == {
         "temperature": 0.0
     }
@@ -286,8 +285,9 @@ def test_responses_api(tiny_path: Path, tmp_path: Path):
 def test_codex_namespace_tools_are_offered_as_the_functions_they_group(
     tiny_path: Path, tmp_path: Path
 ):
-    """Codex groups tools in `namespace` tools: each nested function is rendered, and a call of it comes back
-    under its own name. A built-in tool (`web_search`) no prompt can show is named in a `not_honoured` event."""
+    """Codex groups tools in `namespace` tools: each nested function is rendered, and a call of it
+    comes back under its own name. A built-in tool (`web_search`) no prompt can show is named in a
+    `not_honoured` event."""
     with scripted(tiny_path, tmp_path, [CALL_TEXT]) as s:
         r = s.rollout()
         bash = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
@@ -354,11 +354,8 @@ def test_what_no_prompt_shows_is_named_once_per_rollout_and_counted(free: Stack)
     user, think = [{"role": "user", "content": "hi"}], {"type": "enabled", "budget_tokens": 4}
     for _ in range(2):
         claude.messages.create(model="c", max_tokens=8, messages=user, thinking=think)
-    body = {
-        "max_tokens": 10**6,
-        "messages": user,
-        "tool_choice": {"type": "any"},
-    }  # too long a completion
+    # too long a completion
+    body = {"max_tokens": 10**6, "messages": user, "tool_choice": {"type": "any"}}
     refused = httpx.post(
         free.url + "/v1/messages", headers={"x-api-key": r["agent_token"]}, json=body
     )
@@ -410,16 +407,10 @@ def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(
         assert rewards(r["id"]) == []  # a result that is not an error
         (tc,) = second.tool_calls
         error = {"role": "tool", "tool_call_id": tc.id, "content": "Error: ls failed"}
-        failed = [
-            *asked,
-            *turn,
-            second.model_dump(exclude_none=True),
-            error,
-            error,
-        ]  # two failed results
-        with pytest.raises(
-            openai.BadRequestError
-        ):  # refused (too long a completion): nothing is posted
+        # two failed results
+        failed = [*asked, *turn, second.model_dump(exclude_none=True), error, error]
+        # refused (too long a completion): nothing is posted
+        with pytest.raises(openai.BadRequestError):
             chat.create(model="m", messages=failed, tools=[TOOL], max_tokens=10**6)
         assert rewards(r["id"]) == []
         chat.create(model="m", messages=failed, tools=[TOOL], max_tokens=64)
@@ -515,8 +506,9 @@ def test_anthropic_tool_use_and_streaming(tiny_path: Path, tmp_path: Path):
 
 
 def test_no_tool_calls_are_parsed_when_no_tools_were_offered(tiny_path: Path, tmp_path: Path):
-    """Claude Code's title request offers `tools: []`; it got a `tool_use` block back, which no real API sends
-    (#22). Without tools the sampled text is the reply, tool-call markup and all; the call is recorded the same."""
+    """Claude Code's title request offers `tools: []`; it got a `tool_use` block back, which no real
+    API sends (#22). Without tools the sampled text is the reply, tool-call markup and all; the call
+    is recorded the same."""
     with scripted(tiny_path, tmp_path, [CALL_TEXT, CALL_TEXT]) as s:
         r = s.rollout()
         claude = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
@@ -609,9 +601,8 @@ def test_context_overflow_is_context_length_exceeded(free: Stack):
     assert events[-1]["kind"] == "error"
     metrics = free.admin.get("/metrics").text
     assert 'agl_call_errors_total{kind="invalid_request_error",status="400"} 1.0' in metrics
-    assert (
-        "agl_prefix_total{" not in metrics
-    )  # prompts are classified only once their call is recorded (#22)
+    # prompts are classified only once their call is recorded (#22)
+    assert "agl_prefix_total{" not in metrics
 
 
 def test_stop_strings_cut_the_recorded_tokens_too(tiny_path: Path, tmp_path: Path):
@@ -722,9 +713,10 @@ def test_tokens_are_scoped_to_their_rollout(free: Stack):
         httpx.post(
             f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_a, json={"reward": 1}
         ),
+        # has a grader
         httpx.post(
             f"{free.url}/api/rollouts/{b['id']}/reward", headers=agent_b, json={"reward": 1}
-        ),  # has a grader
+        ),
         httpx.post(
             f"{free.url}/api/rollouts/{b['id']}/status", headers=agent_b, json={"status": "running"}
         ),
@@ -758,11 +750,8 @@ def test_tokens_are_scoped_to_their_rollout(free: Stack):
     assert free.admin.get(f"/api/rollouts/{b['id']}").json()["reward"] == 0.5
     c = free.rollout()
     assert free.admin.post(f"/api/rollouts/{c['id']}/reward", json={"reward": 0}).status_code == 200
-    for rollout, source in (
-        (a, "agent token"),
-        (b, "grader token"),
-        (c, "admin"),
-    ):  # who posted the reward
+    # who posted the reward
+    for rollout, source in ((a, "agent token"), (b, "grader token"), (c, "admin")):
         events = free.admin.get(f"/api/rollouts/{rollout['id']}/events").json()
         assert [e["data"]["source"] for e in events if e["kind"] == "reward"] == [source]
     for headers in ({}, {"Authorization": "Bearer nope"}, {"x-api-key": ADMIN + "x"}):
@@ -773,7 +762,8 @@ def test_tokens_are_scoped_to_their_rollout(free: Stack):
 
 
 def test_a_rollouts_token_may_start_and_end_it_but_not_retry_or_cancel_it(free: Stack):
-    """What an applied Job's reporter (`controller/report.py`) does: the token that posts the reward posts the end."""
+    """What an applied Job's reporter (`controller/report.py`) does: the token that posts the reward
+    posts the end."""
     a, b = free.rollout(), free.rollout(grader=True)
     agent_a, grader_b = (
         {"Authorization": f"Bearer {a['agent_token']}"},
@@ -788,20 +778,16 @@ def test_a_rollouts_token_may_start_and_end_it_but_not_retry_or_cancel_it(free: 
     assert post(a, agent_a, status="cancelled").status_code == 403
     assert post(a, agent_a, status="succeeded").status_code == 409  # queued: it must start first
     assert post(a, agent_a, status="running", attempt=1).json()["status"] == "running"
-    assert (
-        post(a, agent_a, status="queued", failure_kind="infra").status_code == 403
-    )  # no retries of its own
-    assert (
-        post(a, agent_a, status="running", attempt=2).status_code == 409
-    )  # a stale attempt's report
+    # no retries of its own
+    assert post(a, agent_a, status="queued", failure_kind="infra").status_code == 403
+    # a stale attempt's report
+    assert post(a, agent_a, status="running", attempt=2).status_code == 409
     ended = post(a, agent_a, status="failed", failure_kind="task", reason="harness exited with 3")
     assert (ended.json()["status"], ended.json()["failure_kind"]) == ("failed", "task")
-    assert (
-        post(a, agent_a, status="succeeded").status_code == 403
-    )  # the token died with its rollout
-    assert (
-        post(b, {"x-api-key": b["agent_token"]}, status="running").status_code == 403
-    )  # the grader's to post
+    # the token died with its rollout
+    assert post(a, agent_a, status="succeeded").status_code == 403
+    # the grader's to post
+    assert post(b, {"x-api-key": b["agent_token"]}, status="running").status_code == 403
     assert post(b, grader_b, status="running").status_code == 200
     assert post(b, grader_b, status="timed_out").json()["status"] == "timed_out"
     reasons = [
@@ -865,9 +851,9 @@ def test_admin_api_lifecycle(free: Stack):
 def test_an_agent_that_always_asks_for_32k_tokens_is_fitted_to_the_room_left(
     tiny_path: Path, tmp_path: Path
 ):
-    """Claude Code asks for 32,000 output tokens on every call, even a title; on a 32k context each was refused.
-    With `fit_max_tokens`, max_tokens is lowered to the room left (recorded as an event) when at least that many
-    tokens are left; a prompt that leaves less is still refused."""
+    """Claude Code asks for 32,000 output tokens on every call, even a title; on a 32k context each
+    was refused. With `fit_max_tokens`, max_tokens is lowered to the room left (recorded as an
+    event) when at least that many tokens are left; a prompt that leaves less is still refused."""
     with stack(tiny_path, tmp_path, context_length=300, fit_max_tokens=50) as s:
         r = s.rollout()
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
@@ -904,9 +890,8 @@ def test_every_error_answered_to_a_harness_is_counted_and_an_access_log_names_no
             )
         assert (ok.status_code, refused.status_code) == (200, 401)
         metrics = httpx.get(s.url + "/metrics").text
-        assert (
-            'agl_call_errors_total{kind="authentication_error",status="401"} 1.0' in metrics
-        )  # no rollout to blame
+        # no rollout to blame
+        assert 'agl_call_errors_total{kind="authentication_error",status="401"} 1.0' in metrics
         lines = [rec.getMessage() for rec in caplog.records if rec.name == "gateway.app"]
         assert "POST /v1/chat/completions 200" in lines[0] and lines[0].endswith(
             f"rollout_id={r['id']}"

@@ -199,11 +199,8 @@ async def test_a_kept_connection_the_engine_closes_unanswered_is_replaced_withou
     replies = [reply_bytes(sglang_reply([1])), b"", reply_bytes(sglang_reply([1, 2]))]
     async with raw_replica(replies) as (url, connections), client([url], attempts=1) as engines:
         assert (await engines.generate([1], {})).output_ids == [1, 2, 3]
-        assert (await engines.generate([1, 2], {})).output_ids == [
-            2,
-            3,
-            4,
-        ]  # sent again on a new connection
+        # sent again on a new connection
+        assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]
         assert engines.replicas[0].down_until == 0.0
     assert len(connections) == 2
 
@@ -232,9 +229,8 @@ async def test_chunked_replies_and_replies_that_run_to_the_end_of_the_stream(fra
     ):
         for _ in range(2):
             assert (await engines.generate([1, 2], {})).output_ids == [2, 3, 4]
-    assert len(connections) == (
-        2 if framing == "to_end" else 1
-    )  # a reply read to the end used up its connection
+    # a reply read to the end used up its connection
+    assert len(connections) == (2 if framing == "to_end" else 1)
 
 
 async def test_a_reply_cut_off_midway_is_a_transport_failure_and_retried() -> None:

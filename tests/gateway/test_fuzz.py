@@ -1,5 +1,5 @@
-"""Every endpoint of the gateway's OpenAPI schema fuzzed with schemathesis, on SQLite and PostgreSQL: no input
-earns a 5xx.
+"""Every endpoint of the gateway's OpenAPI schema fuzzed with schemathesis, on SQLite and
+PostgreSQL: no input earns a 5xx.
 
 The gateway parses its bodies itself (to answer bad input in the caller's wire format), so its
 schema has no request bodies; the test adds each route's pydantic schema (`gateway.wire`,
@@ -32,9 +32,8 @@ from tests.gateway.conftest import serve
 from tests.gateway.stack import read_engine_info
 
 ADMIN = "fuzz-admin"
-EXAMPLES = int(
-    os.environ.get("AGL_FUZZ_EXAMPLES", "25")
-)  # per operation: about 450 requests in all
+# per operation: about 450 requests in all
+EXAMPLES = int(os.environ.get("AGL_FUZZ_EXAMPLES", "25"))
 BODIES: dict[tuple[str, str], Any] = {
     ("post", "/v1/chat/completions"): wire.ChatRequest,
     ("post", "/v1/completions"): wire.CompletionRequest,
@@ -120,6 +119,5 @@ def test_no_input_earns_a_5xx(gateway: str) -> None:
         token = rollout["agent_token"] if operation.path.startswith("/v1") else ADMIN
         failures += fuzz(operation, url, token, rollout["id"], statuses)
     assert not failures, failures[:5]
-    assert statuses[200] and statuses[400] and statuses[404], (
-        statuses
-    )  # it reached past the parsing too
+    # it reached past the parsing too
+    assert statuses[200] and statuses[400] and statuses[404], statuses

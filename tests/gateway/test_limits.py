@@ -1,8 +1,10 @@
-"""What one harness can take of the gateway (#25): connections, a request's head, a rollout's storage; and the
-engine's own key, so that a harness on the same host cannot call the engine around the gateway.
+"""What one harness can take of the gateway (#25): connections, a request's head, a rollout's
+storage; and the engine's own key, so that a harness on the same host cannot call the engine
+around the gateway.
 
-The connection limits are uvicorn's server settings, so they are tested on a real `agl gateway` process (over
-bench/soak.py's instant engine stand-in); the rest on the tiny engine and an in-process gateway. All real HTTP.
+The connection limits are uvicorn's server settings, so they are tested on a real `agl gateway`
+process (over bench/soak.py's instant engine stand-in); the rest on the tiny engine and an
+in-process gateway. All real HTTP.
 """
 
 from __future__ import annotations
@@ -72,17 +74,17 @@ def test_a_request_head_over_the_limit_is_refused(gateway: tuple[str, int]):
     with socket.create_connection(gateway, timeout=10) as conn:
         try:
             reply = exchange(conn, HEALTHZ + b"x-pad: " + b"p" * 1_000_000 + b"\r\n\r\n")
-        except (
-            ConnectionResetError
-        ):  # it closed while the rest was still being sent: refused all the same
+        except ConnectionResetError:
+            # it closed while the rest was still being sent: refused all the same
             reply = b"HTTP/1.1 400"
         assert reply.startswith(b"HTTP/1.1 400") and closed_within(conn, 5)
 
 
 def test_slow_heads_are_cut_off_and_idle_connections_are_kept(gateway: tuple[str, int]):
-    """Slowloris: sockets that send nothing, or a head a few bytes at a time, stayed open for good; now a head
-    must be complete within `head_timeout_s` of its first byte (or of the connection's opening). A harness's
-    connection idle between calls (for longer than that) is kept alive, and serves its next call."""
+    """Slowloris: sockets that send nothing, or a head a few bytes at a time, stayed open for good;
+    now a head must be complete within `head_timeout_s` of its first byte (or of the connection's
+    opening). A harness's connection idle between calls (for longer than that) is kept alive, and
+    serves its next call."""
     with socket.create_connection(gateway) as silent, socket.create_connection(gateway) as slow:
         slow.sendall(b"GET /healthz HTTP/1.1\r\n")
         for _ in range(3):
@@ -116,11 +118,12 @@ def test_connections_past_the_cap_get_503_until_some_close(gateway: tuple[str, i
 def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
     tiny_path: Path, tmp_path: Path
 ):
-    """One call stored a 25 MB request and a 30 MB event was accepted; now the bodies a rollout's tokens send
-    count against `rollout_max_bytes`, and past it a call or event is a 413 in the client's own format, stores
-    nothing, and is counted in /metrics. The admin's events are not counted. After a restart the count starts
-    from the size of what the store holds of the rollout: its requests (a chained one holds only what changed;
-    the four repeats here, nulls) and all its events, about 17 KB of the 33 KB sent."""
+    """One call stored a 25 MB request and a 30 MB event was accepted; now the bodies a rollout's
+    tokens send count against `rollout_max_bytes`, and past it a call or event is a 413 in the
+    client's own format, stores nothing, and is counted in /metrics. The admin's events are not
+    counted. After a restart the count starts from the size of what the store holds of the rollout:
+    its requests (a chained one holds only what changed; the four repeats here, nulls) and all its
+    events, about 17 KB of the 33 KB sent."""
     budget, pad = 30_000, "y" * 4_000
     with stack(tiny_path, tmp_path, rollout_max_bytes=budget) as s:
         r, other = s.rollout(), s.rollout()
@@ -153,9 +156,8 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
             ).status_code
             == 413
         )
-        assert (
-            s.admin.post(f"/api/rollouts/{r['id']}/events", json=event).status_code == 200
-        )  # not counted
+        # not counted
+        assert s.admin.post(f"/api/rollouts/{r['id']}/events", json=event).status_code == 200
         assert len(s.store.calls_for([r["id"]])[r["id"]]) == 5
         assert not [
             e for e in s.store.events(r["id"]) if e.kind == "note" and e.data != event["data"]
@@ -178,17 +180,16 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
             oa.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": pad * 9}], max_tokens=1
             )
-        oa.chat.completions.create(
-            model="m", messages=USER, max_tokens=1
-        )  # what is left still serves
+        # what is left still serves
+        oa.chat.completions.create(model="m", messages=USER, max_tokens=1)
 
 
 def test_the_engine_key_keeps_everyone_but_its_clients_out(
     tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """The embedded engine answered anyone on the host, harnesses included. With `--api-key` it answers only
-    `Authorization: Bearer <key>` (but `/health`); the gateway (`engine_key`) and the trainer (the engine's own
-    `AGL_ENGINE_API_KEY`) send it."""
+    """The embedded engine answered anyone on the host, harnesses included. With `--api-key` it
+    answers only `Authorization: Bearer <key>` (but `/health`); the gateway (`engine_key`) and the
+    trainer (the engine's own `AGL_ENGINE_API_KEY`) send it."""
     engine = Engine(tiny_path)
     try:
         with serve(engine_app(engine, api_key="engine-secret")) as url:

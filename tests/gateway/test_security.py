@@ -114,9 +114,8 @@ def test_malformed_credentials_are_refused_not_a_server_error(s: Stack):
                 )
     path_token = httpx.get(s.url + "/r/%C2%B2.x/api/state")
     assert path_token.status_code in (401, 403)
-    assert (
-        httpx.get(s.url + "/api/rollouts?limit=abc").status_code == 401
-    )  # credentials before validation
+    # credentials before validation
+    assert httpx.get(s.url + "/api/rollouts?limit=abc").status_code == 401
     assert s.admin.get(f"/api/rollouts/{rid}").json()["reward"] is None
 
 
@@ -140,8 +139,9 @@ def test_a_refused_token_writes_nothing(s: Stack):
 
 
 def test_events_that_steer_the_reward_or_forge_agl_s_records_are_reserved(s: Stack):
-    """On a rollout with a grader, the agent may not post `flag` or `swe_patch` (the SWE grader's; the
-    evaluation takes the last `swe_patch`); no token may post agl's own kinds (`lifecycle`, `launch`, ...)."""
+    """On a rollout with a grader, the agent may not post `flag` or `swe_patch` (the SWE grader's;
+    the evaluation takes the last `swe_patch`); no token may post agl's own kinds (`lifecycle`,
+    `launch`, ...)."""
 
     def post(rid: str, token: str, kind: str) -> int:
         url = f"{s.url}/api/rollouts/{rid}/events"
@@ -214,9 +214,8 @@ def test_a_prompt_no_context_can_hold_is_refused_before_it_is_tokenized(
             assert (
                 refused["code"] == "context_length_exceeded" and "characters" in refused["message"]
             )
-        counted = ask(
-            256 * longest // 2
-        )  # fits the character bound: tokenized, then over the context
+        # fits the character bound: tokenized, then over the context
+        counted = ask(256 * longest // 2)
         assert (
             counted["code"] == "context_length_exceeded" and "characters" not in counted["message"]
         )
@@ -250,8 +249,9 @@ def test_long_prompts_are_rendered_off_the_event_loop(s: Stack, monkeypatch: pyt
 
 
 def test_deep_json_is_refused_before_sampling(s: Stack):
-    """Past 1,024 levels the standard library's parser overflowed (a 500); about 1,000 levels in an ignored field
-    were sampled, then could not be stored with the call. Both are a 400 now, and nothing is recorded."""
+    """Past 1,024 levels the standard library's parser overflowed (a 500); about 1,000 levels in an
+    ignored field were sampled, then could not be stored with the call. Both are a 400 now, and
+    nothing is recorded."""
     r = s.rollout()
     for depth in (2_000, 1_000, 65):
         raw = (
@@ -275,8 +275,9 @@ def test_deep_json_is_refused_before_sampling(s: Stack):
 
 
 def test_agent_names_are_bounded_in_the_store_and_in_metrics(s: Stack):
-    """A harness names its agent (`x-agl-agent`, else `model`): NUL bytes and 100 KB names were a metric label
-    each, forever; now they are refused, and past 100 distinct names the label is `other`."""
+    """A harness names its agent (`x-agl-agent`, else `model`): NUL bytes and 100 KB names were a
+    metric label each, forever; now they are refused, and past 100 distinct names the label is
+    `other`."""
     r = s.rollout()
 
     def call(agent: str) -> int:
@@ -292,14 +293,14 @@ def test_agent_names_are_bounded_in_the_store_and_in_metrics(s: Stack):
         for line in metrics.splitlines()
         if line.startswith("agl_calls_total")
     }
-    assert (
-        len(labels) == MAX_LABELS + 1 and "other" in labels and "\x00" not in metrics
-    )  # the cap, and other
+    # the cap, and other
+    assert len(labels) == MAX_LABELS + 1 and "other" in labels and "\x00" not in metrics
 
 
 def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
-    """PostgreSQL's text columns refuse NUL (a 500 there, after the engine had sampled), where SQLite stored it:
-    refused up front now, on both, for every text that reaches a column. The fuzz test runs on both."""
+    """PostgreSQL's text columns refuse NUL (a 500 there, after the engine had sampled), where
+    SQLite stored it: refused up front now, on both, for every text that reaches a column. The fuzz
+    test runs on both."""
     r = s.rollout()
     agent = {"Authorization": f"Bearer {r['agent_token']}"}
     replies = [
@@ -312,9 +313,8 @@ def test_nul_characters_are_refused_alike_on_every_database(s: Stack):
         ),
         httpx.post(f"{s.url}/api/rollouts/{r['id']}/events", headers=agent, json={"kind": "k\x00"}),
     ]
-    assert (
-        s.admin.get(f"/api/rollouts/{r['id']}").json()["status"] == "queued"
-    )  # the status was not set
+    # the status was not set
+    assert s.admin.get(f"/api/rollouts/{r['id']}").json()["status"] == "queued"
     replies.append(
         httpx.post(
             f"{s.url}/v1/chat/completions", headers=agent, json={"model": "m\x00", "messages": USER}
@@ -344,7 +344,10 @@ def test_an_unexpected_error_is_a_500_that_keeps_the_connection(
     r = s.rollout()
     monkeypatch.setattr(s.store, "events", broken)
     host, port = s.url.removeprefix("http://").split(":")
-    request = f"GET /api/rollouts/{r['id']}/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n\r\n"
+    request = (
+        f"GET /api/rollouts/{r['id']}/events HTTP/1.1\r\n"
+        f"Host: x\r\nAuthorization: Bearer {ADMIN}\r\n\r\n"
+    )
     with socket.create_connection((host, int(port)), timeout=10) as conn:
         replies = []
         for _ in range(2):
@@ -357,8 +360,9 @@ def test_an_unexpected_error_is_a_500_that_keeps_the_connection(
             while len(body) < length:
                 body += conn.recv(65536)
             replies.append((head.split(b" ")[1], json.loads(body)))
+    # the second on the same connection
     assert [status for status, _ in replies] == [
         b"500",
         b"500",
-    ]  # the second on the same connection
+    ]
     assert "a bug" not in str(replies) and replies[0][1]["error"]["message"] == "internal error"

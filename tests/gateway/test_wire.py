@@ -55,13 +55,8 @@ CHAT, RESPONSES, ANTHROPIC = wire.ChatRequest, wire.ResponsesRequest, wire.Anthr
         ),
         (ANTHROPIC, {"thinking": {"type": "adaptive"}}, True, ON, []),
         (ANTHROPIC, {"thinking": {"type": "disabled"}}, True, OFF, []),
-        (
-            ANTHROPIC,
-            {"thinking": {"type": "disabled"}},
-            False,
-            {},
-            ["thinking"],
-        ),  # no switch in the template
+        # no switch in the template
+        (ANTHROPIC, {"thinking": {"type": "disabled"}}, False, {}, ["thinking"]),
         (ANTHROPIC, {"thinking": {"type": "sometimes"}}, True, {}, ["thinking"]),
         (ANTHROPIC, {"tool_choice": {"type": "any"}}, True, {}, ["tool_choice"]),
         (ANTHROPIC, {"tool_choice": {"type": "auto"}}, True, {}, []),

@@ -1,0 +1,33 @@
+"""Who is calling: the caller record the auth dependencies leave (its role, and its rollout for
+a token), and the token cache, which keeps roles and forgets a rollout with its last token."""
+
+from typing import Any
+
+from agl.store import Created, hash_token
+from agl.types import Mode, Rollout, Status
+from gateway.auth import Caller, Role, Tokens
+
+
+def rollout(rollout_id: str, status: Status = Status.QUEUED) -> Rollout:
+    return Rollout(id=rollout_id, task={}, group="g", mode=Mode.TRAIN, status=status)
+
+
+def test_a_caller_names_its_credential_as_messages_and_reward_sources_do() -> None:
+    assert Caller(role=Role.ADMIN).credential == "admin"
+    assert Caller(role=Role.AGENT, rollout=rollout("r")).credential == "agent token"
+    assert Caller(role=Role.GRADER, rollout=rollout("r")).credential == "grader token"
+
+
+def test_the_token_cache_keeps_roles_and_forgets_a_rollout_with_its_last_token() -> None:
+    unused: Any = None  # the store: read only on a lookup of a token not cached
+    tokens = Tokens(unused, size=2)
+    tokens.issued(Created(rollout=rollout("a"), agent_token="a-agent", grader_token="a-grader"))
+    roles = {digest: role for digest, (_, role) in tokens.found.items()}
+    assert roles == {hash_token("a-agent"): Role.AGENT, hash_token("a-grader"): Role.GRADER}
+    running = rollout("a", Status.RUNNING)
+    tokens.changed("a", running)
+    assert tokens.found[hash_token("a-grader")] == (running, Role.GRADER)
+    tokens.issued(Created(rollout=rollout("b"), agent_token="b-agent", grader_token=None))
+    tokens.issued(Created(rollout=rollout("c"), agent_token="c-agent", grader_token=None))
+    assert set(tokens.found) == {hash_token("b-agent"), hash_token("c-agent")}
+    assert set(tokens.of_rollout) == {"b", "c"}  # none left of "a": its entry went too
