@@ -1,8 +1,10 @@
 """A small typed client for the gateway's admin API (`/api`), for the controller and the trainer.
 
-Replies become `agl.types` records, failures `GatewayError` (the HTTP status, 0 when the gateway was not
-reached). It does not retry, cache, or judge a failure: callers do. aiohttp, not httpx: at a controller's
-hundreds of concurrent requests httpx's pool ate its CPU (bench/controller.py: 25 -> 74/s)."""
+Replies become `agl.types` records, failures `GatewayError` (the HTTP status, 0 when the gateway
+was not reached). It does not retry, cache, or judge a failure: callers do. aiohttp, not httpx: at
+a controller's hundreds of concurrent requests httpx's pool ate its CPU (bench/controller.py:
+25 -> 74/s).
+"""
 
 from array import array
 from typing import Any, Self
@@ -15,11 +17,15 @@ KEEPALIVE_S = 4.0  # idle connections are dropped before a server (uvicorn, sgla
 
 
 class GatewayError(Exception):
+    """A request the gateway refused (`status`: its HTTP status) or never answered (`status` 0)."""
+
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(
-            f"gateway {status}: {message}" if status else f"gateway unreachable: {message}"
-        )
-        self.status, self.message = status, message
+        if status:
+            super().__init__(f"gateway {status}: {message}")
+        else:
+            super().__init__(f"gateway unreachable: {message}")
+        self.status = status
+        self.message = message
 
 
 def call_from_json(data: JSON) -> Call:
@@ -52,6 +58,7 @@ class GatewayClient:
         await self.http.close()
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The reply's JSON; `GatewayError` for a status of 400 or more, or no reply at all."""
         try:
             async with self.http.request(method, self.url + path, **kwargs) as reply:
                 if reply.status >= 400:
@@ -71,8 +78,9 @@ class GatewayClient:
         sampling: JSON | None = None,
         token_ttl_s: float | None = None,
     ) -> JSON:
-        """A new rollout: its id, tokens (only ever shown here) and base URLs. `sampling` ({"temperature",
-        "top_p", "top_k"}) overrides what the harness asks on every call; `token_ttl_s`: else the gateway's."""
+        """A new rollout: its id, tokens (only ever shown here) and base URLs. `sampling`
+        ({"temperature", "top_p", "top_k"}) overrides what the harness asks on every call;
+        `token_ttl_s`: else the gateway's."""
         body = {
             "task": task,
             "group": group,
@@ -80,14 +88,17 @@ class GatewayClient:
             "grader": grader,
             "metadata": metadata or {},
         }
-        body |= ({"sampling": sampling} if sampling else {}) | (
-            {"token_ttl_s": token_ttl_s} if token_ttl_s else {}
-        )
+        if sampling:
+            body["sampling"] = sampling
+        if token_ttl_s:
+            body["token_ttl_s"] = token_ttl_s
         return await self._request("POST", "/api/rollouts", json=body)
 
     async def rotate_tokens(self, rollout_id: str, *, attempt: int | None = None) -> JSON:
         """New tokens for the rollout's current attempt (the old ones die); same shape as a create."""
-        params = {"attempt": str(attempt)} if attempt is not None else {}
+        params: dict[str, str] = {}
+        if attempt is not None:
+            params["attempt"] = str(attempt)
         return await self._request("POST", f"/api/rollouts/{rollout_id}/tokens", params=params)
 
     async def health(self) -> JSON:
@@ -95,7 +106,8 @@ class GatewayClient:
         return await self._request("GET", "/healthz")
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        return Rollout.from_dict(await self._request("GET", f"/api/rollouts/{rollout_id}"))
+        found = await self._request("GET", f"/api/rollouts/{rollout_id}")
+        return Rollout.from_dict(found)
 
     async def list_rollouts(
         self,
@@ -104,42 +116,44 @@ class GatewayClient:
         group: str | None = None,
         after: int | None = None,
         limit: int = 1000,
-    ) -> list[
-        Rollout
-    ]:  # `after` (an `end_seq`): those that ended after it, in the order they ended
+    ) -> list[Rollout]:
+        """Rollouts by status and group; with `after` (an `end_seq`), those that ended after it, in
+        the order they ended."""
         given = {"limit": limit, "after": after, "status": status, "group": group}
         params = {k: str(v) for k, v in given.items() if v not in (None, "")}
-        return [
-            Rollout.from_dict(r) for r in await self._request("GET", "/api/rollouts", params=params)
-        ]
+        found = await self._request("GET", "/api/rollouts", params=params)
+        return [Rollout.from_dict(r) for r in found]
 
     async def set_status(
         self,
         rollout_id: str,
-        status: Status,
+        status: Status | str,
         *,
-        failure_kind: FailureKind | None = None,
+        failure_kind: FailureKind | str | None = None,
         reason: str = "",
         attempt: int | None = None,
     ) -> Rollout:
+        """Move the rollout (`attempt`: only if it is still that attempt); the rollout as it is now."""
         body = {
-            "status": status.value,
+            "status": Status(status).value,
             "failure_kind": failure_kind,
             "reason": reason[:2000],
             "attempt": attempt,
         }
-        return Rollout.from_dict(
-            await self._request("POST", f"/api/rollouts/{rollout_id}/status", json=body)
-        )
+        moved = await self._request("POST", f"/api/rollouts/{rollout_id}/status", json=body)
+        return Rollout.from_dict(moved)
 
     async def post_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> JSON:
+        """Append an event to the rollout's log (the admin may post any kind)."""
         body = {"kind": kind, "data": data or {}}
         return await self._request("POST", f"/api/rollouts/{rollout_id}/events", json=body)
 
     async def events(self, rollout_id: str) -> list[JSON]:
+        """The rollout's log, every attempt's, oldest first."""
         return await self._request("GET", f"/api/rollouts/{rollout_id}/events")
 
     async def calls(self, rollout_id: str) -> list[JSON]:
+        """The calls of the rollout's current attempt, token arrays as JSON lists."""
         return await self._request("GET", f"/api/rollouts/{rollout_id}/calls")
 
     async def pause(self) -> JSON:
@@ -153,9 +167,11 @@ class GatewayClient:
     async def register_model(
         self, version: int, *, path: str = "", endpoints: list[str] | None = None
     ) -> JSON:
+        """Register a new policy version (`path`: its weights; `endpoints`: the engines serving it)."""
         body = {"version": version, "path": path, "endpoints": endpoints or []}
         return await self._request("POST", "/api/models", json=body)
 
     async def state(self) -> JSON:
-        """Paused or not, the served version, calls in flight and held, the latest model, the last `end_seq`."""
+        """Paused or not, the served version, calls in flight and held, the latest model, the last
+        `end_seq`."""
         return await self._request("GET", "/api/state")

@@ -1,9 +1,9 @@
 """Settings, one small group per component, read from the environment (prefix `AGL_`).
 
-Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...), each field described with
-its unit and the reason for its default. `from_flags` reads the command line with pydantic-settings' own
-parser (a flag per field), so a setting is declared once. There is deliberately no global config file that
-collects every flag of every component.
+Each group is a pydantic-settings class with its own prefix (`AGL_STORE_URL`, ...), each field
+described with its unit and the reason for its default. `from_flags` reads the command line with
+pydantic-settings' own parser (a flag per field), so a setting is declared once. There is
+deliberately no global config file that collects every flag of every component.
 """
 
 import sys
@@ -16,14 +16,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 S = TypeVar("S", bound=BaseSettings)
 
 
-class Strict(BaseModel):  # the base of input schemas: request bodies, specs, config sections
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
+class Strict(BaseModel):
+    """The base of input schemas (request bodies, specs, config sections): a misspelt field is an
+    error, not silently ignored, and no string holds a NUL."""
+
+    model_config = ConfigDict(extra="forbid")
 
     @field_validator("*")
     @classmethod
-    def _no_nul(
-        cls, value: object
-    ) -> object:  # PostgreSQL's text columns refuse it, where SQLite stored it
+    def _no_nul(cls, value: object) -> object:
+        """No NUL in a string: PostgreSQL's text columns refuse it, where SQLite stored it."""
         if isinstance(value, str) and "\x00" in value:
             raise ValueError("must not contain a NUL character")
         return value
@@ -43,8 +45,9 @@ def usage_error(prog: str, message: str) -> NoReturn:
 
 
 def from_flags(cls: type[S], argv: Sequence[str], prog: str) -> S:
-    """Settings of `cls` from the environment, overridden by a flag per field (`admin_key`: `--admin-key`; lists
-    take commas or repeats), its description the help. A bad value exits as argparse does, naming the field."""
+    """Settings of `cls` from the environment, overridden by a flag per field (`admin_key`:
+    `--admin-key`; lists take commas or repeats), its description the help. A bad value exits as
+    argparse does, naming the field."""
     try:
         return cls(_cli_parse_args=list(argv), _cli_prog_name=prog, _cli_kebab_case=True)
     except ValidationError as e:
@@ -71,6 +74,7 @@ class StoreSettings(BaseSettings):
     sqlite_synchronous: str = Field(
         "NORMAL",
         pattern="^(OFF|NORMAL|FULL|EXTRA)$",
-        description="SQLite PRAGMA synchronous. With WAL, NORMAL keeps every acknowledged write through a crash of "
-        "any process (no fsync per commit: a few ms less per call); FULL also through a power loss or OS crash.",
+        description="SQLite PRAGMA synchronous. With WAL, NORMAL keeps every acknowledged write "
+        "through a crash of any process (no fsync per commit: a few ms less per call); FULL also "
+        "through a power loss or OS crash.",
     )

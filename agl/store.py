@@ -1,13 +1,14 @@
-"""The durable store: rollouts, calls, events and model versions (DESIGN.md section 2).
+"""The durable store: rollouts, calls, events and model versions (docs/architecture.md, "The data model").
 
-Owns the schema (SQLAlchemy Core; changed only by the Alembic migrations in `agl/migrations/`), the rollout
-state machine and the token arrays' layout (little-endian int32 IDs, float32 logprobs), and the calls' chains:
-a call is stored as the extension of its agent's previous call, so a rollout's bytes grow with its new tokens
-(reads return whole calls). One writer thread
-commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves once committed
-(an acknowledged write is durable), and a failing write changes nothing: the rest of its group commits without
-it. Reads run on the caller's thread. It does not authenticate anyone (it keeps only token hashes), speak
-HTTP, or decide policy such as when to retry: the gateway and the controller do.
+Owns the schema (SQLAlchemy Core; changed only by the Alembic migrations in `agl/migrations/`),
+the rollout state machine and the token arrays' layout (little-endian int32 IDs, float32
+logprobs), and the calls' chains: a call is stored as the extension of its agent's previous call,
+so a rollout's bytes grow with its new tokens (reads return whole calls). One writer thread
+commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves
+once committed (an acknowledged write is durable), and a failing write changes nothing: the rest
+of its group commits without it. Reads run on the caller's thread. It does not authenticate
+anyone (it keeps only token hashes), speak HTTP, or decide policy such as when to retry: the
+gateway and the controller do.
 """
 
 import contextlib
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
@@ -114,9 +115,8 @@ calls = sa.Table(
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("temperature", sa.Float, nullable=True),  # NULL: recorded before 0002 (unknown)
-    sa.Column(
-        "base", sa.JSON(none_as_null=True), nullable=True
-    ),  # what it extends (`_Chains`); NULL: stored whole
+    # What it extends (`_Chains`); NULL: stored whole.
+    sa.Column("base", sa.JSON(none_as_null=True), nullable=True),
     sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
 )
 
@@ -143,39 +143,46 @@ models = sa.Table(
 )
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-MAX_CHAINS = 4096  # rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each)
+# Rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each).
+MAX_CHAINS = 4096
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(
     rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt
 )
-# The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without rebuilding their key.
-# _RUN_ROWS: what appending a run of calls needs of their rollouts.
+# The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without
+# rebuilding their key.
 _ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
-_UPDATE_ROLLOUT = rollouts.update().where(
-    rollouts.c.id == sa.bindparam("rollout_id")
-)  # SET: the other parameters
+# SET: the other parameters.
+_UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))
+# What appending a run of calls needs of their rollouts.
 _RUN_ROWS = sa.select(*rollouts.c["id", "status", "attempt", "n_calls"]).where(
     rollouts.c.id.in_(sa.bindparam("ids"))
 )
-_INSERT_CALLS, _INSERT_EVENT, _INSERT_ROLLOUT = calls.insert(), events.insert(), rollouts.insert()
+_INSERT_CALLS = calls.insert()
+_INSERT_EVENT = events.insert()
+_INSERT_ROLLOUT = rollouts.insert()
 
 
 # --------------------------------------------------------------------------- tokens
 
 
 def hash_token(token: str) -> str:
-    return hashlib.sha256(
-        token.encode(errors="surrogatepass")
-    ).hexdigest()  # whatever a path decoded to
+    """What the store keeps of a token: its SHA-256, hex."""
+    # surrogatepass: whatever a path decoded to.
+    return hashlib.sha256(token.encode(errors="surrogatepass")).hexdigest()
 
 
 def new_token(ttl_s: float | None) -> str:
-    """A random token; with `ttl_s`, prefixed by its expiry (Unix seconds), which its stored hash covers."""
+    """A random token; with `ttl_s`, prefixed by its expiry (Unix seconds), which its stored hash
+    covers."""
     token = secrets.token_urlsafe(32)
-    return f"{int(time.time() + ttl_s)}.{token}" if ttl_s else token
+    if not ttl_s:
+        return token
+    return f"{int(time.time() + ttl_s)}.{token}"
 
 
 def token_expired(token: str) -> bool:
+    """Whether the token carries an expiry (`new_token`) that has passed."""
     head, dot, _ = token.partition(".")
     return (
         bool(dot)
@@ -191,59 +198,79 @@ def token_expired(token: str) -> bool:
 
 def _rollout(row: Any) -> Rollout:
     """A rollout from its row, or from a dict of its column values (those left out: unset)."""
-    values = row if isinstance(row, dict) else row._mapping
+    values = row
+    if not isinstance(row, dict):
+        values = row._mapping
     has_grader = values.get("grader_token_hash") is not None
     return Rollout.from_dict({**values, "group": values["group_id"], "has_grader": has_grader})
 
 
+@dataclass(frozen=True)
+class _Read:
+    """What `_calls` keeps of an agent's last call read, to rebuild the next one that extends it."""
+
+    ids: np.ndarray  # prompt + response
+    request: JSON
+    seq: int
+
+
 def _calls(rows: Iterable[Any]) -> Iterator[Call]:
-    """Whole calls from their rows, in (rollout, seq) order: each chained one after the call it extends."""
-    # (rollout, agent) -> its last call read: prompt + response, request, seq
-    last: dict[tuple[str, str], tuple[np.ndarray, JSON, int]] = {}
+    """Whole calls from their rows, in (rollout, seq) order: each chained one after the call it
+    extends."""
+    last: dict[tuple[str, str], _Read] = {}  # (rollout, agent) -> its last call read
     for row in rows:
         values = dict(row._mapping)
         base = values.pop("base")
-        try:
-            found = {
-                name: np.frombuffer(values[name], "<" + code).astype(code)
-                for name, code in ARRAYS.items()
-            }
-        except ValueError as e:
-            raise StoreError(f"corrupt token array: {e}") from e
-        key = values["rollout_id"], values["agent"]
+        found = _decode_arrays(values)
+        key = (values["rollout_id"], values["agent"])
         if base is not None:
-            if key not in last or last[key][2] != base["seq"]:
+            if key not in last or last[key].seq != base["seq"]:
                 raise StoreError(
                     f"call {values['seq']} of rollout {key[0]} extends call {base['seq']}, not read"
                 )
-            ids, request, _ = last[key]
-            found["prompt_ids"] = np.concatenate([ids[: base["prompt_from"]], found["prompt_ids"]])
-            values["request"] = _unchain(values["request"], request, base)
-        last[key] = (
-            np.concatenate([found["prompt_ids"], found["response_ids"]]),
-            values["request"],
-            values["seq"],
+            previous = last[key]
+            kept = previous.ids[: base["prompt_from"]]
+            found["prompt_ids"] = np.concatenate([kept, found["prompt_ids"]])
+            values["request"] = _unchain(values["request"], previous.request, base)
+        last[key] = _Read(
+            ids=np.concatenate([found["prompt_ids"], found["response_ids"]]),
+            request=values["request"],
+            seq=values["seq"],
         )
-        yield Call(**values | {name: array(ARRAYS[name], a.tobytes()) for name, a in found.items()})
+        arrays = {name: array(ARRAYS[name], a.tobytes()) for name, a in found.items()}
+        yield Call(**values | arrays)
+
+
+def _decode_arrays(values: JSON) -> dict[str, np.ndarray]:
+    """A row's token arrays (little-endian bytes) in the host's byte order."""
+    try:
+        return {
+            name: np.frombuffer(values[name], "<" + code).astype(code)
+            for name, code in ARRAYS.items()
+        }
+    except ValueError as e:
+        raise StoreError(f"corrupt token array: {e}") from e
 
 
 # --------------------------------------------------------------------------- chains
-# A call whose agent called before in the same attempt (and this writer remembers it) is stored as its extension:
-# `base` = {"seq": that call's seq, "prompt_from": k, "same": [keys], "from": {key: n}}. The prompt is the first k
-# IDs of that call's prompt and response, then its own `prompt_ids`; a request key in `same` (stored as null)
-# has that call's value; one in `from`, a list, that call's first n items, then its own.
+# A call whose agent called before in the same attempt (and this writer remembers it) is stored
+# as its extension: `base` = {"seq": that call's seq, "prompt_from": k, "same": [keys], "from":
+# {key: n}}. The prompt is the first k IDs of that call's prompt and response, then its own
+# `prompt_ids`; a request key in `same` (stored as null) has that call's value; one in `from`, a
+# list, that call's first n items, then its own.
 
 
 def _fingerprint(value: Any) -> bytes:
-    """Equal only for equal values: a pickle is exact (in JSON text NaN can read as null) and 3x quicker to make;
-    it is never loaded."""
+    """Equal only for equal values: a pickle is exact (in JSON text NaN can read as null) and 3x
+    quicker to make; it is never loaded."""
     return hashlib.blake2b(pickle.dumps(value, protocol=5), digest_size=16).digest()
 
 
 @dataclass(frozen=True)
 class _Link:
-    """What the writer keeps of an agent's last call: its IDs and its request's fingerprints (key -> value's, or
-    for a list each item's), not the request itself: a long conversation's request is megabytes of objects."""
+    """What the writer keeps of an agent's last call: its IDs and its request's fingerprints (key ->
+    value's, or for a list each item's), not the request itself: a long conversation's request is
+    megabytes of objects."""
 
     attempt: int
     seq: int
@@ -252,30 +279,31 @@ class _Link:
 
 
 class _Chains:
-    """The writer thread's links: `committed` (its calls are stored) and `pending` (in the open transaction)."""
+    """The writer thread's links: `committed` (its calls are stored) and `pending` (in the open
+    transaction)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.committed: OrderedDict[str, dict[str, _Link]] = (
-            OrderedDict()
-        )  # rollout -> agent -> link
+        # rollout -> agent -> link, the least recently used rollout first
+        self.committed: OrderedDict[str, dict[str, _Link]] = OrderedDict()
         self.pending: dict[tuple[str, str], _Link] = {}
 
     def get(self, rollout_id: str, agent: str) -> _Link | None:
-        return self.pending.get((rollout_id, agent)) or self.committed.get(rollout_id, {}).get(
-            agent
-        )
+        """The agent's last call in the rollout: in the open transaction, else committed."""
+        pending = self.pending.get((rollout_id, agent))
+        if pending is not None:
+            return pending
+        return self.committed.get(rollout_id, {}).get(agent)
 
     def commit(self, outcomes: list[Any]) -> None:
+        """The open transaction committed (its writes' `outcomes`): its links are now stored."""
         for (rollout_id, agent), link in self.pending.items():
             self.committed.setdefault(rollout_id, {})[agent] = link
             self.committed.move_to_end(rollout_id)
-        for ended in (
-            o.id for o in outcomes if isinstance(o, Rollout) and o.status is not Status.RUNNING
-        ):
-            self.committed.pop(
-                ended, None
-            )  # ended, or a new attempt: nothing will extend its calls
+        for outcome in outcomes:
+            # Ended, or a new attempt: nothing will extend its calls.
+            if isinstance(outcome, Rollout) and outcome.status is not Status.RUNNING:
+                self.committed.pop(outcome.id, None)
         while len(self.committed) > self.size:
             self.committed.popitem(last=False)
         self.pending.clear()
@@ -284,20 +312,20 @@ class _Chains:
 def _chain(
     call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains
 ) -> tuple[JSON, JSON | None]:
-    """The call's prompt IDs and request as stored (its `base`'s extension, if it has one), and `base`."""
-    keys = {
-        k: [_fingerprint(x) for x in v] if isinstance(v, list) else _fingerprint(v)
-        for k, v in call.request.items()
-    }
+    """The call's prompt IDs and request as stored (its `base`'s extension, if it has one), and
+    `base`."""
+    keys = {k: _fingerprints(v) for k, v in call.request.items()}
     link = chains.get(call.rollout_id, call.agent)
     chains.pending[call.rollout_id, call.agent] = _Link(
-        call.attempt, call.seq, np.concatenate([prompt, response]), keys
+        attempt=call.attempt, seq=call.seq, ids=np.concatenate([prompt, response]), keys=keys
     )
     if link is None or link.attempt != call.attempt:
         return {"prompt_ids": prompt.tobytes(), "request": call.request}, None
     n = min(len(prompt), len(link.ids))
     differ = np.flatnonzero(prompt[:n] != link.ids[:n])
-    start = int(differ[0]) if len(differ) else n
+    start = n
+    if len(differ):
+        start = int(differ[0])
     base: JSON = {"seq": link.seq, "prompt_from": start, "same": [], "from": {}}
     request = dict(call.request)
     for key, value in call.request.items():
@@ -311,35 +339,56 @@ def _chain(
     return {"prompt_ids": prompt[start:].tobytes(), "request": request}, base
 
 
+def _fingerprints(value: Any) -> Any:
+    """A request value's fingerprint; a list's, each item's (so that an extended list is seen)."""
+    if isinstance(value, list):
+        return [_fingerprint(item) for item in value]
+    return _fingerprint(value)
+
+
 def _unchain(stored: JSON, previous: JSON, base: JSON) -> JSON:
     """A chained call's whole request from its stored one and that of the call it extends."""
-    same, extended = set(base["same"]), base["from"]
-    return {
-        k: previous[k] if k in same else previous[k][: extended[k]] + v if k in extended else v
-        for k, v in stored.items()
-    }
+    same = set(base["same"])
+    extended = base["from"]
+    request: JSON = {}
+    for key, value in stored.items():
+        if key in same:
+            request[key] = previous[key]
+        elif key in extended:
+            request[key] = previous[key][: extended[key]] + value
+        else:
+            request[key] = value
+    return request
 
 
 # --------------------------------------------------------------------------- write operations
 # Each runs on the writer thread and raises to undo itself (`Store._commit` rolls it back).
 
-_Write = tuple[
-    Callable[..., Any], tuple[Any, ...], "Future[Any]"
-]  # operation, its arguments, its future
+
+class _Write(NamedTuple):
+    """A queued write: the operation, its arguments, and the future its caller waits on."""
+
+    op: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: "Future[Any]"
 
 
 def _rollout_row(conn: Connection, rollout_id: str) -> Any:
-    if (row := conn.execute(_ROLLOUT, {"rollout_id": rollout_id}).first()) is None:
+    """The rollout's row; raises `NotFound`."""
+    row = conn.execute(_ROLLOUT, {"rollout_id": rollout_id}).first()
+    if row is None:
         raise NotFound(f"unknown rollout {rollout_id!r}")
     return row
 
 
 def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollout:
+    """Change some of a rollout's columns; the rollout as it now is."""
     conn.execute(_UPDATE_ROLLOUT, {"rollout_id": row.id, **values})
     return _rollout({**row._mapping, **values})
 
 
 def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
+    """Append an event to the rollout's log; the event with its id."""
     now = time.time()
     values = {
         "rollout_id": rollout_id,
@@ -349,7 +398,9 @@ def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, da
         "created_at": now,
     }
     (event_id,) = conn.execute(_INSERT_EVENT, values).inserted_primary_key or (None,)
-    return Event(rollout_id, kind, data, attempt, event_id, now)
+    return Event(
+        rollout_id=rollout_id, kind=kind, data=data, attempt=attempt, id=event_id, created_at=now
+    )
 
 
 @dataclass(frozen=True)
@@ -366,7 +417,7 @@ def _op_create_rollout(
 ) -> Created:
     conn.execute(_INSERT_ROLLOUT, values)
     _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
-    return Created(_rollout(values), agent, grader)
+    return Created(rollout=_rollout(values), agent_token=agent, grader_token=grader)
 
 
 def _op_transition(
@@ -377,37 +428,23 @@ def _op_transition(
     reason: str,
     attempt: int | None,
 ) -> Rollout:
+    """Move the rollout to `to`, as `_check_transition` allows: a lifecycle event, and its columns
+    (a retry starts attempt + 1 afresh; an end takes the next `end_seq`)."""
     row = _rollout_row(conn, rollout_id)
-    current = Status(row.status)
-    if attempt is not None and attempt != row.attempt:
-        raise IllegalTransition(
-            f"rollout {rollout_id}: attempt {attempt} is stale (current attempt {row.attempt})"
-        )
-    if to not in TRANSITIONS[current]:
-        raise IllegalTransition(
-            f"rollout {rollout_id}: {current.value} -> {to.value} is not allowed"
-        )
-    if to is Status.QUEUED and failure_kind is not FailureKind.INFRA:
-        raise IllegalTransition(
-            f"rollout {rollout_id}: only an infra failure is retried (back to queued)"
-        )
-    if to is Status.FAILED and failure_kind is None:
-        raise IllegalTransition(
-            f"rollout {rollout_id}: a failure needs a failure kind (task or infra)"
-        )
-    if to in (Status.SUCCEEDED, Status.CANCELLED) and failure_kind is not None:
-        raise IllegalTransition(f"rollout {rollout_id}: {to.value} takes no failure kind")
+    _check_transition(row, to, failure_kind, attempt)
     if to is Status.TIMED_OUT:
         failure_kind = FailureKind.TASK
-    attempt_after = row.attempt + 1 if to is Status.QUEUED else row.attempt
-    data: JSON = {"from": current.value, "to": to.value, "attempt": attempt_after}
-    data |= {"failure_kind": failure_kind.value} if failure_kind else {}
-    data |= {"reason": reason} if reason else {}
+    attempt_after = row.attempt
+    if to is Status.QUEUED:
+        attempt_after = row.attempt + 1
+    data: JSON = {"from": row.status, "to": to.value, "attempt": attempt_after}
+    values: dict[str, Any] = {"status": to.value, "failure_kind": None}
+    if failure_kind:
+        data["failure_kind"] = failure_kind.value
+        values["failure_kind"] = failure_kind.value
+    if reason:
+        data["reason"] = reason
     event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
-    values: dict[str, Any] = {
-        "status": to.value,
-        "failure_kind": failure_kind.value if failure_kind else None,
-    }
     if to is Status.QUEUED:  # a fresh attempt
         values.update(attempt=attempt_after, started_at=None, failure_kind=None, reward=None)
     elif to is Status.RUNNING:
@@ -417,12 +454,34 @@ def _op_transition(
     return _update_rollout(conn, row, values)
 
 
+def _check_transition(row: Any, to: Status, kind: FailureKind | None, attempt: int | None) -> None:
+    """Raise `IllegalTransition` unless the rollout (its `row`) may move to `to` with `kind`:
+    `TRANSITIONS` allows it, `attempt` (if given) is the current one, only an infra failure goes
+    back to queued, a failure names its kind, and a success or a cancel names none."""
+    where = f"rollout {row.id}"
+    current = Status(row.status)
+    if attempt is not None and attempt != row.attempt:
+        raise IllegalTransition(
+            f"{where}: attempt {attempt} is stale (current attempt {row.attempt})"
+        )
+    if to not in TRANSITIONS[current]:
+        raise IllegalTransition(f"{where}: {current.value} -> {to.value} is not allowed")
+    if to is Status.QUEUED and kind is not FailureKind.INFRA:
+        raise IllegalTransition(f"{where}: only an infra failure is retried (back to queued)")
+    if to is Status.FAILED and kind is None:
+        raise IllegalTransition(f"{where}: a failure needs a failure kind (task or infra)")
+    if to in (Status.SUCCEEDED, Status.CANCELLED) and kind is not None:
+        raise IllegalTransition(f"{where}: {to.value} takes no failure kind")
+
+
 def _encode_call(call: Call, limit: int) -> dict[str, np.ndarray]:
     """A call's token arrays, validated, little-endian; `InvalidData` names what is wrong."""
-    where, found = f"rollout {call.rollout_id}", {}
+    where = f"rollout {call.rollout_id}"
+    found: dict[str, np.ndarray] = {}
     for name, typecode in ARRAYS.items():
         dtype = np.dtype("<" + typecode)
-        try:  # array() is strict: no floats or strings as IDs, nothing out of int32's range
+        # array() is strict: no floats or strings as IDs, nothing out of int32's range.
+        try:
             found[name] = np.asarray(array(typecode, getattr(call, name)), dtype)
         except (TypeError, OverflowError, ValueError) as e:
             raise InvalidData(f"{where}: {name}: not an array of {dtype.name}: {e}") from e
@@ -444,23 +503,18 @@ _CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base")]
 
 
 def _op_append_calls(conn: Connection, run: list[tuple[Call, int]], chains: _Chains) -> list[Any]:
-    """Record a run of calls, one query per table (calls are most writes); each as recorded, or what kept it out."""
-    rows = {
-        row.id: row
-        for row in conn.execute(_RUN_ROWS, {"ids": list({call.rollout_id for call, _ in run})})
-    }
+    """Record a run of calls, one query per table (calls are most writes); each as recorded, or
+    what kept it out."""
+    ids = list({call.rollout_id for call, _ in run})
+    rows = {row.id: row for row in conn.execute(_RUN_ROWS, {"ids": ids})}
     outcomes: list[Any] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
     now = time.time()
     for call, limit in run:
-        row = rows.get(call.rollout_id)
         try:
             arrays = _encode_call(call, limit)
-            if row is None:
-                raise NotFound(f"unknown rollout {call.rollout_id!r}")
-            if Status(row.status).terminal:
-                raise IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")
+            row = _open_row(call, rows)
         except StoreError as e:
             outcomes.append(e)
             continue
@@ -473,10 +527,19 @@ def _op_append_calls(conn: Connection, run: list[tuple[Call, int]], chains: _Cha
         outcomes.append(recorded)
     if inserts:
         conn.execute(_INSERT_CALLS, inserts)
-        conn.execute(
-            _UPDATE_ROLLOUT, [{"rollout_id": rid, "n_calls": n} for rid, n in next_seq.items()]
-        )
+        counts = [{"rollout_id": rid, "n_calls": n} for rid, n in next_seq.items()]
+        conn.execute(_UPDATE_ROLLOUT, counts)
     return outcomes
+
+
+def _open_row(call: Call, rows: dict[str, Any]) -> Any:
+    """The row of the call's rollout (among `rows`); raises unless it exists and has not ended."""
+    row = rows.get(call.rollout_id)
+    if row is None:
+        raise NotFound(f"unknown rollout {call.rollout_id!r}")
+    if Status(row.status).terminal:
+        raise IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")
+    return row
 
 
 def _op_append_event(
@@ -492,21 +555,24 @@ def _op_append_event(
 def _op_rotate_tokens(
     conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None
 ) -> Created:
+    """New token hashes for the rollout's current attempt (a grader's only if it has one)."""
     row = _rollout_row(conn, rollout_id)
     if Status(row.status).terminal or (attempt is not None and attempt != row.attempt):
         raise IllegalTransition(
             f"rollout {rollout_id}: no new tokens ({row.status}, attempt {row.attempt})"
         )
-    has_grader = row.grader_token_hash is not None
-    values = {
-        "agent_token_hash": hash_token(agent),
-        "grader_token_hash": hash_token(grader) if has_grader else None,
-    }
+    values = {"agent_token_hash": hash_token(agent), "grader_token_hash": None}
+    grader_token = None
+    if row.grader_token_hash is not None:
+        values["grader_token_hash"] = hash_token(grader)
+        grader_token = grader
     _insert_event(conn, rollout_id, row.attempt, "tokens", {"rotated": True})
-    return Created(_update_rollout(conn, row, values), agent, grader if has_grader else None)
+    rollout = _update_rollout(conn, row, values)
+    return Created(rollout=rollout, agent_token=agent, grader_token=grader_token)
 
 
 def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
+    """Add a model version newer than every other."""
     latest = conn.execute(sa.select(sa.func.max(models.c.version))).scalar()
     if latest is not None and model.version <= latest:
         raise InvalidData(f"model version {model.version} is not newer than the latest, {latest}")
@@ -518,6 +584,8 @@ def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
 
 
 def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
+    """An engine for the writer (one connection) or the readers; SQLite in WAL mode, its writer's
+    transactions taking the write lock at BEGIN."""
     if not url.startswith("sqlite"):
         return sa.create_engine(url, pool_pre_ping=True, pool_size=1 if writer else 8)
     if url in ("sqlite://", "sqlite:///:memory:"):
@@ -529,18 +597,16 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
     @sa.event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below own transactions
-        for pragma in (
-            "journal_mode=WAL",
-            f"synchronous={settings.sqlite_synchronous}",
-            "foreign_keys=ON",
-        ):
-            dbapi_conn.execute(f"PRAGMA {pragma}")
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
 
     if writer:  # reads run in autocommit: each statement sees the latest commit
 
         @sa.event.listens_for(engine, "begin")
         def _on_begin(conn: Connection) -> None:
-            # The write lock at once, not at the first write; on a driver cursor, as SQLAlchemy's execute costs more.
+            # The write lock at once, not at the first write; on a driver cursor, as SQLAlchemy's
+            # execute costs more.
             conn.connection.cursor().execute("BEGIN IMMEDIATE")
 
     return engine
@@ -573,23 +639,35 @@ def _migrate(engine: Engine) -> None:
 def _run(conn: Connection, group: list[_Write], chains: _Chains) -> list[Any]:
     """Each write's result (a run of call appends: one query per table); raises if a write does."""
     outcomes: list[Any] = []
-    for op, writes in itertools.groupby(group, key=lambda write: write[0]):
+    for op, writes in itertools.groupby(group, key=lambda write: write.op):
         if op is _op_append_calls:
-            outcomes += op(conn, [args[0] for _, args, _ in writes], chains)
+            outcomes += op(conn, [write.args[0] for write in writes], chains)
         else:
-            outcomes += [op(conn, *args) for _, args, _ in writes]
+            outcomes += [op(conn, *write.args) for write in writes]
     return outcomes
 
 
+def _write_error(e: Exception) -> StoreError:
+    """What the caller of a lone write that failed gets: a store error (the database's refusal of
+    bad data: `InvalidData`), its cause chained."""
+    if isinstance(e, StoreError):
+        return e
+    error = StoreError(f"write failed: {e}")
+    if isinstance(e, sa.exc.IntegrityError):
+        error = InvalidData(f"rejected by the database: {e.orig}")
+    error.__cause__ = e
+    return error
+
+
 class Store(contextlib.AbstractContextManager["Store"]):
-    """Thread-safe handle on one database: `Store(url)` migrates it and starts the writer. Reads block (from
-    asyncio: `await asyncio.to_thread(store.get_rollout, id)`); writes return a Future."""
+    """Thread-safe handle on one database: `Store(url)` migrates it and starts the writer. Reads
+    block (from asyncio: `await asyncio.to_thread(store.get_rollout, id)`); writes return a
+    Future."""
 
     def __init__(self, url: str | None = None, settings: StoreSettings | None = None) -> None:
         self.settings = settings or StoreSettings()
-        self.url = re.sub(
-            r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url
-        )  # psycopg 3
+        # psycopg 3's dialect for a plain PostgreSQL URL.
+        self.url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url)
         self._write_engine = _make_engine(self.url, self.settings, writer=True)
         try:
             _migrate(self._write_engine)
@@ -624,47 +702,57 @@ class Store(contextlib.AbstractContextManager["Store"]):
     # ---- the writer thread
 
     def _submit(self, op: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Queue a write for the writer thread; its future resolves once it is committed."""
         future: Future[Any] = Future()
         with self._closing:
             if self._closed:
                 raise StoreError("store is closed")
-            self._queue.put((op, args, future))
+            self._queue.put(_Write(op=op, args=args, future=future))
         return future
 
     def _write_loop(self) -> None:
-        """Commit what is queued as one group. While fewer writes are queued than recent groups held, wait
-        up to `group_wait_ms` for the rest: their writers are about to write again, and one commit beats several."""
-        expected, stop = 1, False
+        """The writer thread: commit what is queued, a group at a time, until the stop signal."""
+        expected = 1  # how many writes recent groups held
+        stop = False
         while not stop:
-            group: list[_Write] = []
-            write = self._queue.get()
-            deadline = time.monotonic() + self.settings.group_wait_ms / 1000
-            while write is not None:
-                write[2].set_running_or_notify_cancel()  # from now on its caller cannot cancel it
-                group.append(write)
-                if len(group) >= self.settings.max_batch:
-                    break
-                wait = deadline - time.monotonic() if len(group) < expected else 0
-                try:
-                    write = self._queue.get(timeout=max(wait, 0))
-                except queue.Empty:
-                    break
-            stop = write is None
-            if group:
-                try:
-                    self._commit(group)
-                except Exception as e:  # a bug must not leave writers waiting forever
-                    log.exception("store writer: a group failed unexpectedly")
-                    for _, _, future in group:
-                        if not future.done():
-                            future.set_exception(StoreError(f"write failed: {e}"))
-                expected = max(len(group), (expected + len(group)) // 2)  # decays after a burst
+            group, stop = self._next_group(expected)
+            if not group:
+                continue
+            try:
+                self._commit(group)
+            except Exception as e:  # a bug must not leave writers waiting forever
+                log.exception("store writer: a group failed unexpectedly")
+                for write in group:
+                    if not write.future.done():
+                        write.future.set_exception(StoreError(f"write failed: {e}"))
+            expected = max(len(group), (expected + len(group)) // 2)  # decays after a burst
         if self._conn is not None:
             self._conn.close()
 
+    def _next_group(self, expected: int) -> tuple[list[_Write], bool]:
+        """The next group of writes, and whether the stop signal followed it. While fewer writes are
+        queued than recent groups held (`expected`), wait up to `group_wait_ms` for the rest: their
+        writers are about to write again, and one commit beats several."""
+        group: list[_Write] = []
+        write = self._queue.get()
+        deadline = time.monotonic() + self.settings.group_wait_ms / 1000
+        while write is not None:
+            write.future.set_running_or_notify_cancel()  # from now on its caller cannot cancel it
+            group.append(write)
+            if len(group) >= self.settings.max_batch:
+                break
+            wait = 0.0
+            if len(group) < expected:
+                wait = max(deadline - time.monotonic(), 0)
+            try:
+                write = self._queue.get(timeout=wait)
+            except queue.Empty:
+                break
+        return group, write is None
+
     def _commit(self, group: list[_Write], *, retry: bool = True) -> None:
-        """One transaction for the group; if it fails, each write again in a transaction of its own (a lone
-        write too, on a fresh connection, if the database failed rather than the write)."""
+        """One transaction for the group; if it fails, each write again in a transaction of its own
+        (a lone write too, on a fresh connection, if the database failed rather than the write)."""
         try:
             if self._conn is None:  # the writer's own connection, kept between groups
                 self._conn = self._write_engine.connect()
@@ -673,33 +761,30 @@ class Store(contextlib.AbstractContextManager["Store"]):
             self._chains.commit(outcomes)
         except Exception as e:  # noqa: BLE001 - undone; retried alone, or handed to its caller
             self._chains.pending.clear()
-            fresh = not isinstance(
-                e, StoreError
-            )  # the database's or the connection's fault, not a refused write
+            # The database's or the connection's fault, not a refused write.
+            fresh = not isinstance(e, StoreError)
             if fresh:
-                with contextlib.suppress(Exception):
-                    self._conn.close()  # type: ignore[union-attr]
-                self._conn = None
+                self._drop_connection()
             if len(group) > 1 or (fresh and retry):
                 for write in group:
                     self._commit([write], retry=False)
                 return
-            error = (
-                InvalidData(f"rejected by the database: {e.orig}")
-                if isinstance(e, sa.exc.IntegrityError)
-                else e
-            )
-            outcomes = [
-                error if isinstance(error, StoreError) else StoreError(f"write failed: {e}")
-            ]
-            outcomes[0].__cause__ = e
-        for (_, _, future), outcome in zip(group, outcomes, strict=True):
-            if (
-                not future.cancelled()
-            ):  # cancelled while queued (asyncio cancels a wrapped future); the write stands
-                (future.set_exception if isinstance(outcome, Exception) else future.set_result)(
-                    outcome
-                )
+            outcomes = [_write_error(e)]
+        for write, outcome in zip(group, outcomes, strict=True):
+            # Cancelled while queued (asyncio cancels a wrapped future): the write stands.
+            if write.future.cancelled():
+                continue
+            if isinstance(outcome, Exception):
+                write.future.set_exception(outcome)
+            else:
+                write.future.set_result(outcome)
+
+    def _drop_connection(self) -> None:
+        """Close the writer's connection (it may be broken); the next group opens a fresh one."""
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
 
     # ---- writes: each returns a Future that resolves once committed
 
@@ -713,6 +798,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
         metadata: JSON | None = None,
         token_ttl_s: float | None = None,
     ) -> Future[Created]:
+        """A new queued rollout with fresh tokens (a grader's too, with `grader`); its `Created`
+        holds the tokens in plaintext, the only time they are."""
         if not isinstance(task, dict):
             raise InvalidData("task must be a JSON object")
         if not isinstance(group, str) or not 0 < len(group) <= 255:
@@ -721,22 +808,24 @@ class Store(contextlib.AbstractContextManager["Store"]):
             mode = Mode(mode)
         except ValueError as e:
             raise InvalidData(f"mode must be one of {[m.value for m in Mode]}, not {mode!r}") from e
-        agent, grader_token = new_token(token_ttl_s), new_token(token_ttl_s) if grader else None
+        agent = new_token(token_ttl_s)
         values = {
             "task": task,
             "group_id": group,
             "mode": mode.value,
             "metadata": metadata or {},
             "n_calls": 0,
-        }
-        values |= {
             "id": uuid.uuid4().hex,
             "status": Status.QUEUED.value,
             "attempt": 1,
             "created_at": time.time(),
+            "agent_token_hash": hash_token(agent),
+            "grader_token_hash": None,
         }
-        grader_hash = hash_token(grader_token) if grader_token else None
-        values |= {"agent_token_hash": hash_token(agent), "grader_token_hash": grader_hash}
+        grader_token = None
+        if grader:
+            grader_token = new_token(token_ttl_s)
+            values["grader_token_hash"] = hash_token(grader_token)
         return self._submit(_op_create_rollout, values, agent, grader_token)
 
     def transition(
@@ -748,22 +837,25 @@ class Store(contextlib.AbstractContextManager["Store"]):
         reason: str = "",
         attempt: int | None = None,
     ) -> Future[Rollout]:
-        """Move a rollout along `types.TRANSITIONS` (illegal moves raise); `to=queued` retries an infra failure
-        as attempt + 1. `attempt`, when given, must be the current one: a stale controller cannot end a new one."""
+        """Move a rollout along `types.TRANSITIONS` (illegal moves raise); `to=queued` retries an
+        infra failure as attempt + 1. `attempt`, when given, must be the current one: a stale
+        controller cannot end a new one."""
+        kind = None
         try:
-            target, kind = (
-                Status(to),
-                FailureKind(failure_kind) if failure_kind is not None else None,
-            )
+            target = Status(to)
+            if failure_kind is not None:
+                kind = FailureKind(failure_kind)
         except ValueError as e:
             raise IllegalTransition(str(e)) from e
         return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
 
     def append_call(self, call: Call) -> Future[Call]:
-        """Record a call under its rollout's current attempt; resolves to it with attempt and seq (not its id)."""
+        """Record a call under its rollout's current attempt; resolves to it with attempt and seq
+        (not its id)."""
         return self._submit(_op_append_calls, (call, self.settings.max_tokens_per_array))
 
     def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Future[Event]:
+        """Append an event of `kind` to the rollout's log, under its current attempt."""
         if not isinstance(kind, str) or not 0 < len(kind) <= 32:
             raise InvalidData("event kind must be a non-empty string of at most 32 characters")
         if data is not None and not isinstance(data, dict):
@@ -787,30 +879,32 @@ class Store(contextlib.AbstractContextManager["Store"]):
         ):
             raise InvalidData(f"reward must be a finite number, not {reward!r}")
         data = {"value": float(reward), "source": source, "final": final, "call_seq": call_seq}
-        return self._submit(
-            _op_append_event, rollout_id, "reward", data, {"reward": float(reward)} if final else {}
-        )
+        columns = {}
+        if final:
+            columns["reward"] = float(reward)
+        return self._submit(_op_append_event, rollout_id, "reward", data, columns)
 
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
     ) -> Future[Created]:
-        """New tokens for a rollout that has not ended (the old ones die), for a launcher that did not create it."""
-        return self._submit(
-            _op_rotate_tokens, rollout_id, new_token(token_ttl_s), new_token(token_ttl_s), attempt
-        )
+        """New tokens for a rollout that has not ended (the old ones die), for a launcher that did
+        not create it."""
+        agent = new_token(token_ttl_s)
+        grader = new_token(token_ttl_s)
+        return self._submit(_op_rotate_tokens, rollout_id, agent, grader, attempt)
 
     def register_model(self, model: ModelVersion) -> Future[ModelVersion]:
         """Add a policy version; versions only grow."""
         if model.version < 0:
             raise InvalidData("model version must be >= 0")
-        return self._submit(
-            _op_register_model,
-            model if model.created_at else replace(model, created_at=time.time()),
-        )
+        if not model.created_at:
+            model = replace(model, created_at=time.time())
+        return self._submit(_op_register_model, model)
 
     # ---- reads
 
     def _read(self, statement: sa.Executable) -> list[Any]:
+        """The statement's rows, on a reader connection (autocommit: the latest commit)."""
         with self._read_engine.connect() as conn:
             return list(conn.execute(statement))
 
@@ -825,11 +919,11 @@ class Store(contextlib.AbstractContextManager["Store"]):
             rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest
         )
         rows = self._read(sa.select(rollouts).where(holder))
-        return (
-            (_rollout(rows[0]), "agent" if rows[0].agent_token_hash == digest else "grader")
-            if rows
-            else None
-        )
+        if not rows:
+            return None
+        if rows[0].agent_token_hash == digest:
+            return _rollout(rows[0]), "agent"
+        return _rollout(rows[0]), "grader"
 
     def list_rollouts(
         self,
@@ -839,6 +933,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         limit: int = 100,
         offset: int = 0,
     ) -> list[Rollout]:
+        """Rollouts by status and group, oldest first."""
         query = (
             sa.select(rollouts)
             .order_by(rollouts.c.created_at, rollouts.c.id)
@@ -872,24 +967,27 @@ class Store(contextlib.AbstractContextManager["Store"]):
             .where(calls.c.rollout_id.in_(list(result)))
             .order_by(calls.c.rollout_id, calls.c.seq)
         )
-        for call in _calls(
-            self._read(query if all_attempts else query.join(rollouts, _CURRENT_ATTEMPT))
-        ):
+        if not all_attempts:
+            query = query.join(rollouts, _CURRENT_ATTEMPT)
+        for call in _calls(self._read(query)):
             result[call.rollout_id].append(call)
         return result
 
     def last_calls(self, rollout_id: str, n: int = 1) -> list[Call]:
-        """The last `n` calls of the rollout's current attempt, in order (read whole: they are chained)."""
-        return self.calls_for([rollout_id])[rollout_id][-n:] if n > 0 else []
+        """The last `n` calls of the rollout's current attempt, in order (read whole: they are
+        chained)."""
+        if n <= 0:
+            return []
+        return self.calls_for([rollout_id])[rollout_id][-n:]
 
     def last_seq(self, rollout_id: str, agent: str) -> int | None:
         """The seq of the agent's last call in the rollout's current attempt (None: it made none)."""
         query = sa.select(sa.func.max(calls.c.seq)).join(rollouts, _CURRENT_ATTEMPT)
-        return self._read(query.where(calls.c.rollout_id == rollout_id, calls.c.agent == agent))[0][
-            0
-        ]
+        query = query.where(calls.c.rollout_id == rollout_id, calls.c.agent == agent)
+        return self._read(query)[0][0]
 
     def events(self, rollout_id: str, *, after: int = 0) -> list[Event]:
+        """The rollout's log, all attempts, oldest first (`after`: only events with a larger id)."""
         query = (
             sa.select(events)
             .where(events.c.rollout_id == rollout_id, events.c.id > after)
@@ -898,7 +996,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
         return [Event(**row._mapping) for row in self._read(query)]
 
     def stored_bytes(self, rollout_id: str) -> int:
-        """The size of a rollout's recorded requests and events (their JSON's characters), all attempts."""
+        """The size of a rollout's recorded requests and events (their JSON's characters), all
+        attempts."""
         sizes = [
             sa.select(sa.func.sum(sa.func.length(sa.cast(column, sa.Text)))).where(
                 table.c.rollout_id == rollout_id
@@ -913,16 +1012,17 @@ class Store(contextlib.AbstractContextManager["Store"]):
         return {s.value: 0 for s in Status} | {row[0]: int(row[1]) for row in rows}
 
     def models(self) -> list[ModelVersion]:
-        return [
-            ModelVersion(**row._mapping)
-            for row in self._read(sa.select(models).order_by(models.c.version))
-        ]
+        """Every model version, oldest first."""
+        rows = self._read(sa.select(models).order_by(models.c.version))
+        return [ModelVersion(**row._mapping) for row in rows]
 
-    def last_end(
-        self,
-    ) -> int:  # `terminal_after`'s cursor at the last rollout to have ended (0: none has)
+    def last_end(self) -> int:
+        """`terminal_after`'s cursor at the last rollout to have ended (0: none has)."""
         return int(self._read(sa.select(sa.func.max(rollouts.c.end_seq)))[0][0] or 0)
 
     def latest_model(self) -> ModelVersion | None:
+        """The newest model version, or None before the first is registered."""
         rows = self._read(sa.select(models).order_by(models.c.version.desc()).limit(1))
-        return ModelVersion(**rows[0]._mapping) if rows else None
+        if not rows:
+            return None
+        return ModelVersion(**rows[0]._mapping)

@@ -1,8 +1,9 @@
 """Domain records shared by every agl component: rollouts, calls, events, model versions.
 
-Standard library only, so that anything (harness-side helpers too) imports it cheaply. Wire schemas (pydantic,
-in the gateway) and table rows (SQLAlchemy, `agl.store`) convert to and from these explicitly. Token arrays
-are `array.array`s typed as `ARRAYS` says (int32 IDs, float32 logprobs): numpy views them without a copy.
+Standard library only, so that anything (harness-side helpers too) imports it cheaply. Wire
+schemas (pydantic, in the gateway) and table rows (SQLAlchemy, `agl.store`) convert to and from
+these explicitly. Token arrays are `array.array`s typed as `ARRAYS` says (int32 IDs, float32
+logprobs): numpy views them without a copy.
 """
 
 from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
@@ -14,11 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 JSON = dict[str, Any]
-ARRAYS = {
-    "prompt_ids": "i",
-    "response_ids": "i",
-    "logprobs": "f",
-}  # a Call's token arrays: array typecodes
+# A Call's token arrays: their array typecodes.
+ARRAYS = {"prompt_ids": "i", "response_ids": "i", "logprobs": "f"}
 
 
 class Status(enum.StrEnum):
@@ -33,6 +31,7 @@ class Status(enum.StrEnum):
 
     @property
     def terminal(self) -> bool:
+        """Whether the rollout has ended: no way out of this status."""
         return not TRANSITIONS[self]
 
 
@@ -56,6 +55,8 @@ class FailureKind(enum.StrEnum):
 
 
 class Mode(enum.StrEnum):
+    """What a rollout is for: training, or validation."""
+
     TRAIN = "train"
     VAL = "val"
 
@@ -83,17 +84,19 @@ class Rollout:
     def from_dict(cls, values: Mapping[str, Any]) -> Self:
         """From a JSON object or a row's values; keys that name no field are ignored."""
         fields = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        fields["mode"], fields["status"] = Mode(fields["mode"]), Status(fields["status"])
-        fields["failure_kind"] = (
-            FailureKind(fields["failure_kind"]) if fields.get("failure_kind") else None
-        )
+        fields["mode"] = Mode(fields["mode"])
+        fields["status"] = Status(fields["status"])
+        fields["failure_kind"] = None
+        if values.get("failure_kind"):
+            fields["failure_kind"] = FailureKind(values["failure_kind"])
         return cls(**fields)
 
 
 @dataclass(frozen=True)
 class Call:
-    """One model call as the engine saw it (the gateway-adapter contract): `prompt_ids` is exactly what was fed,
-    `response_ids` exactly what was sampled, `logprobs` their log-probabilities as sampled, at `temperature`."""
+    """One model call as the engine saw it (the gateway-adapter contract): `prompt_ids` is exactly
+    what was fed, `response_ids` exactly what was sampled, `logprobs` their log-probabilities as
+    sampled, at `temperature`."""
 
     rollout_id: str
     prompt_ids: array[int]
@@ -126,6 +129,8 @@ class Event:
 
 @dataclass(frozen=True)
 class ModelVersion:
+    """A version of the policy that the engines serve: its weights' `path`, the engines' URLs."""
+
     version: int
     path: str = ""
     endpoints: list[str] = field(default_factory=list)

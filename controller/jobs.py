@@ -1,9 +1,10 @@
-"""`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests; `list` and
-`cancel` a group's rollouts (a running controller stops a cancelled rollout's Job); `gc` their Secrets.
+"""`agl jobs render`: create rollouts in the gateway and print their Secret + Job manifests;
+`list` and `cancel` a group's rollouts (a running controller stops a cancelled rollout's Job);
+`gc` their Secrets.
 
-For `kubectl apply -f -`: each rollout has `metadata.spec` (a controller launches its retries) and
-`metadata.launch = "manifest"` (the applied Job is attempt 1). The Job reports its own end (`report.py`);
-no controller need run. Validates the spec first; only `gc` talks to the cluster.
+For `kubectl apply -f -`: each rollout has `metadata.spec` (a controller launches its retries)
+and `metadata.launch = "manifest"` (the applied Job is attempt 1). The Job reports its own end
+(`report.py`); no controller need run. Validates the spec first; only `gc` talks to the cluster.
 """
 
 import argparse
@@ -22,15 +23,19 @@ from controller.spec import Spec, SpecError, load_spec
 
 
 async def render(args: argparse.Namespace, spec: Spec, task: JSON) -> list[JSON]:
-    """Create `args.count` rollouts, whose tokens expire `args.apply_within_s` after the Job's deadline would if
-    it started now; return their manifests, Secret before Job."""
+    """Create `args.count` rollouts, whose tokens expire `args.apply_within_s` after the Job's
+    deadline would if it started now; return their manifests, Secret before Job."""
     docs: list[JSON] = []
     metadata = {"spec": spec.model_dump(mode="json"), "launch": "manifest"}
-    ttl_s, grader = deadline_s(spec, reported=True) + args.apply_within_s, bool(spec.grader) or None
+    ttl_s = deadline_s(spec, reported=True) + args.apply_within_s
     async with GatewayClient(args.gateway, args.admin_key) as gw:
         for _ in range(args.count):
             made = await gw.create_rollout(
-                task, args.group, grader=grader, metadata=metadata, token_ttl_s=ttl_s
+                task,
+                args.group,
+                grader=bool(spec.grader),
+                metadata=metadata,
+                token_ttl_s=ttl_s,
             )
             docs.extend(manifests(spec, Credentials.from_reply(made, 1, task), reported=True))
     return docs
@@ -62,67 +67,101 @@ async def gc(namespace: str, grace_s: float) -> list[str]:
         ) from e
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="agl jobs", description=__doc__.split("\n")[0])
+def parser() -> argparse.ArgumentParser:
+    """`agl jobs`'s command line: `render`, `list` and `cancel` (gateway flags), `gc` (cluster)."""
+    parser = argparse.ArgumentParser(
+        prog="agl jobs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--group", default="manual")
     common.add_argument(
-        "--gateway", default=os.environ.get("AGL_CONTROLLER_GATEWAY", "http://127.0.0.1:8000")
+        "--group", default="manual", help="the rollouts' group (a name; default: %(default)s)"
     )
-    common.add_argument("--admin-key", default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""))
+    common.add_argument(
+        "--gateway",
+        default=os.environ.get("AGL_CONTROLLER_GATEWAY", "http://127.0.0.1:8000"),
+        help="the gateway's URL (default: $AGL_CONTROLLER_GATEWAY, else http://127.0.0.1:8000)",
+    )
+    common.add_argument(
+        "--admin-key",
+        default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""),
+        help="the gateway's admin key (default: $AGL_CONTROLLER_ADMIN_KEY)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser(
-        "render", parents=[common], help="create rollouts and print their manifests"
+
+    render = sub.add_parser(
+        "render",
+        parents=[common],
+        help="create rollouts and print their manifests",
     )
-    cmd.add_argument("--spec", required=True)
-    cmd.add_argument("--count", type=int, default=1)
-    cmd.add_argument("--task", default="{}", help="the task, as a JSON object")
-    cmd.add_argument(
+    render.add_argument("--spec", required=True, help="the rollout spec (a YAML file)")
+    render.add_argument(
+        "--count", type=int, default=1, help="rollouts to create (count; default: %(default)s)"
+    )
+    render.add_argument(
+        "--task", default="{}", help="the task, as a JSON object (default: %(default)s)"
+    )
+    render.add_argument(
         "--apply-within-s",
         type=float,
         default=3600,
-        help="tokens expire this long after the deadline",
+        help=(
+            "time to apply the manifests (seconds; default: %(default)s): the tokens expire"
+            " this long after the rollout's deadline"
+        ),
+    )
+
+    sub.add_parser(
+        "list",
+        parents=[common],
+        help="the group's rollouts: id, status, attempt, reward",
     )
     sub.add_parser(
-        "list", parents=[common], help="the group's rollouts: id, status, attempt, reward"
+        "cancel",
+        parents=[common],
+        help="cancel the group's rollouts that have not ended",
     )
-    sub.add_parser(
-        "cancel", parents=[common], help="cancel the group's rollouts that have not ended"
+
+    gc = sub.add_parser(
+        "gc",
+        help="delete Secrets whose Job is gone (no controller runs to do it)",
     )
-    cmd = sub.add_parser(
-        "gc", help="delete Secrets whose Job is gone (no controller runs to do it)"
+    gc.add_argument(
+        "--namespace", default="default", help="the Kubernetes namespace (default: %(default)s)"
     )
-    cmd.add_argument("--namespace", default="default")
-    cmd.add_argument(
+    gc.add_argument(
         "--grace-s",
         type=float,
         default=300,
-        help="spare Secrets younger than this: not yet applied",
+        help="spare Secrets younger than this (seconds; default: %(default)s): not yet applied",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    cli = parser()
+    args = cli.parse_args(argv)
     if args.command == "gc":
-        print(
-            "".join(f"deleted {name}\n" for name in asyncio.run(gc(args.namespace, args.grace_s))),
-            end="",
-        )
+        for name in asyncio.run(gc(args.namespace, args.grace_s)):
+            print(f"deleted {name}")
         return 0
     if not args.admin_key:
-        parser.error("an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
+        cli.error("an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY")
     try:
         if args.command != "render":
-            found = asyncio.run(
-                manage(args.gateway, args.admin_key, args.group, cancel=args.command == "cancel")
-            )
-            print(
-                "".join(f"{r.id} {r.status.value} {r.attempt} {r.reward}\n" for r in found), end=""
-            )
+            cancel = args.command == "cancel"
+            found = asyncio.run(manage(args.gateway, args.admin_key, args.group, cancel=cancel))
+            for r in found:
+                print(f"{r.id} {r.status.value} {r.attempt} {r.reward}")
             return 0
-        spec, task = load_spec(args.spec), json.loads(args.task)
+        spec = load_spec(args.spec)
+        task = json.loads(args.task)
         if not isinstance(task, dict) or args.count < 1:
             raise ValueError("--task must be a JSON object and --count at least 1")
         docs = asyncio.run(render(args, spec, task))
     except (SpecError, ValueError) as e:
-        parser.error(str(e))
+        cli.error(str(e))
     except GatewayError as e:
         print(f"agl jobs {args.command}: {e}", file=sys.stderr)
         return 1

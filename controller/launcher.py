@@ -5,6 +5,7 @@ talks to the gateway. A local attempt is a process group (`WRAPPER`) that writes
 file and dies whole at its end or timeout; its 0600 state file (pid, start time, deadline, phase,
 grader command and token), written before the spawn, lets a restarted controller adopt it (pid and
 start time match) or call it lost. A grader runs after the harness exits 0, with only its own token.
+How the exit codes become an outcome is `outcome.py`'s rule, not this module's.
 """
 
 import contextlib
@@ -17,27 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Self
 
-from agl.types import JSON, FailureKind, Status
+from agl.types import JSON
+from controller.outcome import KILLED, Outcome, exited
 from controller.spec import Process, Spec
 
-# sh -c WRAPPER EXIT_FILE DIR COMMAND...: the exit code goes to a file, then the whole process group is killed.
+# sh -c WRAPPER EXIT_FILE DIR COMMAND...: the exit code goes to a file, then the whole process
+# group is killed.
 WRAPPER = (
     'cd "$1" || exit 126; shift; "$@"; c=$?; echo $c > "$0.tmp" && mv "$0.tmp" "$0"; kill -9 0'
 )
-INHERITED = (
-    "PATH",
-    "HOME",
-    "LANG",
-    "LC_ALL",
-    "TZ",
-    "TMPDIR",
-    "USER",
-    "PYTHONPATH",
-)  # never the admin key
+# What a run inherits of the controller's environment: never the admin key.
+INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")
 
 
 @dataclass(frozen=True)
 class Credentials:
+    """What one attempt is given: where the gateway is, and its tokens."""
+
     rollout_id: str
     attempt: int
     task: JSON
@@ -48,55 +45,40 @@ class Credentials:
 
     @classmethod
     def from_reply(cls, reply: JSON, attempt: int, task: JSON) -> Self:
-        tokens = reply["agent_token"], reply.get("grader_token")
+        """From the gateway's create or rotate reply."""
         return cls(
-            reply["id"], attempt, task, reply["anthropic_base_url"], reply["base_url"], *tokens
+            rollout_id=reply["id"],
+            attempt=attempt,
+            task=task,
+            gateway_url=reply["anthropic_base_url"],
+            base_url=reply["base_url"],
+            agent_token=reply["agent_token"],
+            grader_token=reply.get("grader_token"),
         )
 
     def harness_env(self) -> dict[str, str]:
-        """DESIGN.md section 3; no grader token."""
-        urls = {"OPENAI_BASE_URL": self.base_url, "ANTHROPIC_BASE_URL": self.gateway_url}
-        return (
-            urls
-            | {"OPENAI_API_KEY": self.agent_token, "ANTHROPIC_API_KEY": self.agent_token}
-            | self.common_env()
-        )
+        """The harness's: both SDKs' base URLs and keys (the agent token); no grader token."""
+        return {
+            "OPENAI_BASE_URL": self.base_url,
+            "ANTHROPIC_BASE_URL": self.gateway_url,
+            "OPENAI_API_KEY": self.agent_token,
+            "ANTHROPIC_API_KEY": self.agent_token,
+        } | self.common_env()
 
     def grader_env(self) -> dict[str, str]:
+        """The grader's: its own token and where to post the reward; no agent token."""
         return {"AGL_GRADER_TOKEN": self.grader_token or ""} | self.common_env()
 
     def common_env(self) -> dict[str, str]:
-        env = {
+        """What every program of the attempt is told: the gateway, the rollout and its task."""
+        return {
             "AGL_GATEWAY_URL": self.gateway_url,
             "AGL_ROLLOUT_ID": self.rollout_id,
             "AGL_ATTEMPT": str(self.attempt),
+            "AGL_TASK": json.dumps(self.task),
         }
-        return env | {"AGL_TASK": json.dumps(self.task)}
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How an attempt ended. `SUCCEEDED` means it ran to the end; the loop still checks the reward."""
-
-    status: Status
-    failure_kind: FailureKind | None = None
-    reason: str = ""
-
-    @classmethod
-    def infra(cls, reason: str) -> Self:
-        return cls(Status.FAILED, FailureKind.INFRA, reason)
-
-    @classmethod
-    def task(cls, reason: str) -> Self:
-        return cls(Status.FAILED, FailureKind.TASK, reason)
-
-    @classmethod
-    def exited(cls, program: str, code: int) -> Self:
-        """A harness that failed is the policy's failure; a grader that failed is not."""
-        return (cls.task if program == "harness" else cls.infra)(f"{program} exited with {code}")
-
-
-OK = Outcome(Status.SUCCEEDED)
 Key = tuple[str, int]  # (rollout id, attempt)
 
 
@@ -109,6 +91,8 @@ class LaunchError(Exception):
 
 
 class Launcher(Protocol):
+    """Where attempts run: local processes (`LocalLauncher`) or Kubernetes Jobs (`KubeLauncher`)."""
+
     async def launch(self, spec: Spec, creds: Credentials) -> str:
         """Start an attempt; returns where it runs (pid, Job name). Raises `LaunchError`."""
 
@@ -122,7 +106,7 @@ class Launcher(Protocol):
         """The loop recorded this outcome: forget the attempt."""
 
     async def stop(self, key: Key) -> None:
-        """End the attempt now (its rollout ended elsewhere: a cancel); `poll` then reports it as usual."""
+        """End the attempt now (its rollout ended elsewhere: a cancel); `poll` then reports it."""
 
     def active(self) -> int:
         """Attempts being watched (running or ended but not released)."""
@@ -135,7 +119,9 @@ def process_start(pid: int) -> int | None:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 @dataclass
@@ -150,9 +136,8 @@ class _Run:
     start: int = 0
     deadline: float = 0.0
     grader: JSON | None = None  # proc (the spec's), env, cwd
-    child: bool = field(
-        default=False, repr=False
-    )  # spawned by this process (else adopted): reap it
+    # Spawned by this process (else adopted): reap it.
+    child: bool = field(default=False, repr=False)
 
     @property
     def key(self) -> Key:
@@ -160,13 +145,14 @@ class _Run:
 
 
 class LocalLauncher:
-    """Harnesses as local processes: a JSON file per attempt in `state_dir/runs`, logs in `state_dir/logs`."""
+    """Harnesses as local processes: a JSON file per attempt in `state_dir/runs`, logs in
+    `state_dir/logs`."""
 
     def __init__(self, state_dir: str | Path) -> None:
-        state = Path(
-            state_dir
-        ).absolute()  # runs write their exit codes here from their own folders
-        self.runs_dir, self.log_dir = state / "runs", state / "logs"
+        # Absolute: runs write their exit codes here from their own folders.
+        state = Path(state_dir).absolute()
+        self.runs_dir = state / "runs"
+        self.log_dir = state / "logs"
         self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.runs: dict[Key, _Run] = {}
         self.ended: dict[Key, Outcome] = {}
@@ -181,32 +167,18 @@ class LocalLauncher:
         tmp.replace(self._state_file(run.key))
 
     def _spawn(self, run: _Run, proc: Process, env: dict[str, str], cwd: str) -> None:
-        exe = proc.command[0]
-        if not os.path.isdir(cwd):
-            raise LaunchError(f"{run.phase}: working directory {cwd!r} does not exist")
-        if not shutil.which(os.path.join(cwd, exe) if "/" in exe else exe, path=env.get("PATH")):
-            raise LaunchError(f"{run.phase}: executable {exe!r} not found or not executable")
-        exit_file, log = (
-            os.path.join(run.dir, f"{run.phase}.exit"),
-            os.path.join(run.dir, f"{run.phase}.log"),
-        )
-        self._save(
-            run
-        )  # before the spawn: a controller killed right after it finds the run (lost: retried)
-        try:  # posix_spawn: a vfork, no Popen object that would outlive (and warn about) an adopted run
-            logged = (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            files = [
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                logged,
-                (os.POSIX_SPAWN_DUP2, 1, 2),
-            ]
-            argv = ["/bin/sh", "-c", WRAPPER, exit_file, cwd, *proc.command]
-            run.pid = os.posix_spawn("/bin/sh", argv, env, file_actions=files, setsid=True)
+        """Start the run's current phase as `proc`; its state file is saved before and after."""
+        _check_runnable(run.phase, proc, env, cwd)
+        # Saved before the spawn: a controller killed right after it finds the run (lost: retried).
+        self._save(run)
+        try:
+            run.pid = _posix_spawn(run, proc, env, cwd)
         except OSError as e:
             if run.phase == "harness":
                 self._state_file(run.key).unlink(missing_ok=True)
-            raise LaunchError(f"{run.phase}: cannot start {exe!r}: {e}") from e
-        run.child, run.start = True, process_start(run.pid) or 0
+            raise LaunchError(f"{run.phase}: cannot start {proc.command[0]!r}: {e}") from e
+        run.child = True
+        run.start = process_start(run.pid) or 0
         run.deadline = time.time() + proc.timeout_s
         self._save(run)
 
@@ -214,13 +186,14 @@ class LocalLauncher:
         run_dir = self.log_dir / creds.rollout_id / str(creds.attempt)
         workspace = run_dir / "workspace"
         workspace.mkdir(parents=True, exist_ok=True)
-        run = _Run(creds.rollout_id, creds.attempt, str(run_dir), "harness")
+        run = _Run(
+            rollout_id=creds.rollout_id, attempt=creds.attempt, dir=str(run_dir), phase="harness"
+        )
         base = {k: os.environ[k] for k in INHERITED if k in os.environ}
         if spec.grader:
-            grader_env = base | spec.grader.env | creds.grader_env()
             run.grader = {
                 "proc": spec.grader.model_dump(),
-                "env": grader_env,
+                "env": base | spec.grader.env | creds.grader_env(),
                 "cwd": spec.grader.cwd or str(workspace),
             }
         harness_env = base | spec.harness.env | creds.harness_env()
@@ -233,13 +206,15 @@ class LocalLauncher:
             try:
                 run = _Run(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
-                path.unlink(missing_ok=True)  # written by no version of this code we can read
+                # Written by no version of this code we can read.
+                path.unlink(missing_ok=True)
                 continue
             self.runs[run.key] = run
         return list(self.runs)
 
     def _running(self, run: _Run) -> bool:
-        """Whether the current phase's process runs (polled: no thread per process); a child is reaped once ended."""
+        """Whether the current phase's process runs (polled: no thread per process); a child is
+        reaped once ended."""
         if not run.child:
             return bool(run.pid) and process_start(run.pid) == run.start
         with contextlib.suppress(ChildProcessError):
@@ -248,51 +223,55 @@ class LocalLauncher:
         run.child = False
         return False
 
-    def _check(self, run: _Run) -> Outcome | None:
-        """How the attempt ended; None while it runs (or its grader has just started)."""
-        if self._running(run):
-            if time.time() < run.deadline:
-                return None
-            self._kill(run)
-            if run.phase == "grader":
-                return Outcome.infra("the grader ran past its timeout")
-            return Outcome(Status.TIMED_OUT, FailureKind.TASK, "the harness ran past its timeout")
+    def _exit_code(self, run: _Run) -> int | None:
+        """The ended phase's exit code; None if its wrapper wrote none (it was lost)."""
         try:
-            code = int(Path(run.dir, f"{run.phase}.exit").read_text())
+            return int(Path(run.dir, f"{run.phase}.exit").read_text())
         except (OSError, ValueError):
-            return Outcome.infra(f"{run.phase} process {run.pid} was lost (no exit code)")
-        if code != 0:
-            return Outcome.exited(run.phase, code)
-        if run.phase == "grader" or not run.grader:
-            return OK
+            return None
+
+    def _check(self, run: _Run) -> Outcome | None:
+        """How the attempt ended; None while it runs (or its grader has just started). A phase
+        past its deadline is killed, as `timeout -k` would."""
+        if not self._running(run):
+            code = self._exit_code(run)
+        elif time.time() < run.deadline:
+            return None
+        else:
+            self._kill(run)
+            code = KILLED
+        if run.phase == "grader":
+            return exited(0, code, graded=True)
+        if code != 0 or not run.grader:
+            return exited(code, graded=bool(run.grader))
         run.phase = "grader"
+        grader = Process.model_validate(run.grader["proc"])
         try:
-            self._spawn(
-                run,
-                Process.model_validate(run.grader["proc"]),
-                run.grader["env"],
-                run.grader["cwd"],
-            )
+            self._spawn(run, grader, run.grader["env"], run.grader["cwd"])
         except LaunchError as e:
             return Outcome.infra(str(e))
         return None
 
     def _kill(self, run: _Run) -> None:
-        with contextlib.suppress(OSError):  # the whole group: what it forked dies with it
+        # The whole group: what it forked dies with it.
+        with contextlib.suppress(OSError):
             os.killpg(run.pid, signal.SIGKILL)
         if run.child:
             os.waitpid(run.pid, 0)
 
     async def stop(self, key: Key) -> None:
-        if (
-            (run := self.runs.get(key)) and key not in self.ended and self._running(run)
-        ):  # never a reused pid
+        run = self.runs.get(key)
+        # Only a run that still runs: never a reused pid.
+        if run and key not in self.ended and self._running(run):
             self._kill(run)
             self.ended[key] = Outcome.infra(f"{run.phase} stopped: the rollout ended")
 
     async def poll(self) -> list[tuple[Key, Outcome]]:
         for key, run in list(self.runs.items()):
-            if key not in self.ended and (outcome := self._check(run)) is not None:
+            if key in self.ended:
+                continue
+            outcome = self._check(run)
+            if outcome is not None:
                 self.ended[key] = outcome
         return list(self.ended.items())
 
@@ -303,3 +282,29 @@ class LocalLauncher:
 
     def active(self) -> int:
         return len(self.runs)
+
+
+def _check_runnable(phase: str, proc: Process, env: dict[str, str], cwd: str) -> None:
+    """Raise `LaunchError` if the program cannot start: no working directory, no executable."""
+    exe = proc.command[0]
+    if not os.path.isdir(cwd):
+        raise LaunchError(f"{phase}: working directory {cwd!r} does not exist")
+    if "/" in exe:
+        exe = os.path.join(cwd, exe)
+    if not shutil.which(exe, path=env.get("PATH")):
+        raise LaunchError(f"{phase}: executable {proc.command[0]!r} not found or not executable")
+
+
+def _posix_spawn(run: _Run, proc: Process, env: dict[str, str], cwd: str) -> int:
+    """Start `proc` under `WRAPPER` in a session of its own, its output appended to the phase's
+    log; its pid. posix_spawn: a vfork, and no Popen object that would outlive (and warn about)
+    an adopted run."""
+    exit_file = os.path.join(run.dir, f"{run.phase}.exit")
+    log = os.path.join(run.dir, f"{run.phase}.log")
+    files = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    argv = ["/bin/sh", "-c", WRAPPER, exit_file, cwd, *proc.command]
+    return os.posix_spawn("/bin/sh", argv, env, file_actions=files, setsid=True)

@@ -2,11 +2,13 @@
 
 Owns which rollout runs when (caps on runs at once and on the launch rate, retry backoff), fresh
 tokens per attempt (plaintext tokens exist only in the reply that issues them) and the status of
-each end: a final reward -> `succeeded`; none, or harness exit != 0 -> `failed` (task); timeout ->
-`timed_out`; infra (launch error, lost run, deleted Job, evicted pod, grader failure, a task failure
-across a gateway restart) -> `queued` as attempt + 1 after a backoff, up to `max_attempts`. Runs
-`metadata.spec`, else `--spec`, else leaves the rollout alone; adopts `agl jobs render`'s Jobs by
-label. A run whose rollout ended elsewhere (a cancel) is stopped. Stopping the controller leaves runs alive.
+each end, by `outcome.py`'s rule: a final reward -> `succeeded`; none, or harness exit != 0 ->
+`failed` (task); timeout -> `timed_out`; infra (launch error, lost run, deleted Job, evicted pod,
+grader failure, a task failure across a gateway restart) -> `queued` as attempt + 1 after a
+backoff, up to `max_attempts`. Runs `metadata.spec`, else `--spec`, else leaves the rollout alone;
+adopts `agl jobs render`'s Jobs by label. Each launch is recorded in a `launch` event naming the
+launcher: how a restarted controller tells its own lost runs. A run whose rollout ended elsewhere
+(a cancel) is stopped. Stopping the controller leaves runs alive.
 """
 
 import asyncio
@@ -20,14 +22,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agl.client import GatewayClient, GatewayError
 from agl.settings import from_flags, usage_error
-from agl.types import FailureKind, Rollout, Status
-from controller.launcher import Credentials, Key, Launcher, LaunchError, LocalLauncher, Outcome
+from agl.types import JSON, Rollout, Status
+from controller.launcher import Credentials, Key, Launcher, LaunchError, LocalLauncher
+from controller.outcome import INFRA, TASK, Outcome, rewarded
 from controller.spec import Spec, SpecError, load_spec, parse_spec
 
 log = logging.getLogger(__name__)
-LAUNCHED = (
-    "launched by"  # the reason of the `running` transition: how a restart finds its lost runs
-)
 
 
 class ControllerSettings(BaseSettings):
@@ -61,39 +61,49 @@ class ControllerSettings(BaseSettings):
 
 
 def applied(rollout: Rollout) -> bool:
-    """Whether the attempt is an applied Job's (`agl jobs render`'s attempt 1), which no controller launches."""
+    """Whether the attempt is an applied Job's (`agl jobs render`'s attempt 1), which no
+    controller launches."""
     return rollout.attempt == 1 and rollout.metadata.get("launch") == "manifest"
 
 
+def retry_delay(rollout: Rollout, spec: Spec | None) -> float | None:
+    """Seconds before the rollout's next attempt may start (the backoff doubles per attempt), or
+    None if it has had all its attempts (one, without a spec)."""
+    if spec is None or rollout.attempt >= spec.max_attempts:
+        return None
+    return spec.retry_backoff_s * 2 ** (rollout.attempt - 1)
+
+
 class Controller:
+    """Reconciles the gateway's queued rollouts with `launcher`'s runs."""
+
     def __init__(
         self, gw: GatewayClient, launcher: Launcher, spec: Spec | None, settings: ControllerSettings
     ) -> None:
-        self.gw, self.launcher, self.spec, self.settings = gw, launcher, spec, settings
+        self.gw = gw
+        self.launcher = launcher
+        self.spec = spec
+        self.settings = settings
         self.not_before: dict[str, float] = {}  # rollout id -> monotonic time its retry may start
         self.started: set[Key] = set()  # attempts launched or adopted and not yet recorded
-        self.launch_budget = (
-            settings.launch_per_s
-        )  # launches allowed now; refills at launch_per_s, up to it
+        # Launches allowed now; refills at launch_per_s, up to it.
+        self.launch_budget = settings.launch_per_s
         self.refilled = time.monotonic()
-        self.ends_seen = (
-            0  # the gateway's `end_seq` of the last ended rollout this loop has looked at
-        )
+        # The gateway's `end_seq` of the last ended rollout this loop has looked at.
+        self.ends_seen = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """The loop: adopt once, then record ended runs and launch queued rollouts until `stop`."""
-        adopted, self.started = (
-            False,
-            set(await self.launcher.adopt()),
-        )  # once: a retry would start a 2nd kube watch
+        # Once: a retry would start a second Kubernetes watch.
+        self.started = set(await self.launcher.adopt())
+        adopted = False
         while not stop.is_set():
             try:
                 if not adopted:  # the gateway may be down when the controller starts: retried
                     await self.adopt()
                     adopted = True
-                await asyncio.gather(
-                    *(self.record(key, outcome) for key, outcome in await self.launcher.poll())
-                )
+                ended = await self.launcher.poll()
+                await asyncio.gather(*(self.record(key, outcome) for key, outcome in ended))
                 await self.stop_ended()
                 await self.launch_queued()
             except GatewayError as e:  # the gateway is down or restarting: retry next tick
@@ -102,41 +112,58 @@ class Controller:
                 await asyncio.wait_for(stop.wait(), self.settings.poll_s)
 
     async def adopt(self) -> None:
-        """Runs not found (lost in a restart, an applied Job gone) are infra failures; runs found whose rollout
-        ended (or moved on) are stopped."""
+        """Runs not found (lost in a restart, an applied Job gone) are infra failures; runs found
+        whose rollout ended (or moved on) are stopped."""
         self.ends_seen = int((await self.gw.state())["last_end"])  # later ends: `stop_ended`
-        adopted, mine = {rid for rid, _ in self.started}, f"{LAUNCHED} {self.settings.launcher}:"
         running = await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000)
-        for key in self.started - {
-            (r.id, r.attempt) for r in running
-        }:  # queued (a Job yet to start), or ended
-            rollout = await self.find(key[0])
-            if rollout and (rollout.status.terminal or rollout.attempt != key[1]):
-                await self.launcher.stop(key)
-        for rollout in [r for r in running if r.id not in adopted]:
-            events = [
-                e for e in await self.gw.events(rollout.id) if e["attempt"] == rollout.attempt
-            ]
-            if any(
-                str(e["data"].get("reason", "")).startswith(mine) for e in events
-            ) or self.applied_here(rollout):
+        await self.stop_moved_on(running)
+        adopted = {rollout_id for rollout_id, _ in self.started}
+        for rollout in running:
+            if rollout.id not in adopted and await self.launched_here(rollout):
                 lost = Outcome.infra("the run was not found when the controller started")
                 await self.report(rollout, lost, self.spec_of(rollout))
 
+    async def stop_moved_on(self, running: list[Rollout]) -> None:
+        """Stop the adopted runs whose rollout ended, or moved on to another attempt, while no
+        controller watched."""
+        current = {(rollout.id, rollout.attempt) for rollout in running}
+        # Not running: queued (a Job yet to start), or ended.
+        for key in self.started - current:
+            rollout = await self.find(key[0])
+            if rollout and (rollout.status.terminal or rollout.attempt != key[1]):
+                await self.launcher.stop(key)
+
+    async def launched_here(self, rollout: Rollout) -> bool:
+        """Whether this controller's launcher runs the rollout's current attempt: a `launch` event
+        of that attempt names it, or the attempt is an applied Job in the namespace it watches."""
+        if self.applied_here(rollout):
+            return True
+        for event in await self.gw.events(rollout.id):
+            if event["attempt"] == rollout.attempt and self.launched_by_me(event):
+                return True
+        return False
+
+    def launched_by_me(self, event: JSON) -> bool:
+        """Whether the event is a launch by this controller's kind of launcher (`mark_launched`)."""
+        if event["kind"] != "launch":
+            return False
+        return event["data"].get("launcher") == self.settings.launcher
+
     def applied_here(self, rollout: Rollout) -> bool:
-        """An applied Job's attempt (`agl jobs render`) in the namespace this Kubernetes launcher watches."""
-        spec = (
-            self.spec_of(rollout)
-            if applied(rollout) and self.settings.launcher == "kubernetes"
-            else None
-        )
+        """An applied Job's attempt (`agl jobs render`) in the namespace this Kubernetes launcher
+        watches."""
+        if not applied(rollout) or self.settings.launcher != "kubernetes":
+            return False
+        spec = self.spec_of(rollout)
         return spec is not None and spec.namespace == self.settings.namespace
 
     async def stop_ended(self) -> None:
-        """Stop the runs of rollouts that ended without this controller: cancelled, or ended by an admin."""
+        """Stop the runs of rollouts that ended without this controller: cancelled, or ended by an
+        admin."""
         for rollout in await self.gw.list_rollouts(after=self.ends_seen, limit=1000):
             self.ends_seen = rollout.end_seq or self.ends_seen
-            if (key := (rollout.id, rollout.attempt)) in self.started:
+            key = (rollout.id, rollout.attempt)
+            if key in self.started:
                 log.info(
                     "rollout_id=%s attempt=%d: %s elsewhere; its run is stopped",
                     *key,
@@ -145,12 +172,15 @@ class Controller:
                 await self.launcher.stop(key)
 
     def spec_of(self, rollout: Rollout) -> Spec | None:
+        """The rollout's own spec (`metadata.spec`), else the controller's `--spec`."""
         if "spec" in rollout.metadata:
             return parse_spec(rollout.metadata["spec"], f"rollout {rollout.id} metadata.spec")
         return self.spec
 
     async def launch_queued(self) -> None:
-        now, rate = time.monotonic(), self.settings.launch_per_s
+        """Launch as many queued rollouts as the launch budget and `max_running` allow."""
+        now = time.monotonic()
+        rate = self.settings.launch_per_s
         self.launch_budget = min(rate, self.launch_budget + (now - self.refilled) * rate)
         self.refilled = now
         room = min(int(self.launch_budget), self.settings.max_running - self.launcher.active())
@@ -164,12 +194,15 @@ class Controller:
         await asyncio.gather(*(self.start(r) for r in chosen))
 
     def launchable(self, r: Rollout) -> bool:
-        """Not started, past its backoff, ours (another's would take our place), not an applied Job's attempt 1."""
+        """Not started, past its backoff, ours (another's would take our place), not an applied
+        Job's attempt 1."""
         if (r.id, r.attempt) in self.started or self.not_before.get(r.id, 0) > time.monotonic():
             return False
         return not applied(r) and (self.spec is not None or "spec" in r.metadata)
 
     async def start(self, rollout: Rollout) -> None:
+        """Launch the rollout's current attempt with fresh tokens; a bad spec is a task failure, a
+        launch error as `LaunchError` says."""
         self.not_before.pop(rollout.id, None)
         try:
             spec = self.spec_of(rollout)
@@ -193,17 +226,20 @@ class Controller:
             log.warning(
                 "rollout_id=%s attempt=%d: launch failed: %s", rollout.id, rollout.attempt, e
             )
-            await self.report(
-                rollout, Outcome.task(str(e)) if e.permanent else Outcome.infra(str(e)), spec
-            )
+            await self.report(rollout, launch_failure(e), spec)
             return
         self.started.add((rollout.id, rollout.attempt))
-        reason = f"{LAUNCHED} {self.settings.launcher}: {where}"
-        if not await self.set_status(
-            rollout, Status.RUNNING, None, reason
-        ):  # its first call came first
-            await self.gw.post_event(rollout.id, "launch", {"reason": reason})
+        await self.mark_launched(rollout, where)
         log.info("rollout_id=%s attempt=%d: launched (%s)", rollout.id, rollout.attempt, where)
+
+    async def mark_launched(self, rollout: Rollout, where: str) -> None:
+        """Record that this launcher runs the attempt: a `launch` event naming it (what a restarted
+        controller looks for, `launched_by_me`), then `running`, unless the harness's first call
+        came first."""
+        launch = {"launcher": self.settings.launcher, "where": where}
+        await self.gw.post_event(rollout.id, "launch", launch)
+        reason = f"launched by {self.settings.launcher}: {where}"
+        await self.set_status(rollout, Status.RUNNING, None, reason)
 
     async def record(self, key: Key, outcome: Outcome) -> None:
         """Report an ended attempt; release it once the gateway has it (or it is stale)."""
@@ -223,58 +259,55 @@ class Controller:
             return None
 
     async def report(self, rollout: Rollout, outcome: Outcome, spec: Spec | None) -> None:
-        status, kind, reason = outcome.status, outcome.failure_kind, outcome.reason
-        if status is Status.SUCCEEDED and rollout.reward is None:
-            status, kind, reason = (
-                Status.FAILED,
-                FailureKind.TASK,
-                "the run ended without a final reward",
-            )
-        if (
-            kind is FailureKind.TASK
-            and rollout.started_at
-            and await self.gateway_restarted_since(rollout.started_at)
-        ):
-            status, kind, reason = (
-                Status.FAILED,
-                FailureKind.INFRA,
-                f"{reason}; the gateway restarted during the run",
-            )
-        if kind is FailureKind.INFRA and rollout.attempt < (spec.max_attempts if spec else 1):
+        """Record how the attempt ended, once its final reward is known; an infra failure is
+        retried as the next attempt while the spec allows."""
+        outcome = rewarded(outcome, rollout.reward)
+        if outcome.failure_kind == TASK and await self.gateway_restarted_during(rollout):
+            outcome = Outcome.infra(f"{outcome.reason}; the gateway restarted during the run")
+        status = Status(outcome.status)
+        delay = retry_delay(rollout, spec)
+        if outcome.failure_kind == INFRA and delay is not None:
             status = Status.QUEUED
-            backoff = (spec.retry_backoff_s if spec else 0) * 2 ** (rollout.attempt - 1)
-            self.not_before[rollout.id] = time.monotonic() + backoff
+            self.not_before[rollout.id] = time.monotonic() + delay
         elif rollout.status is Status.QUEUED and status is not Status.FAILED:
             await self.set_status(rollout, Status.RUNNING, None, "started by the controller")
-        await self.set_status(rollout, status, kind, reason)
+        await self.set_status(rollout, status, outcome.failure_kind, outcome.reason)
         log.info(
             "rollout_id=%s attempt=%d: %s %s %s",
             rollout.id,
             rollout.attempt,
             status,
-            kind or "",
-            reason,
+            outcome.failure_kind or "",
+            outcome.reason,
         )
 
-    async def gateway_restarted_since(self, started_at: float) -> bool:
-        """Whether the gateway restarted since `started_at` (its clock): a task failure may then be its doing."""
-        return float((await self.gw.health())["started_at"]) > started_at
+    async def gateway_restarted_during(self, rollout: Rollout) -> bool:
+        """Whether the gateway restarted since the rollout started (both on its clock): a task
+        failure may then be its doing."""
+        if not rollout.started_at:
+            return False
+        return float((await self.gw.health())["started_at"]) > rollout.started_at
 
-    async def set_status(
-        self, r: Rollout, status: Status, kind: FailureKind | None, reason: str
-    ) -> bool:
+    async def set_status(self, r: Rollout, status: Status, kind: str | None, reason: str) -> bool:
+        """Move the rollout's current attempt; False if someone else moved it first (a cancel, the
+        harness's first call)."""
         try:
             await self.gw.set_status(
                 r.id, status, failure_kind=kind, reason=reason, attempt=r.attempt
             )
         except GatewayError as e:
-            if (
-                e.status != 409
-            ):  # 409: someone else moved it first (a cancel, the harness's first call)
+            if e.status != 409:
                 raise
             log.info("rollout_id=%s: status %s not recorded: %s", r.id, status, e.message)
             return False
         return True
+
+
+def launch_failure(error: LaunchError) -> Outcome:
+    """A launch that did not happen: the spec's fault (permanent) is a task failure, else infra."""
+    if error.permanent:
+        return Outcome.task(str(error))
+    return Outcome.infra(str(error))
 
 
 def main(argv: list[str]) -> int:
@@ -283,14 +316,17 @@ def main(argv: list[str]) -> int:
         usage_error(
             "agl controller", "an admin key is required: --admin-key or AGL_CONTROLLER_ADMIN_KEY"
         )
+    spec = None
     try:
-        spec = load_spec(settings.spec) if settings.spec else None
+        if settings.spec:
+            spec = load_spec(settings.spec)
     except SpecError as e:
         usage_error("agl controller", str(e))
     return asyncio.run(serve(settings, spec))
 
 
 async def serve(settings: ControllerSettings, spec: Spec | None) -> int:
+    """Run the controller until SIGTERM or SIGINT; its runs are left alive."""
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -1,10 +1,13 @@
 """The last container of a rendered Job (`agl jobs render`): it reports the attempt's end to the gateway.
 
-Runs in the pod as `python3 -c <this file> WORKSPACE graded|ungraded`, so the standard library only. From the
-exit codes `manifests.TIMED` left in the workspace it posts, with the rollout's token, the end the controller
-would record. Exits 1 if the gateway never answers: a controller, if one runs, then sees an infra failure.
+Runs in the pod as `python3 -c <manifests.reporter_program()> WORKSPACE graded|ungraded`: the
+outcome rule's source (`outcome.py`), then this file's, standard library only. From the exit codes
+`manifests.TIMED` left in the workspace and the rollout's final reward it posts, with the
+rollout's token, the end the controller would record, by the same rule. Exits 1 if the gateway
+never answers: a controller, if one runs, then sees an infra failure.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -13,58 +16,65 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+# The outcome rule. In the pod there is no `controller` package: the rule's source ran just before
+# this file's (`manifests.reporter_program`).
+with contextlib.suppress(ModuleNotFoundError):
+    from controller.outcome import exited, rewarded
+
 
 def call(path: str, body: dict | None = None) -> dict:
+    """A request to the rollout's own API with its token; the reply's JSON."""
     url = f"{os.environ['AGL_GATEWAY_URL']}/api/rollouts/{os.environ['AGL_ROLLOUT_ID']}{path}"
     headers = {
         "Authorization": f"Bearer {os.environ['AGL_TOKEN']}",
         "Content-Type": "application/json",
     }
-    request = urllib.request.Request(url, body and json.dumps(body).encode(), headers)
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data, headers)
     with urllib.request.urlopen(request, timeout=30) as reply:
         return dict(json.load(reply))
 
 
-def end(
-    harness: str, grader: str, graded: bool, reward: float | None
-) -> tuple[str, str | None, str]:
-    """(status, failure kind, reason) from the exit codes ("" where none was written) and the final reward."""
-    if harness in ("124", "137"):  # `timeout` ended it (137: it ignored SIGTERM)
-        return "timed_out", None, f"the harness ran past its timeout (exit {harness})"
-    if harness in ("", "126", "127"):
-        return "failed", "infra", f"the harness did not start (exit {harness or 'unknown'})"
-    if harness != "0":
-        return "failed", "task", f"harness exited with {harness}"
-    if graded and grader != "0":
-        return "failed", "infra", f"grader exited with {grader or 'unknown'}"
-    if reward is None:
-        return "failed", "task", "the run ended without a final reward"
-    return "succeeded", None, "reported by its Job"
+def exit_code(path: Path) -> int | None:
+    """The exit code `manifests.TIMED` kept in `path`; None if it wrote none."""
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    if not text:
+        return None
+    return int(text)
+
+
+def report(workspace: str, graded: bool, attempt: int) -> None:
+    """Post the attempt's end; raises `OSError` (`HTTPError` too) if the gateway refuses it."""
+    harness = exit_code(Path(workspace, ".agl-harness"))
+    grader = exit_code(Path(workspace, ".agl-grader"))
+    rollout = call("")
+    outcome = rewarded(exited(harness, grader, graded=graded), rollout["reward"])
+    if rollout["status"] == "queued":
+        # Its harness never called the model.
+        call("/status", {"status": "running", "attempt": attempt, "reason": "reported by its Job"})
+    end = {
+        "status": outcome.status,
+        "failure_kind": outcome.failure_kind,
+        "reason": outcome.reason,
+        "attempt": attempt,
+    }
+    call("/status", end)
 
 
 def main(workspace: str, graded: bool) -> int:
-    files = Path(workspace, ".agl-harness"), Path(workspace, ".agl-grader")
-    harness, grader = (f.read_text().strip() if f.exists() else "" for f in files)
     attempt = int(os.environ["AGL_ATTEMPT"])
-    for _ in range(12):  # a minute for a gateway that is restarting
+    # A minute for a gateway that is restarting.
+    for _ in range(12):
         try:
-            rollout = call("")
-            status, kind, reason = end(harness, grader, graded, rollout["reward"])
-            if rollout["status"] == "queued":  # its harness never called the model
-                call(
-                    "/status",
-                    {"status": "running", "attempt": attempt, "reason": "reported by its Job"},
-                )
-            call(
-                "/status",
-                {"status": status, "failure_kind": kind, "reason": reason, "attempt": attempt},
-            )
+            report(workspace, graded, attempt)
             return 0
         except urllib.error.HTTPError as e:
-            if e.code in (
-                403,
-                409,
-            ):  # it ended elsewhere (a cancel), or moved on to another attempt
+            # It ended elsewhere (a cancel), or moved on to another attempt.
+            if e.code in (403, 409):
                 return 0
             print(f"agl report: gateway {e.code}: {e.read()[:500]!r}", file=sys.stderr)
         except OSError as e:

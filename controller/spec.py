@@ -13,9 +13,8 @@ from pydantic import Field, ValidationError, field_validator
 
 from agl.settings import Strict, problems
 
-QUANTITY = (
-    r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"  # a Kubernetes resource quantity
-)
+# A Kubernetes resource quantity: 500m, 2, 512Mi.
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")]
 
 
@@ -24,6 +23,8 @@ class SpecError(ValueError):
 
 
 class Resources(Strict):
+    """What a container requests (and is limited to), Kubernetes only."""
+
     cpu: str | None = Field(
         None, pattern=QUANTITY, description="Kubernetes quantity, e.g. '500m' or '2'."
     )
@@ -33,6 +34,8 @@ class Resources(Strict):
 
 
 class Process(Strict):
+    """One program: the harness, or its grader."""
+
     command: list[str] = Field(min_length=1, description="argv; no shell unless you name one.")
     env: dict[EnvName, str] = Field(
         default_factory=dict, description="Extra environment (the injected keys win)."
@@ -57,6 +60,8 @@ class Process(Strict):
 
 
 class Spec(Strict):
+    """How to run every attempt of a rollout."""
+
     harness: Process
     grader: Process | None = Field(
         None, description="Runs after the harness exits 0, with the grader token."
@@ -87,6 +92,7 @@ class Spec(Strict):
 
 
 def parse_spec(data: Any, where: str = "spec") -> Spec:
+    """Validate a spec given as a mapping; raise `SpecError` naming the bad fields."""
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
@@ -94,9 +100,13 @@ def parse_spec(data: Any, where: str = "spec") -> Spec:
 
 
 def load_spec(path: str | Path) -> Spec:
+    """Read a YAML or JSON spec file (JSON if its name ends in `.json`)."""
     try:
         text = Path(path).read_text()
-        data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+        if str(path).endswith(".json"):
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as e:
         raise SpecError(f"{path}: cannot read the spec: {e}") from e
     return parse_spec(data, str(path))

@@ -153,10 +153,10 @@ def test_token_arrays_round_trip(store, n):
     logprobs = array("f", [-(i % 1000) / 37.0 for i in range(n)])
     stored = store.append_call(
         Call(
-            rid,
-            prompt,
-            response,
-            logprobs,
+            rollout_id=rid,
+            prompt_ids=prompt,
+            response_ids=response,
+            logprobs=logprobs,
             agent="solver",
             model_version=3,
             temperature=0.7,
@@ -252,16 +252,23 @@ def test_calls_for_many_rollouts_at_once(store):
 def conversation_call(
     rid: str, prompt: list[int], response: list[int], request: dict, agent: str = "a"
 ) -> Call:
-    lp = array("f", [-0.25] * len(response))
-    return Call(rid, array("i", prompt), array("i", response), lp, agent=agent, request=request)
+    return Call(
+        rollout_id=rid,
+        prompt_ids=array("i", prompt),
+        response_ids=array("i", response),
+        logprobs=array("f", [-0.25] * len(response)),
+        agent=agent,
+        request=request,
+    )
 
 
 def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries_and_reopening(
     db_url,
 ):
-    """Each call is stored as the extension of its agent's last one (`base`); reads must return exactly what was
-    appended, whatever the chain: two agents interleaved, n > 1 choices of one prompt, a prompt that rewrites the
-    history, a request key that changes or goes, a retried attempt, and a new Store that remembers no chain."""
+    """Each call is stored as the extension of its agent's last one (`base`); reads must return
+    exactly what was appended, whatever the chain: two agents interleaved, n > 1 choices of one
+    prompt, a prompt that rewrites the history, a request key that changes or goes, a retried
+    attempt, and a new Store that remembers no chain."""
     import random
 
     rng = random.Random(7)
@@ -276,7 +283,8 @@ def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries
                 {"role": "user", "content": f"turn {turn}", "n": [turn, {"x": None}]}
             )
             if turn == 17:  # the harness rewrites history: a prompt that extends nothing
-                history[agent], messages[agent] = [7] * 5, messages[agent][-2:]
+                history[agent] = [7] * 5
+                messages[agent] = messages[agent][-2:]
             request = {
                 "messages": list(messages[agent]),
                 "tools": [{"name": "t"}],
@@ -314,12 +322,10 @@ def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries
             )
             assert list(g.request) == list(w.request)  # in the order the harness sent its keys
 
-    assert (
-        sum(b is None for b in bases) == 4
-    )  # a's first, b's first, and both agents' first after the retry
-    assert any(
-        b and b["prompt_from"] == 0 for b in bases
-    )  # the rewritten history: chained, nothing shared
+    # a's first, b's first, and both agents' first after the retry
+    assert sum(b is None for b in bases) == 4
+    # the rewritten history: chained, nothing shared
+    assert any(b and b["prompt_from"] == 0 for b in bases)
     with Store(db_url) as store:
         same(store.calls_for([rid], all_attempts=True)[rid], appended)
         same(store.calls_for([rid])[rid], [c for c in appended if c.attempt == 2])
@@ -327,9 +333,8 @@ def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries
         more = store.append_call(
             conversation_call(rid, [*appended[-1].prompt_ids, 5], [6], {"k": 1})
         ).result()
-        same(
-            store.calls_for([rid])[rid][-1:], [more]
-        )  # stored whole: this Store remembers no chain
+        # Stored whole: this Store remembers no chain.
+        same(store.calls_for([rid])[rid][-1:], [more])
         with store._read_engine.connect() as conn:
             assert (
                 conn.execute(sa.select(calls.c.base).where(calls.c.seq == more.seq)).scalar()
@@ -339,7 +344,8 @@ def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries
 
 def test_a_growing_conversation_stores_its_new_tokens_not_its_whole_prompt(store):
     rid = _drive_to(store, Status.RUNNING)
-    prompt, messages = list(range(2_000)), [{"role": "system", "content": "x" * 8_000}]
+    prompt = list(range(2_000))
+    messages = [{"role": "system", "content": "x" * 8_000}]
     for turn in range(30):
         messages.append({"role": "user", "content": f"tool output {turn} " * 100})
         prompt += list(range(turn * 1000, turn * 1000 + 500))
@@ -355,12 +361,10 @@ def test_a_growing_conversation_stores_its_new_tokens_not_its_whole_prompt(store
                 sa.func.length(sa.cast(calls.c.request, sa.Text)),
             ).order_by(calls.c.seq)
         ).all()
-    assert sizes[0][0] == 4 * 2_500 and all(
-        ids == 4 * 500 for ids, _ in sizes[1:]
-    )  # the reply is in response_ids
-    assert all(
-        request < 2_000 for _, request in sizes[1:]
-    )  # the new messages, not 30 turns of them
+    # The reply is in response_ids.
+    assert sizes[0][0] == 4 * 2_500 and all(ids == 4 * 500 for ids, _ in sizes[1:])
+    # The new messages, not 30 turns of them.
+    assert all(request < 2_000 for _, request in sizes[1:])
     assert len(store.calls_for([rid])[rid][-1].request["messages"]) == 60
 
 
@@ -396,7 +400,8 @@ def test_events_and_rewards(store):
 def test_stored_bytes_sums_a_rollouts_requests_and_events_on_every_database(store):
     """The gateway's storage budget starts from this after a restart: the JSON size of the rollout's recorded
     requests and events, all attempts, and of no other rollout."""
-    rid, other = _drive_to(store, Status.RUNNING), _drive_to(store, Status.RUNNING)
+    rid = _drive_to(store, Status.RUNNING)
+    other = _drive_to(store, Status.RUNNING)
     base = store.stored_bytes(rid)  # its lifecycle events
     assert base > 0 and store.stored_bytes("missing") == 0
     store.append_call(make_call(rid, request={"messages": ["e" * 1000]})).result()
@@ -407,10 +412,11 @@ def test_stored_bytes_sums_a_rollouts_requests_and_events_on_every_database(stor
 
 def test_model_versions_only_grow(store):
     assert store.latest_model() is None
-    store.register_model(ModelVersion(0, "/ckpt/0", ["127.0.0.1:30000"])).result()
-    store.register_model(ModelVersion(1, "/ckpt/1")).result()
+    first = ModelVersion(version=0, path="/ckpt/0", endpoints=["127.0.0.1:30000"])
+    store.register_model(first).result()
+    store.register_model(ModelVersion(version=1, path="/ckpt/1")).result()
     with pytest.raises(InvalidData, match="not newer"):
-        store.register_model(ModelVersion(1, "/ckpt/dup")).result()
+        store.register_model(ModelVersion(version=1, path="/ckpt/dup")).result()
     assert [m.version for m in store.models()] == [0, 1]
     latest = store.latest_model()
     assert latest is not None and (latest.version, latest.path) == (1, "/ckpt/1")
@@ -510,7 +516,8 @@ def test_a_write_cancelled_while_queued_does_not_disturb_its_group(store):
     """asyncio cancels the future it wraps when the awaiting task is cancelled (a client gone): the
     others in that write's group still get their results, and the cancelled write still lands."""
     rid = _drive_to(store, Status.RUNNING)
-    started, release = threading.Event(), threading.Event()
+    started = threading.Event()
+    release = threading.Event()
 
     def hold_the_writer(conn: sa.Connection) -> None:
         started.set()
@@ -526,10 +533,12 @@ def test_a_write_cancelled_while_queued_does_not_disturb_its_group(store):
 
 
 def test_a_write_that_raises_after_writing_is_undone_alone_or_in_a_group(store):
-    """A group is one transaction, redone one write at a time when a write fails: a write that raises must leave
-    nothing behind, whether it ran alone or among others, and the writes around it (and the next group) land once."""
+    """A group is one transaction, redone one write at a time when a write fails: a write that
+    raises must leave nothing behind, whether it ran alone or among others, and the writes around
+    it (and the next group) land once."""
     rid = _drive_to(store, Status.RUNNING)
-    started, release = threading.Event(), threading.Event()
+    started = threading.Event()
+    release = threading.Event()
 
     def write_then_fail(conn: sa.Connection) -> None:
         conn.execute(
@@ -570,7 +579,7 @@ def test_async_reads_and_rollout_creation(store):
         assert r.status is Status.RUNNING
         assert await asyncio.to_thread(store.get_rollout, r.id) == r
         await asyncio.wrap_future(store.set_reward(r.id, 0.5))
-        await asyncio.wrap_future(store.register_model(ModelVersion(7)))
+        await asyncio.wrap_future(store.register_model(ModelVersion(version=7)))
         assert (await asyncio.to_thread(store.get_rollout, r.id)).reward == 0.5
 
     asyncio.run(main())
@@ -595,7 +604,8 @@ def test_reopening_keeps_data_and_schema_matches_migrations(db_url):
 
 
 def test_calls_recorded_before_the_temperature_column_read_as_unknown(db_url):
-    """A store made by the first schema is upgraded in place: its calls keep everything, with no temperature."""
+    """A store made by the first schema is upgraded in place: its calls keep everything, with no
+    temperature."""
     from alembic import command
     from alembic.config import Config
 
@@ -609,14 +619,16 @@ def test_calls_recorded_before_the_temperature_column_read_as_unknown(db_url):
         command.upgrade(cfg, "0001")
         conn.execute(
             sa.text(
-                "INSERT INTO rollouts (id, task, group_id, mode, status, attempt, metadata, agent_token_hash, n_calls,"
-                " created_at) VALUES ('r', '{}', 'g', 'train', 'running', 1, '{}', 'h', 1, 0)"
+                "INSERT INTO rollouts (id, task, group_id, mode, status, attempt, metadata,"
+                " agent_token_hash, n_calls, created_at)"
+                " VALUES ('r', '{}', 'g', 'train', 'running', 1, '{}', 'h', 1, 0)"
             )
         )
         conn.execute(
             sa.text(
-                "INSERT INTO calls (rollout_id, attempt, seq, agent, model_version, request, response, prompt_ids,"
-                " response_ids, logprobs, finish_reason, latency_ms, created_at)"
+                "INSERT INTO calls (rollout_id, attempt, seq, agent, model_version, request,"
+                " response, prompt_ids, response_ids, logprobs, finish_reason, latency_ms,"
+                " created_at)"
                 " VALUES ('r', 1, 0, 'a', 0, '{}', '{}', :p, :p, :l, 'stop', 1, 0)"
             ),
             {"p": array("i", [5]).tobytes(), "l": array("f", [-0.5]).tobytes()},
@@ -626,7 +638,13 @@ def test_calls_recorded_before_the_temperature_column_read_as_unknown(db_url):
         (old,) = store.calls_for(["r"])["r"]
         assert old.temperature is None and list(old.response_ids) == [5]
         new = store.append_call(
-            Call("r", array("i", [5]), array("i", [6]), array("f", [-0.1]), temperature=0.0)
+            Call(
+                rollout_id="r",
+                prompt_ids=array("i", [5]),
+                response_ids=array("i", [6]),
+                logprobs=array("f", [-0.1]),
+                temperature=0.0,
+            )
         ).result()
         assert store.calls_for(["r"])["r"][1].temperature == 0.0 and new.seq == 1
 
@@ -655,10 +673,10 @@ def test_closed_store_refuses_writes(db_url):
 
 def test_a_write_the_database_rejects_is_isolated_from_its_group(store):
     """A bulk run that the database refuses is retried write by write: only the bad one fails."""
-    good, bad = _drive_to(store, Status.RUNNING), _drive_to(store, Status.RUNNING)
-    with (
-        store._write_engine.begin() as conn
-    ):  # a row the store did not count: seq 0 of `bad` is taken
+    good = _drive_to(store, Status.RUNNING)
+    bad = _drive_to(store, Status.RUNNING)
+    # A row the store did not count: seq 0 of `bad` is taken.
+    with store._write_engine.begin() as conn:
         conn.execute(
             calls.insert().values(
                 rollout_id=bad,

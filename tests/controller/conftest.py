@@ -32,12 +32,14 @@ from openai import OpenAI
 out = os.environ["HARNESS_OUT"] + "." + os.environ["AGL_ATTEMPT"]
 json.dump(dict(os.environ), open(out + ".env", "w"))
 print("harness says hello", flush=True)
-reply = OpenAI().chat.completions.create(model="agl", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+messages = [{"role": "user", "content": "hi"}]
+reply = OpenAI().chat.completions.create(model="agl", messages=messages, max_tokens=4)
 open("answer.txt", "w").write(reply.choices[0].message.content or "-")
 open(out + ".called", "w").write("1")
 time.sleep(float(os.environ.get("HARNESS_SLEEP_" + os.environ["AGL_ATTEMPT"], "0")))
 url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"] + "/reward"
-r = httpx.post(url, json={"reward": 1.0}, headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+r = httpx.post(url, json={"reward": 1.0}, headers=auth)
 open(out + ".reward", "w").write(str(r.status_code))
 sys.exit(int(os.environ.get("HARNESS_EXIT", "0")))
 """
@@ -96,7 +98,8 @@ def controller(
     box: dict[str, Any] = {}
 
     async def main() -> None:
-        box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        box["loop"] = asyncio.get_running_loop()
+        box["stop"] = asyncio.Event()
         async with GatewayClient(cfg.gateway, cfg.admin_key) as gw:
             box["controller"] = Controller(gw, launcher, parsed, cfg)
             ready.set()

@@ -49,23 +49,30 @@ def test_a_launch_cut_short_right_after_the_spawn_is_found_by_the_next_controlle
 ) -> None:
     """The controller dies between starting a process and recording it. SIGKILL cannot be aimed
     between two lines, so an exception raised right after the real spawn stands in for it."""
-    real_spawn, spawned = os.posix_spawn, []
+    real_spawn = os.posix_spawn
+    spawned = []
 
     def spawn_then_die(*args, **kwargs):
         spawned.append(real_spawn(*args, **kwargs))
         raise KeyboardInterrupt
 
     spec = parse_spec({"harness": {"command": ["sleep", "300"]}})
-    creds = Credentials("r1", 1, {}, "http://gw", "http://gw/v1", "token")
+    creds = Credentials(
+        rollout_id="r1",
+        attempt=1,
+        task={},
+        gateway_url="http://gw",
+        base_url="http://gw/v1",
+        agent_token="token",
+    )
     monkeypatch.setattr(os, "posix_spawn", spawn_then_die)
     with pytest.raises(KeyboardInterrupt):
         asyncio.run(LocalLauncher(tmp_path).launch(spec, creds))
     monkeypatch.undo()
     try:
         restarted = LocalLauncher(tmp_path)
-        assert asyncio.run(restarted.adopt()) == [
-            ("r1", 1)
-        ]  # not forgotten: relaunching it would run it twice
+        # Not forgotten: relaunching it would run it twice.
+        assert asyncio.run(restarted.adopt()) == [("r1", 1)]
         ((key, outcome),) = asyncio.run(restarted.poll())
         assert key == ("r1", 1) and outcome.failure_kind == "infra"  # so attempt 2 gets new tokens
     finally:

@@ -1,4 +1,5 @@
-"""The Kubernetes launcher against the cluster KUBECONFIG names (CI: kube-local, whose pods are local processes).
+"""The Kubernetes launcher against the cluster KUBECONFIG names (CI: kube-local, whose pods are
+local processes).
 
 End to end: a real gateway, the controller with the Kubernetes launcher, Jobs whose containers run
 Python harness and grader scripts that call the gateway with the injected credentials.
@@ -207,9 +208,10 @@ def test_rendered_manifests_validate_apply_and_are_adopted(
 def test_an_applied_job_that_vanished_while_no_controller_ran_is_an_infra_failure(
     gateway, tmp_path: Path, namespace: str, capsys
 ) -> None:
-    """Its rollout was running (its harness had called the model); the Job went (the TTL controller, a
-    person) while no controller ran. The next controller makes it an infra failure, and retries it, and
-    deletes the Secret the Job left (no controller made the Job its owner), which holds live tokens (#24)."""
+    """Its rollout was running (its harness had called the model); the Job went (the TTL
+    controller, a person) while no controller ran. The next controller makes it an infra failure,
+    and retries it, and deletes the Secret the Job left (no controller made the Job its owner),
+    which holds live tokens (#24)."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
@@ -226,7 +228,8 @@ def test_an_applied_job_that_vanished_while_no_controller_ran_is_an_infra_failur
     assert applied.returncode == 0, applied.stderr
     (rollout,) = gateway.admin.get("/api/rollouts", params={"group": "manual"}).json()
     wait_status(gateway, rollout["id"], {"running"}, timeout=60)
-    batch, name = client.BatchV1Api(), f"agl-{rollout['id']}-1"
+    batch = client.BatchV1Api()
+    name = f"agl-{rollout['id']}-1"
     batch.delete_namespaced_job(
         name, namespace, body=client.V1DeleteOptions(propagation_policy="Background")
     )
@@ -294,7 +297,8 @@ def test_watch_relists_after_410_gone(namespace: str, monkeypatch) -> None:
     from controller.launcher import Credentials
     from controller.spec import parse_spec
 
-    real, calls = kube.watch.Watch.stream, {"streams": 0, "lists": 0}
+    real = kube.watch.Watch.stream
+    calls = {"streams": 0, "lists": 0}
 
     def stream(self, *args, **kwargs):
         calls["streams"] += 1
@@ -312,7 +316,14 @@ def test_watch_relists_after_410_gone(namespace: str, monkeypatch) -> None:
 
     monkeypatch.setattr(launcher, "_relist", counted)
     spec = parse_spec({"harness": {"command": ["true"]}, "namespace": namespace})
-    creds = Credentials("f" * 32, 1, {}, "http://127.0.0.1:9", "http://127.0.0.1:9/v1", "t")
+    creds = Credentials(
+        rollout_id="f" * 32,
+        attempt=1,
+        task={},
+        gateway_url="http://127.0.0.1:9",
+        base_url="http://127.0.0.1:9/v1",
+        agent_token="t",
+    )
 
     async def run() -> list:
         await launcher.adopt()
@@ -326,13 +337,14 @@ def test_watch_relists_after_410_gone(namespace: str, monkeypatch) -> None:
     ended = asyncio.run(run())
     launcher.close()
     assert calls["lists"] >= 2 and calls["streams"] >= 2
-    assert [(key, outcome.status.value) for key, outcome in ended] == [(("f" * 32, 1), "succeeded")]
+    assert [(key, outcome.status) for key, outcome in ended] == [(("f" * 32, 1), "succeeded")]
 
 
 def test_controller_waits_for_a_gateway_that_is_down_at_start(namespace: str) -> None:
     """The loop retries its adoption while the gateway is unreachable. That retry used to call the
-    Kubernetes launcher's adopt() again, which started its watch thread a second time: the controller
-    exited with `RuntimeError: threads can only be started once` instead of waiting (#24)."""
+    Kubernetes launcher's adopt() again, which started its watch thread a second time: the
+    controller exited with `RuntimeError: threads can only be started once` instead of waiting
+    (#24)."""
     import asyncio
 
     from agl.client import GatewayClient
@@ -361,9 +373,10 @@ def test_controller_waits_for_a_gateway_that_is_down_at_start(namespace: str) ->
 def test_a_controller_started_before_its_gateway_then_beside_a_wrong_key_recovers(
     tiny_path: Path, tmp_path: Path, namespace: str
 ) -> None:
-    """As a cluster comes up: the controller starts first (nothing listens), then the gateway runs with another
-    admin key (every call refused), then the gateway is restarted with the controller's key. The controller
-    waits through both and launches the rollout as a Job once it can."""
+    """As a cluster comes up: the controller starts first (nothing listens), then the gateway runs
+    with another admin key (every call refused), then the gateway is restarted with the
+    controller's key. The controller waits through both and launches the rollout as a Job once it
+    can."""
     import asyncio
     import socket
     import threading
@@ -388,7 +401,8 @@ def test_a_controller_started_before_its_gateway_then_beside_a_wrong_key_recover
         (tmp_path / name).mkdir()
 
     async def run() -> None:
-        box["loop"], box["stop"] = asyncio.get_running_loop(), asyncio.Event()
+        box["loop"] = asyncio.get_running_loop()
+        box["stop"] = asyncio.Event()
         async with GatewayClient(cfg.gateway, cfg.admin_key) as gw:
             await Controller(gw, launcher, spec, cfg).run(box["stop"])
 
@@ -417,8 +431,9 @@ def test_a_controller_started_before_its_gateway_then_beside_a_wrong_key_recover
 def test_applied_jobs_end_on_their_own_and_gc_takes_their_secrets(
     gateway, tmp_path: Path, namespace: str, capsys
 ) -> None:
-    """`kubectl apply` with no controller anywhere: each Job reports its own end with the rollout's token, and
-    once the TTL controller has taken the Jobs, `agl jobs gc` deletes the Secrets they left (#24)."""
+    """`kubectl apply` with no controller anywhere: each Job reports its own end with the rollout's
+    token, and once the TTL controller has taken the Jobs, `agl jobs gc` deletes the Secrets they
+    left (#24)."""
     from kubernetes import client
 
     kubectl = shutil.which("kubectl")
@@ -440,7 +455,8 @@ def test_applied_jobs_end_on_their_own_and_gc_takes_their_secrets(
         | quick
         | {"grader": {"command": ["false"]}},
     }
-    rendered, ids = [], {}
+    rendered = []
+    ids = {}
     for i, (want, spec) in enumerate(specs.items()):
         (tmp_path / f"spec{i}.json").write_text(json.dumps(spec))
         argv = ["render", "--spec", str(tmp_path / f"spec{i}.json"), "--group", f"g{i}"]
@@ -458,11 +474,11 @@ def test_applied_jobs_end_on_their_own_and_gc_takes_their_secrets(
         assert (done["status"], done["failure_kind"], done["reward"]) == want, reasons(gateway, rid)
         assert done["attempt"] == 1
     assert any("grader exited with 1" in r for r in reasons(gateway, ids["failed", "infra", None]))
-    batch, core = client.BatchV1Api(), client.CoreV1Api()
+    batch = client.BatchV1Api()
+    core = client.CoreV1Api()
     deadline = time.monotonic() + 60
-    while batch.list_namespaced_job(
-        namespace
-    ).items:  # the TTL controller takes them; their Secrets stay
+    # The TTL controller takes them; their Secrets stay.
+    while batch.list_namespaced_job(namespace).items:
         assert time.monotonic() < deadline, "finished Jobs outlived their TTL"
         time.sleep(0.5)
     labelled = {"label_selector": "agl.dev/rollout"}

@@ -103,7 +103,8 @@ child = subprocess.Popen(["sleep", "300"])
 open(sys.argv[1] + "." + os.environ["AGL_ROLLOUT_ID"], "w").write(str(child.pid))
 time.sleep(300)
 """
-    first, second = gateway.rollout(task={"n": 1})["id"], gateway.rollout(task={"n": 2})["id"]
+    first = gateway.rollout(task={"n": 1})["id"]
+    second = gateway.rollout(task={"n": 2})["id"]
     spec = {
         "harness": {
             "command": [*script(tmp_path, "slow.py", harness), str(tmp_path / "pid")],
@@ -117,7 +118,8 @@ time.sleep(300)
         ).raise_for_status()
 
     def wait_stopped(rid: str) -> None:
-        grandchild, deadline = int((tmp_path / f"pid.{rid}").read_text()), time.monotonic() + 10
+        grandchild = int((tmp_path / f"pid.{rid}").read_text())
+        deadline = time.monotonic() + 10
         while _alive(grandchild):
             assert time.monotonic() < deadline, (
                 f"the cancelled rollout's run is still alive: {reasons(gateway, rid)}"
@@ -168,9 +170,8 @@ def test_grader_runs_after_the_harness_with_its_own_token(gateway, tmp_path: Pat
     assert "OPENAI_API_KEY" not in grader_env and grader_env["AGL_GRADER_TOKEN"] not in json.dumps(
         harness_env
     )
-    assert (
-        tmp_path / "harness.1.reward"
-    ).read_text() == "403"  # the agent token may not grade itself
+    # The agent token may not grade itself.
+    assert (tmp_path / "harness.1.reward").read_text() == "403"
     events = gateway.admin.get(f"/api/rollouts/{rid}/events").json()
     assert [e["data"].get("source") for e in events if e["kind"] == "reward"] == ["grader"]
 
@@ -208,9 +209,8 @@ def test_lost_process_is_retried_and_only_the_last_attempt_counts(gateway, tmp_p
     with controller(gateway, tmp_path, spec) as ctl:
         _wait_file(tmp_path / "harness.1.called")
         run = ctl.launcher.runs[(rid, 1)]  # type: ignore[attr-defined]
-        os.killpg(
-            run.pid, signal.SIGKILL
-        )  # the whole run vanishes, as in an OOM kill of its cgroup
+        # The whole run vanishes, as in an OOM kill of its cgroup.
+        os.killpg(run.pid, signal.SIGKILL)
         done = wait_status(gateway, rid)
     assert (done["status"], done["attempt"], done["reward"]) == ("succeeded", 2, 1.0), reasons(
         gateway, rid
@@ -232,7 +232,8 @@ def _wait_file(path: Path, timeout: float = 60) -> None:
 
 
 def test_restart_adopts_running_processes_and_fails_lost_ones(gateway, tmp_path: Path) -> None:
-    alive, lost = gateway.rollout(task={"n": 1})["id"], gateway.rollout(task={"n": 2})["id"]
+    alive = gateway.rollout(task={"n": 1})["id"]
+    lost = gateway.rollout(task={"n": 2})["id"]
     spec = harness_spec(tmp_path, env={"HARNESS_SLEEP_1": "4"})
     spec["retry_backoff_s"] = 0.1
     with controller(gateway, tmp_path, spec, max_running=2) as first:
@@ -245,7 +246,8 @@ def test_restart_adopts_running_processes_and_fails_lost_ones(gateway, tmp_path:
     pid_alive = runs[(alive, 1)].pid
     assert _alive(pid_alive)
     with controller(gateway, tmp_path, spec, max_running=2):
-        done_alive, done_lost = wait_status(gateway, alive), wait_status(gateway, lost)
+        done_alive = wait_status(gateway, alive)
+        done_lost = wait_status(gateway, lost)
     assert (done_alive["status"], done_alive["attempt"]) == ("succeeded", 1), reasons(
         gateway, alive
     )
@@ -275,3 +277,32 @@ def test_the_kubernetes_launcher_with_no_cluster_says_in_one_line_what_to_set(
         and "KUBECONFIG" in done.stderr
     )
     assert done.stderr.count("\n") == 1, done.stderr  # one line, no traceback
+
+
+def test_a_restart_finds_its_lost_runs_by_their_launch_event_not_by_a_reason(
+    gateway, tmp_path: Path
+) -> None:
+    """A run gone with its state file while no controller ran is found by the `launch` event that
+    names this launcher: an infra failure, retried. A rollout someone else marked running is left
+    alone, whatever its reason says."""
+    ours = gateway.rollout(task={"n": 1})["id"]
+    spec = harness_spec(tmp_path, env={"HARNESS_SLEEP_1": "300"})
+    spec["retry_backoff_s"] = 0.1
+    with controller(gateway, tmp_path, spec) as first:
+        _wait_file(tmp_path / "harness.1.called")
+        run = first.launcher.runs[(ours, 1)]  # type: ignore[attr-defined]
+    events = gateway.admin.get(f"/api/rollouts/{ours}/events").json()
+    launches = [e["data"] for e in events if e["kind"] == "launch"]
+    assert launches == [{"launcher": "local", "where": f"pid {run.pid}"}]
+    os.killpg(run.pid, signal.SIGKILL)
+    for state in (tmp_path / "state" / "runs").glob("*.json"):
+        state.unlink()
+    theirs = gateway.rollout(task={"n": 2})["id"]
+    moved = {"status": "running", "reason": "launched by local: pid 1"}
+    gateway.admin.post(f"/api/rollouts/{theirs}/status", json=moved).raise_for_status()
+    with controller(gateway, tmp_path, spec):
+        done = wait_status(gateway, ours)
+    assert (done["status"], done["attempt"]) == ("succeeded", 2), reasons(gateway, ours)
+    assert any("not found when the controller started" in r for r in reasons(gateway, ours))
+    left = gateway.admin.get(f"/api/rollouts/{theirs}").json()
+    assert (left["status"], left["attempt"]) == ("running", 1), reasons(gateway, theirs)

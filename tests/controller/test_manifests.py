@@ -16,7 +16,13 @@ from controller.manifests import job_outcome, key_of, manifests
 from controller.spec import parse_spec
 
 CREDS = Credentials(
-    "r" * 32, 2, {"q": 1}, "http://gw", "http://gw/v1", "AGENT-SECRET", "GRADER-SECRET"
+    rollout_id="r" * 32,
+    attempt=2,
+    task={"q": 1},
+    gateway_url="http://gw",
+    base_url="http://gw/v1",
+    agent_token="AGENT-SECRET",
+    grader_token="GRADER-SECRET",
 )
 
 
@@ -56,7 +62,8 @@ def test_job_with_grader_separates_tokens() -> None:
     )
     _, job = manifests(spec, CREDS)
     pod = job["spec"]["template"]["spec"]
-    (harness,), (grader,) = pod["initContainers"], pod["containers"]
+    (harness,) = pod["initContainers"]
+    (grader,) = pod["containers"]
     assert harness["name"] == "harness" and grader["name"] == "grader" and grader["image"] == "g:1"
     assert _env(grader)["AGL_GRADER_TOKEN"]["secretKeyRef"]["key"] == "grader-token"
     assert not {"OPENAI_API_KEY", "ANTHROPIC_API_KEY"} & set(_env(grader))
@@ -125,11 +132,8 @@ def _job(kind: str | None, reason: str = "") -> dict:
             (Status.FAILED, FailureKind.INFRA),
         ),
         (_job(None), [_pod([{"name": "harness", "state": {"running": {}}}])], None),
-        (
-            _job(None),
-            [_pod([_ended("harness", 1)])],
-            None,
-        ),  # the Job controller has not caught up yet
+        # The Job controller has not caught up yet.
+        (_job(None), [_pod([_ended("harness", 1)])], None),
     ],
 )
 def test_outcomes(job: dict, pods: list[dict], want: tuple | None) -> None:
@@ -190,9 +194,8 @@ def test_a_rendered_job_reports_its_own_end_with_the_graders_token() -> None:
         "run",
         "x",
     ]
-    assert (
-        job["spec"]["activeDeadlineSeconds"] == 60 + 3600 + 120
-    )  # the grader's default timeout, the report's
+    # The grader's default timeout, the report's.
+    assert job["spec"]["activeDeadlineSeconds"] == 60 + 3600 + 120
     ungraded = parse_spec({"harness": {"command": ["run"]}})
     (last,) = manifests(ungraded, CREDS, reported=True)[1]["spec"]["template"]["spec"]["containers"]
     assert _env(last)["AGL_TOKEN"]["secretKeyRef"]["key"] == "agent-token"

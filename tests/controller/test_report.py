@@ -1,5 +1,6 @@
-"""`controller/report.py` and `manifests.TIMED` as a rendered Job's pod runs them, without a cluster: the
-wrapper under `sh` with GNU `timeout`, the reporter as `python3 -c` against a real gateway."""
+"""`controller/report.py` and `manifests.TIMED` as a rendered Job's pod runs them, without a
+cluster: the wrapper under `sh` with GNU `timeout`, the reporter as `python3 -c` (the program
+`manifests.reporter_program` ships) against a real gateway."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import report
-from controller.manifests import TIMED
+from controller.manifests import TIMED, reporter_program
 from tests.gateway.stack import Stack
 
 
@@ -35,9 +35,8 @@ def test_the_wrapper_keeps_exit_codes_times_out_and_skips_the_grader_after_a_fai
     assert not (tmp_path / "graded").exists() and not (tmp_path / ".agl-grader").exists()
     timed(tmp_path, "harness", 0.5, "sleep", "30")
     assert (tmp_path / ".agl-harness").read_text().strip() == "124"
-    timed(
-        tmp_path, "harness", 0.5, "sh", "-c", "trap '' TERM; sleep 30"
-    )  # ignores TERM: killed 10 s later
+    # It ignores TERM: killed 10 s later.
+    timed(tmp_path, "harness", 0.5, "sh", "-c", "trap '' TERM; sleep 30")
     assert (tmp_path / ".agl-harness").read_text().strip() == "137"
     timed(tmp_path, "harness", 30, "true")
     timed(
@@ -57,8 +56,9 @@ def run_report(gateway: Stack, made: dict, ws: Path, codes: dict[str, int], toke
     env = {"PATH": os.environ["PATH"], "AGL_GATEWAY_URL": gateway.url, "AGL_ROLLOUT_ID": made["id"]}
     env |= {"AGL_ATTEMPT": "1", "AGL_TOKEN": made[token]}
     graded = "graded" if token == "grader_token" else "ungraded"
-    argv = ["python3", "-c", Path(report.__file__).read_text(), str(ws), graded]
-    return subprocess.run(argv, env=env, timeout=60).returncode
+    argv = ["python3", "-c", reporter_program(), str(ws), graded]
+    # From the workspace: no `controller` package to import there, as in the pod.
+    return subprocess.run(argv, env=env, cwd=ws, timeout=60).returncode
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The first schema: rollouts, calls, events, models (DESIGN.md section 2)."""
+"""The first schema: rollouts, calls, events, models (docs/architecture.md, "The data model")."""
 
 import sqlalchemy as sa
 from alembic import op
