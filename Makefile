@@ -33,6 +33,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python tools/readability.py
 
 # The gpu extra resolves to exactly its pins for Linux x86_64 (metadata only: no CUDA wheel, no GPU; needs PyPI).
 gpu-deps: venv

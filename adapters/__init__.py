@@ -1,6 +1,7 @@
 """The sample adapter: recorded calls -> training samples with rollout-level advantage and loss weights.
 
-`build_batch` is the trainer's entry point (DESIGN.md section 6). Imports only agl, numpy and pydantic.
+`build_batch` is the trainer's entry point (docs/architecture.md, "From calls to samples").
+Imports only agl, numpy and pydantic.
 """
 
 from adapters.advantage import ESTIMATORS, Estimator

@@ -1,4 +1,6 @@
-"""One advantage per rollout, from rollout rewards grouped by task (DESIGN.md section 6.2).
+"""One advantage per rollout, from rollout rewards grouped by task.
+
+The rule is in docs/architecture.md, "Advantage per rollout".
 
 Owns the estimators (GRPO, RLOO, REINFORCE++-baseline; a small protocol and a registry) and
 degenerate groups. Each rollout counts once, however many samples it splits into: with one sample

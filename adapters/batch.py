@@ -1,4 +1,6 @@
-"""Rollouts and their calls -> one training batch (DESIGN.md sections 6.3-6.5).
+"""Rollouts and their calls -> one training batch.
+
+The rules are in docs/architecture.md, "Loss weight per rollout", "Packing" and "Staleness".
 
 Owns the pipeline around the merge and the estimators: input checks, infra exclusion, staleness,
 missing rewards, rollout-level loss weights (verl's sample-level modes kept for comparison),

@@ -1,4 +1,4 @@
-"""Recorded calls -> token-faithful samples of one rollout (DESIGN.md section 6.1).
+"""Recorded calls -> token-faithful samples of one rollout (docs/architecture.md, "Merge").
 
 Owns the merge rule: in trajectory mode a call extends its agent's open sample whose full token
 sequence prefixes its prompt IDs (the tokens between are fed, mask 0; the response is sampled, mask

@@ -1,8 +1,8 @@
 """The sample adapter's settings and its one error type.
 
-Owns the knobs of the calls -> batch conversion (DESIGN.md section 6), each with its unit and the
-reason for its default. It reads no environment or command line: the trainer builds these from its
-own settings.
+Owns the knobs of the calls -> batch conversion (docs/architecture.md, "From calls to samples"),
+each with its unit and the reason for its default. It reads no environment or command line: the
+trainer builds these from its own settings.
 """
 
 from typing import Literal

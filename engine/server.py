@@ -1,4 +1,6 @@
-"""`agl engine`: the embedded CPU engine's HTTP server, speaking the sglang subset of DESIGN.md section 5.
+"""`agl engine`: the embedded CPU engine's HTTP server, speaking sglang's HTTP API.
+
+The subset it speaks is in docs/architecture.md, "Engines".
 
 Owns the wire format (sglang's request and reply shapes), request validation and the mapping of
 engine failures to status codes: malformed or impossible requests get 400 with

@@ -10,12 +10,18 @@ Prints a line per step (reward, entropy, KL, grad norm) and per validation round
 the greedy validation reward on held-out tasks before and after training, the first-3 vs last-3
 step training reward, and where the curves (PNG), TensorBoard logs and checkpoints are; the
 figures also go to `summary.json` in the output folder.
+
+The console shows only those lines. Everything else the trainer prints (Ray's worker lines, torch's
+warnings, progress bars) goes to `train.log` in the output folder, beside the engine's, gateway's
+and controller's logs; the first lines printed say where. If training fails, the end of its log is
+printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -41,6 +47,39 @@ def start(name: str, argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
     log = (logs / f"{name}.log").open("wb")
     command = [sys.executable, "-m", "agl.cli", *argv]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+# The trainer's own lines (trainer/loop.py): a step's figures and a validation round's reward.
+SHOWN = ("step ", "validation at step ")
+TAIL_ON_FAILURE = 40  # lines of train.log printed when training fails
+
+
+def train_quietly(command: list[str], log_path: Path) -> int:
+    """Run `agl train`, its whole output to `log_path` and its step and validation lines to the
+    console; on failure, the log's last lines too. Its exit code."""
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            # a progress bar redraws itself with carriage returns on the same line
+            text = line.rsplit("\r", 1)[-1]
+            if text.startswith(SHOWN):
+                print(text, end="", flush=True)
+        code = proc.wait()
+    if code != 0:
+        tail = log_path.read_text().splitlines()[-TAIL_ON_FAILURE:]
+        print(f"agl train exited with {code}; the end of {log_path}:", *tail, sep="\n")
+    return code
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 900) -> None:
@@ -101,6 +140,7 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     started = time.monotonic()
     try:
+        print(f"logs: {out}/{{engine,gateway,controller,train}}.log")
         print(
             f"starting the embedded engine ({args.model}; the first run converts the model, "
             "about a minute)"
@@ -116,7 +156,7 @@ def main() -> int:
         controller = ["controller", "--gateway", gateway_url, "--admin-key", ADMIN_KEY]
         controller += ["--launcher", "local", "--state-dir", str(out / "controller")]
         procs.append(start("controller", controller, out))
-        print(f"engine {engine_url}, gateway {gateway_url}, store {db}; logs in {out}")
+        print(f"engine {engine_url}, gateway {gateway_url}, store {db}")
 
         calculator = ROOT / "examples" / "calculator"
         train = [
@@ -131,7 +171,7 @@ def main() -> int:
             *args.overrides,
         ]
         print("running:", " ".join(train[2:]))
-        if subprocess.run(train, cwd=ROOT).returncode != 0:
+        if train_quietly(train, out / "train.log") != 0:
             return 1
         result = summary(out / "train" / "metrics.jsonl") | {"wall_s": time.monotonic() - started}
         (out / "summary.json").write_text(json.dumps(result))
