@@ -109,17 +109,19 @@ class SglangStandIn:
         if max_new_tokens is not None and len(input_ids) + max_new_tokens > self.context_len:
             return (
                 "Requested token count exceeds the model's maximum context length of "
-                f"{self.context_len} tokens. You requested a total of {len(input_ids) + max_new_tokens} tokens: "
-                f"{len(input_ids)} tokens from the input messages and {max_new_tokens} tokens for the completion. "
-                "Please reduce the number of tokens in the input messages or the completion to fit within the limit."
+                f"{self.context_len} tokens. You requested a total of "
+                f"{len(input_ids) + max_new_tokens} tokens: {len(input_ids)} tokens from the input "
+                f"messages and {max_new_tokens} tokens for the completion. Please reduce the number "
+                "of tokens in the input messages or the completion to fit within the limit."
             )
         return None
 
     # ------------------------------------------------------------------ generation
 
     async def generate(self, body: dict[str, Any]) -> Response:
-        """`entrypoints/http_server.py` `generate_request` (not streamed): 400 with `{"error": {"message"}}` for a
-        refused request; else `{"output_ids", "meta_info"}` (no `text`: the tokenizer is skipped)."""
+        """`entrypoints/http_server.py` `generate_request` (not streamed): 400 with
+        `{"error": {"message"}}` for a refused request; else `{"output_ids", "meta_info"}` (no
+        `text`: the tokenizer is skipped)."""
         input_ids = list(body.get("input_ids") or [])
         params = dict(body.get("sampling_params") or {})
         problem = self.check(input_ids, params)
@@ -166,9 +168,15 @@ class SglangStandIn:
     # ------------------------------------------------------------------ the HTTP face
 
     def app(self) -> FastAPI:
+        """The server: sglang's routes that agl uses, each answering as sglang 0.5.13 does."""
         app = FastAPI(title="sglang stand-in")
         app.add_middleware(Recorder, log=self.log)
+        self.generation_routes(app)
+        self.info_routes(app)
+        self.memory_routes(app)
+        return app
 
+    def generation_routes(self, app: FastAPI) -> None:
         @app.post("/generate")
         async def generate(request: Request) -> Response:
             return await self.generate(_json(await request.body()) or {})
@@ -180,6 +188,7 @@ class SglangStandIn:
             self.aborted.add(str(body.get("rid")))
             return Response(status_code=200)
 
+    def info_routes(self, app: FastAPI) -> None:
         @app.get("/model_info")
         async def model_info() -> dict[str, Any]:
             """entrypoints/http_server.py `model_info`: no context length here."""
@@ -197,7 +206,8 @@ class SglangStandIn:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            """entrypoints/http_server.py `available_models`; the card is `entrypoints/openai/protocol.py`'s."""
+            """entrypoints/http_server.py `available_models`; the card is
+            `entrypoints/openai/protocol.py`'s."""
             card = {
                 "id": self.model_path,
                 "object": "model",
@@ -220,6 +230,9 @@ class SglangStandIn:
         async def health() -> Response:
             return Response(status_code=200)
 
+    def memory_routes(self, app: FastAPI) -> None:
+        """Sleep, wake, weight loading and the cache: what the trainer calls around an update."""
+
         @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
         async def release() -> None:
             """entrypoints/http_server.py: the route returns nothing, so FastAPI answers `null`."""
@@ -231,7 +244,8 @@ class SglangStandIn:
 
         @app.post("/update_weights_from_disk")
         async def update_weights_from_disk(request: Request) -> Response:
-            """entrypoints/http_server.py and managers/tokenizer_manager.py: loaded at once, asleep or not."""
+            """entrypoints/http_server.py and managers/tokenizer_manager.py: loaded at once,
+            asleep or not."""
             body = _json(await request.body()) or {}
             path = str(body.get("model_path"))
             if not Path(path).is_dir():
@@ -264,8 +278,6 @@ class SglangStandIn:
         @app.api_route("/flush_cache", methods=["GET", "POST"])
         async def flush_cache() -> Response:
             return Response("Cache flushed.\n")
-
-        return app
 
 
 class Recorder:
