@@ -1,4 +1,4 @@
-"""Shared fixtures: one thread per math library, offline model hub, and store URLs.
+"""Shared fixtures: one thread per math library, offline model hub, store URLs and the tiny model.
 
 `db_url` runs a test against SQLite and, when AGL_TEST_POSTGRES_URL names a server (CI always
 does), against a fresh PostgreSQL database created for that test and dropped after it.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -42,3 +43,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'agl.db'}"
     else:
         yield from _postgres_database()
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's Hugging Face folder, built once per test session."""
+    from engine import models
+
+    return models.resolve("tiny", tmp_path_factory.mktemp("models"))

@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class ExportError(RuntimeError):
-    """The actor's weights do not fit the checkpoint's own model class (an export would lose some)."""
+    """The actor's weights do not fit the checkpoint's own model class (an export would lose
+    some)."""
 
 
 class AglWorker(ActorRolloutRefWorker):
@@ -49,7 +50,10 @@ class AglWorker(ActorRolloutRefWorker):
     `save_weights` for disk-loading engines."""
 
     def __init__(self, config: DictConfig, role: str, **kwargs: Any) -> None:
-        super().__init__(config, "actor" if role == "actor_ref" else role, **kwargs)
+        verl_role = role
+        if role == "actor_ref":  # not one of verl's roles: it starts as an "actor"
+            verl_role = "actor"
+        super().__init__(config, verl_role, **kwargs)
         # init_model builds what the role names: "actor_ref" holds "actor" and "ref"
         self.role = role
         fsdp_guard.install()
@@ -58,6 +62,7 @@ class AglWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]
     def init_model(self) -> None:
+        """verl's models for the role, the actor's loss function ours."""
         super().init_model()
         assert self.actor is not None
         self.actor.set_loss_fn(partial(agl_ppo_loss, omega_conf_to_dataclass(self.config.actor)))
@@ -170,7 +175,9 @@ class Backend:
         self.agl = agl
         self.actor = cfg.actor_rollout_ref.actor
         on_cpu = cfg.trainer.device == "cpu"
-        env = dict(cpu_platform.ENV) if on_cpu else {}
+        env: dict[str, str] = {}
+        if on_cpu:
+            env = dict(cpu_platform.ENV)
         os.environ.update(env)  # this process asks verl's platform too (resource pools)
         if on_cpu:  # Ray gives each worker one thread; the engine sleeps while they train
             env["OMP_NUM_THREADS"] = str(agl.threads or os.cpu_count() or 1)
@@ -182,7 +189,9 @@ class Backend:
             ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars})
         role = _role(on_cpu=on_cpu, kl=bool(self.actor.use_kl_loss))
         nodes = [int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes)
-        kind = "CPU" if on_cpu else "GPU"
+        kind = "GPU"
+        if on_cpu:
+            kind = "CPU"
         have = ray.cluster_resources().get(kind, 0)
         if have < sum(nodes):  # verl would wait for them forever
             ray.shutdown()
@@ -205,11 +214,11 @@ class Backend:
         self.wg.init_model()
         self.dp_size = self.wg.world_size  # FSDP: every rank is a data-parallel rank
         weights = Path(cfg.trainer.default_local_dir) / "weights"
-        self.engine: DiskEngine | Collocated = (
-            DiskEngine(agl.engine, weights, lambda p: self.wg.save_weights(str(p)))
-            if on_cpu
-            else Collocated(cfg, self.wg, pool)
-        )
+        self.engine: DiskEngine | Collocated
+        if on_cpu:
+            self.engine = DiskEngine(agl.engine, weights, lambda p: self.wg.save_weights(str(p)))
+        else:
+            self.engine = Collocated(cfg, self.wg, pool)
         log.info("engines for the gateway: %s", self.engine.endpoints())
 
     def update(self, batch: Batch) -> dict[str, float]:
@@ -236,7 +245,13 @@ class Backend:
                 is_cap=self.agl.is_cap,
             )
             for k, v in tu.get(self.wg.update_actor(td), "metrics").items():
-                metrics[k if "/" in k else f"actor/{k}"].extend(v if isinstance(v, list) else [v])
+                name = k
+                if "/" not in k:
+                    name = f"actor/{k}"
+                if isinstance(v, list):
+                    metrics[name].extend(v)
+                else:
+                    metrics[name].append(v)
         out = {k: float(sum(v) / len(v)) for k, v in metrics.items() if v}
         # one per mini-batch and epoch
         out["actor/optimizer_steps"] = len(metrics["actor/grad_norm"])
@@ -255,9 +270,11 @@ class Backend:
         self.wg.save_weights(str(path / "model"))
 
     def load(self, path: Path) -> None:
+        """verl's checkpoint at `path/actor` into the actor (model, optimizer, schedule)."""
         self.wg.load_checkpoint(str(path / "actor"))
 
     def close(self) -> None:
+        """The engines' clients closed and Ray shut down."""
         self.engine.close()
         ray.shutdown()
 

@@ -22,6 +22,7 @@ ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda", "VERL_USE_EXTERNAL_
 
 
 def active() -> bool:
+    """Whether this process asks for the CPU platform (`VERL_PLATFORM=cpu`)."""
     return os.environ.get("VERL_PLATFORM") == "cpu"
 
 
@@ -59,10 +60,18 @@ DEVICE = SimpleNamespace(
 
 @PlatformRegistry.register(platform="cpu")
 class PlatformCPU(PlatformBase):
-    device_name = vendor_name = "cpu"
+    """verl's platform for the CPU: its device calls answered by `DEVICE` and no-ops."""
+
+    device_name = "cpu"
+    vendor_name = "cpu"
     device_module = DEVICE  # type: ignore[assignment]
-    set_device = synchronize = set_allocator_settings = empty_cache = _nothing
-    profiler_start = profiler_stop = cudart = _nothing
+    set_device = _nothing
+    synchronize = _nothing
+    set_allocator_settings = _nothing
+    empty_cache = _nothing
+    profiler_start = _nothing
+    profiler_stop = _nothing
+    cudart = _nothing
     nvtx_range = contextlib.nullcontext  # type: ignore[assignment]
 
     def is_available(self) -> bool:
@@ -82,9 +91,11 @@ class PlatformCPU(PlatformBase):
     is_ipc_supported = _returns(False)
 
     def manual_seed(self, seed: int) -> None:
+        """Seed torch's generator, the CPU's only one."""
         torch.manual_seed(seed)
 
     manual_seed_all = manual_seed
 
     def ray_resource_options(self, num_gpus: float) -> dict[str, Any]:
+        """A worker's Ray resources: its devices are CPUs."""
         return {"num_cpus": num_gpus}

@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 from packaging.requirements import Requirement
 
 from trainer.config import AglConfig, ConfigError, load_config
-from trainer.engines import engine_http
+from trainer.engines import base_model_path, engine_http
 
 if TYPE_CHECKING:
     from trainer.backend import Backend
@@ -127,6 +127,7 @@ def pins(extra: str, lines: Iterable[str]) -> list[Requirement]:
 
 
 def installed(name: str) -> str | None:
+    """The installed version of distribution `name`, or None if it is not installed."""
     try:
         return version(name)
     except PackageNotFoundError:
@@ -264,6 +265,7 @@ class Doctor:
         self.served: dict[str, Any] | None = None  # cpu: what agl.engine served before the push
 
     def run(self) -> list[Result]:
+        """Each check's row, in order; after a failure, the rest are not run."""
         checks = [self.versions, self.cuda, self.start, self.models, self.generate, self.push]
         results: list[Result] = []
         try:
@@ -279,10 +281,12 @@ class Doctor:
         return results
 
     def versions(self) -> str:
+        """Check 1: the installed versions hold agl's pins for the device."""
         extra = extra_for(self.device)
         return check_versions(extra, pins(extra, agl_requirements()))
 
     def cuda(self) -> str:
+        """Check 2: CUDA sees the GPUs the config asks for (skipped on cpu)."""
         if self.device == "cpu":
             raise Skipped("trainer.device=cpu")
         import torch
@@ -291,7 +295,8 @@ class Doctor:
         return check_cuda(torch.cuda.is_available(), torch.cuda.device_count(), wanted)
 
     def start(self) -> str:
-        """The backend, as `agl train` starts it: Ray, verl's workers, on cuda its sglang servers."""
+        """Check 3: the backend, as `agl train` starts it: Ray, verl's workers, on cuda its sglang
+        servers."""
         from trainer.backend import Backend  # verl, Ray, torch: only once the cheap checks pass
 
         model = self.model_path()
@@ -307,19 +312,27 @@ class Doctor:
         return f"verl's worker group ({ranks} rank(s)) and {serving} in {took:.0f} s; model {model}"
 
     def model_path(self) -> str:
-        """The actor's model as `agl train` picks it: the config's, else what `agl.engine` serves."""
+        """The actor's model as `agl train` picks it: the config's, else what `agl.engine`
+        serves."""
         model = self.cfg.actor_rollout_ref.model
-        path = str(model.get("path") or "")
-        if self.agl.engine and (not path or path.startswith("~/models")):  # verl's placeholder
-            try:
-                path = str(self.get(self.agl.engine, "/model_info", "backend")["model_path"])
-            except httpx.HTTPError as e:
-                fix = "Start the engine (agl engine), or set agl.engine to its URL."
-                raise CheckFailed(f"agl.engine {self.agl.engine} does not answer: {e}", fix) from e
-            model.path = path
-        return path
+        configured = str(model.get("path") or "")
+        engine = self.agl.engine
+        try:
+            served = base_model_path(configured, engine, self.http)
+        except httpx.HTTPStatusError as e:
+            reply = e.response
+            detail = f"{engine}/model_info: {reply.status_code} {reply.text[:200]}"
+            raise CheckFailed(detail, FIXES["backend"]) from e
+        except httpx.HTTPError as e:
+            fix = "Start the engine (agl engine), or set agl.engine to its URL."
+            raise CheckFailed(f"agl.engine {engine} does not answer: {e}", fix) from e
+        if served is None:
+            return configured
+        model.path = served
+        return served
 
     def endpoints(self) -> list[str]:
+        """The backend's engines' URLs, without a trailing slash."""
         assert self.backend is not None
         return [url.rstrip("/") for url in self.backend.engine.endpoints()]
 
@@ -332,6 +345,7 @@ class Doctor:
         return reply.json()
 
     def models(self) -> str:
+        """Check 4: each engine's `/v1/models` serves the context the config names."""
         served = {}
         for url in self.endpoints():
             served[url] = served_context(self.get(url, "/v1/models", "v1/models"))
@@ -341,7 +355,8 @@ class Doctor:
         return check_context(served, configured, self.device)
 
     def generate(self) -> str:
-        """One `/generate` with logprobs on each engine, of a chat prompt the model's tokenizer made."""
+        """Check 5: one `/generate` with logprobs on each engine, of a chat prompt the model's
+        tokenizer made."""
         from transformers import AutoTokenizer
 
         model = self.cfg.actor_rollout_ref.model
@@ -364,6 +379,7 @@ class Doctor:
         )
 
     def generate_one(self, url: str, body: dict[str, Any]) -> Sampled:
+        """One engine's `/generate` reply, as the gateway would record it."""
         reply = self.http.post(url + "/generate", json=body)
         if reply.status_code != 200:
             detail = f"{url}/generate: {reply.status_code} {reply.text[:200]}"
@@ -378,7 +394,8 @@ class Doctor:
             raise CheckFailed(f"{url}/generate: {e}", fix) from e
 
     def push(self) -> str:
-        """The trainer's weights to every engine (sleep, push, wake), as after each update."""
+        """Check 6: the trainer's weights to every engine (sleep, push, wake), as after each
+        update."""
         assert self.backend is not None
         engine = self.backend.engine
         if self.device == "cpu":
@@ -464,6 +481,7 @@ def table(results: list[Result]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """`agl doctor`'s command line: the table printed; 1 if a check failed."""
     parser = argparse.ArgumentParser(
         prog="agl doctor", description=__doc__.split("\n")[0], epilog=SMALL_MODEL
     )

@@ -1,8 +1,10 @@
 """The rollout engines a backend drives around each update: sleep, push the new weights, wake.
 
-`DiskEngine` loads weights from disk over sglang's HTTP API (`agl engine`'s embedded engine, or an sglang
-server of its own): the CPU backends use it. `Collocated` is verl's hybrid-engine sglang replicas on the
-trainer's GPUs, whose weights move in GPU memory. Neither trains anything or knows the trainer's loop.
+`DiskEngine` loads weights from disk over sglang's HTTP API (`agl engine`'s embedded engine, or an
+sglang server of its own): the CPU backends use it. `Collocated` is verl's hybrid-engine sglang
+replicas on the trainer's GPUs, whose weights move in GPU memory. Neither trains anything or knows
+the trainer's loop. `base_model_path` reads which model an engine serves, for a config that names
+none.
 """
 
 import os
@@ -14,13 +16,34 @@ from typing import Any
 import httpx
 from omegaconf import DictConfig
 
+PLACEHOLDER = "~/models"  # verl's default `actor_rollout_ref.model.path` lies under it
+
 
 def engine_http(timeout_s: float) -> httpx.Client:
-    """A client for the embedded engine, with its key (`AGL_ENGINE_API_KEY`, as the engine reads it) if it has one."""
+    """A client for the embedded engine, with its key (`AGL_ENGINE_API_KEY`, as the engine reads
+    it) if it has one."""
     key = os.environ.get("AGL_ENGINE_API_KEY")
-    return httpx.Client(
-        timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else None
-    )
+    headers: dict[str, str] | None = None
+    if key:
+        headers = {"Authorization": f"Bearer {key}"}
+    return httpx.Client(timeout=timeout_s, headers=headers)
+
+
+def base_model_path(
+    configured: str, engine: str, http: httpx.Client, *, known: str = ""
+) -> str | None:
+    """The model a run trains from when its config names none (`configured` empty, or verl's
+    placeholder under `~/models`) and `engine` is set: `known` if given (what the engine served
+    when the run began: a restarted run's engine serves trained weights), else the model the
+    engine serves now, from its `/model_info`. None when the config's model stands. Raises
+    `httpx.HTTPError` when the engine does not answer with a 200."""
+    if not engine or (configured and not configured.startswith(PLACEHOLDER)):
+        return None
+    if known:
+        return known
+    reply = http.get(engine.rstrip("/") + "/model_info")
+    reply.raise_for_status()
+    return str(reply.json()["model_path"])
 
 
 class EngineCallError(RuntimeError):
@@ -28,8 +51,8 @@ class EngineCallError(RuntimeError):
 
 
 def _post(client: httpx.Client, url: str, body: dict[str, Any] | None = None) -> None:
-    """A command that succeeds with a 200, whose body is `{"success": true, ...}` or, for sglang's memory
-    commands, `null` (sglang/srt/entrypoints/http_server.py: those routes return nothing)."""
+    """A command that succeeds with a 200, whose body is `{"success": true, ...}` or, for sglang's
+    memory commands, `null` (sglang/srt/entrypoints/http_server.py: those routes return nothing)."""
     reply = client.post(url, json=body or {})
     try:
         answer = reply.json()
@@ -53,29 +76,33 @@ def set_weight_version(client: httpx.Client, url: str, version: int) -> None:
 
 
 class DiskEngine:
-    """One engine at `url` that loads pushed weights from a Hugging Face folder. A push without a checkpoint
-    has `save` write them to `weights_dir/v{version}/model`, keeping the previous version's (maybe loading).
+    """One engine at `url` that loads pushed weights from a Hugging Face folder. A push without a
+    checkpoint has `save` write them to `weights_dir/v{version}/model`, keeping the previous
+    version's (maybe loading).
 
-    The weights load on `wake`, after the engine's memory is back: sglang loads `/update_weights_from_disk`
-    at once, even while its memory is released (sglang/srt/managers/tokenizer_manager.py)."""
+    The weights load on `wake`, after the engine's memory is back: sglang loads
+    `/update_weights_from_disk` at once, even while its memory is released
+    (sglang/srt/managers/tokenizer_manager.py)."""
 
     def __init__(self, url: str, weights_dir: Path, save: Callable[[Path], None]) -> None:
         self.url = url.rstrip("/")
         self.weights = weights_dir
         self.save = save
         self.http = engine_http(600)
-        self.pushed: dict[str, str] | None = (
-            None  # the `/update_weights_from_disk` body `wake` sends
-        )
+        # the `/update_weights_from_disk` body `wake` sends
+        self.pushed: dict[str, str] | None = None
 
     def endpoints(self) -> list[str]:
+        """The URL the gateway sends this engine's calls to."""
         return [self.url]
 
     def sleep(self) -> None:
+        """The engine's memory released (weights and KV cache) while the trainer updates."""
         _post(self.http, self.url + "/release_memory_occupation")
 
     def push(self, path: Path | None, version: int) -> None:
-        """Serve the weights saved at `path/model` (else saved now) as `version`, from the next `wake`."""
+        """Serve the weights saved at `path/model` (else saved now) as `version`, from the next
+        `wake`."""
         if path is None:
             path = self.weights / f"v{version}"
             self.save(path / "model")
@@ -92,14 +119,16 @@ class DiskEngine:
             self.pushed = None
 
     def close(self) -> None:
+        """The HTTP client closed."""
         self.http.close()
 
 
 class Collocated:
-    """verl's sglang replicas in hybrid mode on the GPUs of worker group `wg` (DESIGN.md section 9). They start
-    with dummy weights, so the first wake loads the actor's. Sleep frees weights and KV cache; wake is verl's
-    `CheckpointEngineManager.update_weights` (resume, push in GPU memory, flush the cache, resume the KV cache),
-    then setting the served weight version, which sglang leaves at its start-up one on in-memory pushes."""
+    """verl's sglang replicas in hybrid mode on the GPUs of worker group `wg` (docs/architecture.md,
+    "Collocated async RL"). They start with dummy weights, so the first wake loads the actor's.
+    Sleep frees weights and KV cache; wake is verl's `CheckpointEngineManager.update_weights`
+    (resume, push in GPU memory, flush the cache, resume the KV cache), then setting the served
+    weight version, which sglang leaves at its start-up one on in-memory pushes."""
 
     def __init__(self, cfg: DictConfig, wg: Any, pool: Any) -> None:
         from verl.checkpoint_engine.base import CheckpointEngineManager
@@ -120,9 +149,11 @@ class Collocated:
         self.wake()
 
     def endpoints(self) -> list[str]:
+        """The replicas' URLs, for the gateway."""
         return [a if a.startswith("http") else f"http://{a}" for a in self.servers.get_addresses()]
 
     def sleep(self) -> None:
+        """The replicas' weights and KV cache freed for the update."""
         self.weights.sleep_replicas()
 
     def push(self, path: Path | None, version: int) -> None:
@@ -130,9 +161,11 @@ class Collocated:
         self.version = version
 
     def wake(self) -> None:
+        """The actor's weights into the replicas, and their version set."""
         self.weights.update_weights(self.version)
         for url in self.endpoints():  # no request is in flight: the gateway is paused and drained
             set_weight_version(self.http, url, self.version)
 
     def close(self) -> None:
+        """The HTTP client closed."""
         self.http.close()

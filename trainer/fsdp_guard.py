@@ -37,4 +37,5 @@ def install() -> None:
 
 
 def installed() -> bool:
+    """Whether `install` has guarded FSDP2 in this process."""
     return FSDPParam.to_accumulated_grad_if_needed is _to_accumulated_grad_if_needed

@@ -1,10 +1,11 @@
 """`agl train CONFIG [key=value ...]`: rollouts through unchanged harnesses become policy updates.
 
-Owns the training loop of DESIGN.md section 7, its checkpoints and its progress output. It speaks only the
-gateway's admin API (create rollouts carrying the spec the controller runs, read their status and calls, pause,
-resume, register model versions); the backend (`trainer/backend.py`) owns the model and its engines. It launches
-no harness (the controller does) and never opens the store. Groups are named `{experiment_name}/{index}`, so a
-restarted run finds the groups it launched after its last checkpoint instead of launching them again.
+Owns the training loop (docs/architecture.md, "Collocated async RL"), its checkpoints and its
+progress output. It speaks only the gateway's admin API (create rollouts carrying the spec the
+controller runs, read their status and calls, pause, resume, register model versions); the backend
+(`trainer/backend.py`) owns the model and its engines. It launches no harness (the controller does)
+and never opens the store. Groups are named `{experiment_name}/{index}`, so a restarted run finds
+the groups it launched after its last checkpoint instead of launching them again.
 """
 
 import argparse
@@ -31,6 +32,7 @@ from adapters import AdapterSettings, Batch, build_batch
 from agl.client import GatewayClient, GatewayError, call_from_json
 from agl.types import JSON, Call, FailureKind, Mode, Rollout, Status
 from trainer.config import AglConfig, ConfigError, load_config
+from trainer.engines import base_model_path, engine_http
 
 if TYPE_CHECKING:
     from trainer.backend import Backend
@@ -40,13 +42,16 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class Group:
+    """One task's rollouts, launched together: `agl.n` of them, or a validation round's share."""
+
     id: str
     rollouts: list[str]
     version: int  # the model version when it was launched
 
 
 def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
-    """One JSON object per line: a task (run with `agl.spec`), or `{"task", "spec", "grader"}` (its own spec)."""
+    """One JSON object per line: a task (run with `agl.spec`), or `{"task", "spec", "grader"}` (its
+    own spec)."""
     tasks = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if not tasks or not all(isinstance(t, dict) for t in tasks):
         raise ConfigError(f"{path}: expected one JSON object per line")
@@ -55,57 +60,78 @@ def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
     return tasks
 
 
-STATE = (
-    "step",
-    "version",
-    "cursor",
-    "history",
-    "trained",
-    "best",
-    "groups",
-)  # the Trainer's checkpointed attributes
+@dataclasses.dataclass
+class TrainerState:
+    """What a checkpoint keeps of a run: its `state.json`, one key per field, in this order."""
+
+    step: int = 0
+    version: int = 0  # the model version the engines serve
+    cursor: int = 0  # the next task's index, which names its group
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    # the group IDs of each step: none trained twice, none lost
+    trained: list[list[str]] = dataclasses.field(default_factory=list)
+    best: float | None = None  # the best validation reward so far (the guard's)
+    # launched, not yet trained on, in launch order
+    groups: list[Group] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> str:
+        """The text of `state.json`."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainerState":
+        """The state a `state.json` holds; a key it lacks keeps its default, others are ignored."""
+        saved = json.loads(text)
+        known = {f.name: saved[f.name] for f in dataclasses.fields(cls) if f.name in saved}
+        known["groups"] = [Group(**g) for g in known.get("groups", [])]
+        return cls(**known)
 
 
 class Trainer:
+    """One run's training loop: launches groups through the gateway, trains the backend on the ended
+    ones, serves each new version, validates, and checkpoints its `TrainerState`."""
+
     def __init__(
         self, cfg: DictConfig, agl: AglConfig, backend: "Backend", gw: GatewayClient, tracker: Any
     ) -> None:
-        self.cfg, self.agl, self.backend, self.gw, self.tracker = cfg, agl, backend, gw, tracker
+        self.cfg = cfg
+        self.agl = agl
+        self.backend = backend
+        self.gw = gw
+        self.tracker = tracker
         self.name = str(cfg.trainer.experiment_name)
         self.dir = Path(cfg.trainer.default_local_dir)
         self.tasks = read_tasks(agl.tasks, agl.spec)
-        random.Random(agl.seed).shuffle(
-            self.tasks
-        )  # the order is the seed's: a restart sees the same one
-        self.val_tasks = read_tasks(agl.val_tasks, agl.spec) if agl.val_tasks else []
+        # the order is the seed's: a restart sees the same one
+        random.Random(agl.seed).shuffle(self.tasks)
+        self.val_tasks: list[JSON] = []
+        if agl.val_tasks:
+            self.val_tasks = read_tasks(agl.val_tasks, agl.spec)
         self.steps = int(cfg.trainer.total_training_steps)
-        self.step, self.version, self.cursor = 0, 0, 0
-        self.groups: list[Group] = []  # launched, not yet trained on, in launch order
+        self.state = TrainerState()
         self.val: list[Group] = []  # validation groups of the round out
-        self.history: list[dict[str, float]] = []
-        self.trained: list[
-            list[str]
-        ] = []  # the group IDs of each step: none trained twice, none lost
-        self.best: float | None = None  # the best validation reward so far (the guard's)
         self.stopped = False  # by the guard
         self.last_step_at = time.monotonic()
         self.bar = tqdm(total=self.steps, desc="train", unit="step", dynamic_ncols=True)
 
     def progress(self, m: dict[str, float]) -> None:
-        self.bar.update(self.step - self.bar.n)
+        """The step's line under the progress bar, and the bar moved on."""
+        self.bar.update(self.state.step - self.bar.n)
         shown = {
             "reward": m["reward/mean"],
             "stale": m["staleness/mean"],
             "calls/s": m["rollout/calls_per_s"],
         }
         self.bar.set_postfix({k: f"{v:.2f}" for k, v in shown.items()})
-        learned, update = "", "(no samples: no update)"
+        learned = ""
+        update = "(no samples: no update)"
         if "timing/update_s" in m:
             learned = f"entropy {m['actor/entropy']:.3f}, kl {m['actor/kl_k3']:.4f}, "
             learned += f"grad norm {m['actor/grad_norm']:.2f}, "
             update = f"(update {m['timing/update_s']:.1f} s)"
         self.bar.write(
-            f"step {self.step}: reward {m['reward/mean']:.3f} over {int(m['adapter/rollouts'])} rollouts "
+            f"step {self.state.step}: reward {m['reward/mean']:.3f} "
+            f"over {int(m['adapter/rollouts'])} rollouts "
             f"({m['adapter/degenerate_rate']:.0%} of groups degenerate), {learned}"
             f"staleness mean {m['staleness/mean']:.2f} max {int(m['staleness/max'])}, "
             f"{m['rollout/calls_per_s']:.1f} calls/s, step {m['timing/step_s']:.1f} s {update}"
@@ -114,22 +140,25 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     async def run(self) -> None:
-        """Train until the last step (or the guard stops it); no update while a validation round is out."""
+        """Train until the last step (or the guard stops it); no update while a validation round is
+        out."""
         await self.restore()
         try:
-            if self.step == 0 and self.cfg.trainer.get("val_before_train"):
+            if self.state.step == 0 and self.cfg.trainer.get("val_before_train"):
                 await self.launch_validation()
-            while self.step < self.steps and not self.stopped:
+            while self.state.step < self.steps and not self.stopped:
                 await self.launch_groups()
-                ready = [g for g in self.groups if await self.ended([g]) is not None]
-                needed = self.agl.batch_groups if self.agl.mode == "async" else len(self.groups)
+                ready = [g for g in self.state.groups if await self.ended([g]) is not None]
+                if self.agl.mode == "async":
+                    needed = self.agl.batch_groups
+                else:
+                    needed = len(self.state.groups)
                 if await self.finish_validation() and not self.stopped and len(ready) >= needed:
                     await self.train_step(ready[: self.agl.batch_groups])
                 else:
                     await asyncio.sleep(self.agl.poll_s)
-            if (
-                not self.stopped and not self.val
-            ):  # the final validation, unless the last step launched it
+            # the final validation, unless the last step launched it
+            if not self.stopped and not self.val:
                 await self.launch_validation()
             while not await self.finish_validation():
                 await asyncio.sleep(self.agl.poll_s)
@@ -140,38 +169,45 @@ class Trainer:
 
     async def cancel_unfinished(self) -> None:
         """The run is over: end the rollouts still running (their harnesses get 403 and stop)."""
-        for r in await self.members(self.groups + self.val):
+        for r in await self.members(self.state.groups + self.val):
             if not r.status.terminal:
                 with contextlib.suppress(GatewayError):  # it ended meanwhile
                     await self.gw.set_status(r.id, Status.CANCELLED, reason="training finished")
 
     async def launch_groups(self) -> None:
-        """Async: keep `active_groups` running. Sync: launch `batch_groups` once the last batch is trained."""
-        want = (
-            self.agl.active_groups
-            if self.agl.mode == "async"
-            else (0 if self.groups else self.agl.batch_groups)
-        )
-        while len(self.groups) < want:
+        """Async: keep `active_groups` running. Sync: launch `batch_groups` once the last batch is
+        trained."""
+        if self.agl.mode == "async":
+            want = self.agl.active_groups
+        elif self.state.groups:
+            want = 0
+        else:
+            want = self.agl.batch_groups
+        while len(self.state.groups) < want:
             await self.launch_next()
 
     async def launch_next(self, known: Sequence[str] = ()) -> None:
-        """The next task's group, `{experiment_name}/{cursor}`: `agl.n` rollouts, of which `known` exist already."""
-        entry = self.tasks[self.cursor % len(self.tasks)]
+        """The next task's group, `{experiment_name}/{cursor}`: `agl.n` rollouts, of which `known`
+        exist already."""
+        cursor = self.state.cursor
+        entry = self.tasks[cursor % len(self.tasks)]
         group = await self.launch(
-            f"{self.name}/{self.cursor}", entry, self.agl.n - len(known), Mode.TRAIN, None
+            f"{self.name}/{cursor}", entry, self.agl.n - len(known), Mode.TRAIN, None
         )
         group.rollouts[:0] = known
-        self.groups.append(group)
-        self.cursor += 1
+        self.state.groups.append(group)
+        self.state.cursor += 1
 
     async def launch(
         self, group: str, entry: JSON, n: int, mode: Mode, sampling: JSON | None
     ) -> Group:
         """`n` rollouts of one task entry: the task itself, or `{"task", "spec", "grader"}`."""
-        task, spec = (
-            (entry.get("task", {}), entry["spec"]) if "spec" in entry else (entry, self.agl.spec)
-        )
+        if "spec" in entry:
+            task = entry.get("task", {})
+            spec = entry["spec"]
+        else:
+            task = entry
+            spec = self.agl.spec
         meta = {"spec": spec, "trainer": self.name}
         create = partial(
             self.gw.create_rollout,
@@ -181,11 +217,11 @@ class Trainer:
             grader=entry.get("grader"),
             metadata=meta,
         )
-        return Group(
-            group, [(await create(sampling=sampling))["id"] for _ in range(n)], self.version
-        )
+        ids = [(await create(sampling=sampling))["id"] for _ in range(n)]
+        return Group(id=group, rollouts=ids, version=self.state.version)
 
     async def members(self, groups: list[Group]) -> list[Rollout]:
+        """The groups' rollouts, as the gateway lists them now."""
         ids = {i for g in groups for i in g.rollouts}
         listed = [
             r
@@ -200,54 +236,70 @@ class Trainer:
         done = len(listed) >= sum(len(g.rollouts) for g in groups) and all(
             r.status.terminal for r in listed
         )
-        return listed if done else None
+        if not done:
+            return None
+        return listed
 
     async def train_step(self, groups: list[Group]) -> None:
-        """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register -> resume. A batch
-        without samples (every group's rewards equal, or its rollouts stale or failed) makes a step without an
-        update: nothing is paused or pushed and the version stays, unless a checkpoint is due."""
-        rollouts, calls, flags, intermediate = await self.fetch(
-            groups
-        )  # ended: built while harnesses still run
-        base = self.version  # the policy the batch is trained against
-        settings = self.agl.adapter(
-            self.backend.dp_size, int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-        )
+        """Batch -> pause (drained) -> sleep -> update -> save -> push -> wake -> register ->
+        resume. A batch without samples (every group's rewards equal, or its rollouts stale or
+        failed) makes a step without an update: nothing is paused or pushed and the version stays,
+        unless a checkpoint is due."""
+        state = self.state
+        # ended: built while harnesses still run
+        rollouts, calls, flags, intermediate = await self.fetch(groups)
+        base = state.version  # the policy the batch is trained against
+        minibatch_rollouts = int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+        settings = self.agl.adapter(self.backend.dp_size, minibatch_rollouts)
         batch = build_batch(rollouts, calls, settings, version=base, intermediate=intermediate)
         self.check_temperature(batch, calls)
-        self.step += 1
-        self.trained.append([g.id for g in groups])
-        self.groups = [g for g in self.groups if g not in groups]
-        freq = int(self.cfg.trainer.save_freq)
-        due = (freq > 0 and self.step % freq == 0) or (
-            freq >= 0 and self.step == self.steps
-        )  # and the last
+        state.step += 1
+        state.trained.append([g.id for g in groups])
+        state.groups = [g for g in state.groups if g not in groups]
+        due = self.checkpoint_due()
         update = bool(batch.n_samples) or due
-        started = drained = time.monotonic()
+        started = time.monotonic()
+        drained = started
         metrics: dict[str, float] = {}
         if update:
             await self.gw.pause()
             drained = time.monotonic()
             self.backend.engine.sleep()
-            metrics = await asyncio.to_thread(self.backend.update, batch) if batch.n_samples else {}
-            self.version += 1
+            if batch.n_samples:
+                metrics = await asyncio.to_thread(self.backend.update, batch)
+            state.version += 1
         metrics |= self.step_metrics(rollouts, calls, batch, base, settings) | flags
         metrics |= {
             "timing/drain_s": drained - started,
             "groups/carried_over": sum(g.version < base for g in groups),
         }
-        self.history.append(metrics)
+        state.history.append(metrics)
+        paused_s = 0.0
         if update:
-            await self.publish(await asyncio.to_thread(self.save) if due else None)
-        metrics["timing/paused_s"] = time.monotonic() - started if update else 0.0
-        self.tracker.log(data=metrics, step=self.step)
+            checkpoint = None
+            if due:
+                checkpoint = await asyncio.to_thread(self.save)
+            await self.publish(checkpoint)
+            paused_s = time.monotonic() - started
+        # after the checkpoint: its history has no pause time for this step
+        metrics["timing/paused_s"] = paused_s
+        self.tracker.log(data=metrics, step=state.step)
         self.progress(metrics)
-        if self.cfg.trainer.test_freq > 0 and self.step % self.cfg.trainer.test_freq == 0:
+        test_freq = self.cfg.trainer.test_freq
+        if test_freq > 0 and state.step % test_freq == 0:
             await self.launch_validation()
 
+    def checkpoint_due(self) -> bool:
+        """A checkpoint every `trainer.save_freq` steps (if positive), and after the last step
+        (unless it is -1)."""
+        freq = int(self.cfg.trainer.save_freq)
+        periodic = freq > 0 and self.state.step % freq == 0
+        last = freq >= 0 and self.state.step == self.steps
+        return periodic or last
+
     def check_temperature(self, batch: Batch, calls: dict[str, list[Call]]) -> None:
-        """Calls sampled at another temperature than `agl.temperature` were not trained (their log-probs are
-        of another distribution); when that is every call, the config is wrong."""
+        """Calls sampled at another temperature than `agl.temperature` were not trained (their
+        log-probs are of another distribution); when that is every call, the config is wrong."""
         m = batch.metrics
         if not m["calls_temperature_mismatch"]:
             return
@@ -256,19 +308,25 @@ class Trainer:
         )
         if m["calls_temperature_mismatch"] == m["calls"] - m["calls_untrained"]:
             raise ConfigError(
-                f"agl.temperature={self.agl.temperature} matches none of the batch's {int(m['calls'])} calls "
-                f"(sampled at {', '.join(map(str, seen))}); set it to the temperature the harnesses sample at"
+                f"agl.temperature={self.agl.temperature} matches none of the batch's "
+                f"{int(m['calls'])} calls (sampled at {', '.join(map(str, seen))}); "
+                "set it to the temperature the harnesses sample at"
             )
         log.warning(
-            "%d of %d calls were sampled at a temperature other than agl.temperature=%s (seen: %s): not trained",
-            m["calls_temperature_mismatch"], m["calls"], self.agl.temperature, seen,
-        )  # fmt: skip
+            "%d of %d calls were sampled at a temperature other than agl.temperature=%s "
+            "(seen: %s): not trained",
+            m["calls_temperature_mismatch"],
+            m["calls"],
+            self.agl.temperature,
+            seen,
+        )
 
     async def fetch(
         self, groups: list[Group]
     ) -> tuple[list[Rollout], dict[str, list[Call]], dict[str, float], dict[str, Counter[int]]]:
-        """The rollouts, their calls, per `flag` event name (reward-hacking checks) the share with one, and per
-        rollout and call seq the sum of the call's intermediate rewards (of the rollout's last attempt)."""
+        """The rollouts, their calls, per `flag` event name (reward-hacking checks) the share with
+        one, and per rollout and call seq the sum of the call's intermediate rewards (of the
+        rollout's last attempt)."""
         rollouts = await self.members(groups)
         calls = {r.id: [call_from_json(c) for c in await self.gw.calls(r.id)] for r in rollouts}
         flags: Counter[str] = Counter()
@@ -294,26 +352,31 @@ class Trainer:
         base: int,
         settings: AdapterSettings,
     ) -> dict[str, float]:
-        """The adapter's metrics, and the batch's rewards, lengths, staleness and pace since the last step."""
+        """The adapter's metrics, and the batch's rewards, lengths, staleness and pace since the
+        last step."""
         rewards = [r.reward or 0.0 for r in rollouts]
         staleness = [
             base - min((c.model_version for c in calls[r.id]), default=base) for r in rollouts
         ]
         lengths = [len(c.response_ids) for cs in calls.values() for c in cs]
         now = time.monotonic()
-        elapsed, self.last_step_at = now - self.last_step_at, now
+        elapsed = now - self.last_step_at
+        self.last_step_at = now
         metrics = {f"adapter/{k}": float(v) for k, v in batch.metrics.items()}
         if batch.loss_mask.any():  # the behaviour policy's entropy, estimated from what it sampled
             metrics["rollout/sampled_entropy"] = -float(batch.logprobs[batch.loss_mask].mean())
+        calls_per_rollout = 0.0
+        if rollouts:
+            calls_per_rollout = len(lengths) / len(rollouts)
         metrics |= {
-            "reward/mean": float(np.mean(rewards)) if rewards else 0.0,
-            "response_length/mean": float(np.mean(lengths)) if lengths else 0.0,
-            "rollout/calls_per_rollout": len(lengths) / len(rollouts) if rollouts else 0.0,
-            "staleness/mean": float(np.mean(staleness)) if staleness else 0.0,
+            "reward/mean": mean(rewards),
+            "response_length/mean": mean(lengths),
+            "rollout/calls_per_rollout": calls_per_rollout,
+            "staleness/mean": mean(staleness),
             "staleness/max": float(max(staleness, default=0)),
             "rollout/calls_per_s": len(lengths) / max(elapsed, 1e-9),
             "timing/step_s": elapsed,
-            "version": float(self.version),
+            "version": float(self.state.version),
         }
         # calls per agent: calls/NAME/trained or calls/NAME/untrained, by the adapter's rule
         per_agent = Counter(
@@ -330,8 +393,9 @@ class Trainer:
     # ------------------------------------------------------------------ validation
 
     async def launch_validation(self) -> None:
-        """A round of `val_kwargs.n` rollouts per validation task (greedy unless `val_kwargs.do_sample`);
-        no update happens until it has ended, so the whole round is served by one version."""
+        """A round of `val_kwargs.n` rollouts per validation task (greedy unless
+        `val_kwargs.do_sample`); no update happens until it has ended, so the whole round is served
+        by one version."""
         if not self.val_tasks:
             return
         kw = self.cfg.actor_rollout_ref.rollout.val_kwargs
@@ -340,14 +404,14 @@ class Trainer:
             sampling = {"temperature": float(kw.temperature), "top_p": kw.top_p, "top_k": kw.top_k}
         self.val = [
             await self.launch(
-                f"{self.name}/val{self.step}/{i}", task, int(kw.n), Mode.VAL, sampling
+                f"{self.name}/val{self.state.step}/{i}", task, int(kw.n), Mode.VAL, sampling
             )
             for i, task in enumerate(self.val_tasks)
         ]
 
     async def finish_validation(self) -> bool:
-        """Once every rollout of the round has ended: log its mean reward (infra failures aside) and
-        apply the guard. True when no round is out."""
+        """Once every rollout of the round has ended: log its mean reward (infra failures aside)
+        and apply the guard. True when no round is out."""
         if not self.val:
             return True
         if (rollouts := await self.ended(self.val)) is None:
@@ -357,42 +421,48 @@ class Trainer:
             for r in rollouts
             if r.failure_kind is not FailureKind.INFRA and r.status is not Status.CANCELLED
         ]
-        reward = float(np.mean([r.reward or 0.0 for r in counted])) if counted else 0.0
+        reward = mean([r.reward or 0.0 for r in counted])
+        step = self.state.step
+        version = self.state.version
         m = {
             "val/reward_mean": reward,
-            "val/step": float(self.step),
-            "val/version": float(self.version),
+            "val/step": float(step),
+            "val/version": float(version),
         }
-        self.tracker.log(data=m | {"val/rollouts": float(len(counted))}, step=self.step)
-        self.history.append(m)
+        self.tracker.log(data=m | {"val/rollouts": float(len(counted))}, step=step)
+        self.state.history.append(m)
         self.val = []
         self.bar.write(
-            f"validation at step {self.step} (version {self.version}): reward {reward:.3f} ({len(counted)} rollouts)"
+            f"validation at step {step} (version {version}): reward {reward:.3f} "
+            f"({len(counted)} rollouts)"
         )
         await self.guard(reward)
         return True
 
     async def guard(self, reward: float) -> None:
-        """Keep the best validated weights (for `restore`); act when reward falls `guard_drop` below the best."""
-        drop, action = self.agl.guard_drop, self.agl.guard_action
+        """Keep the best validated weights (for `restore`); act when reward falls `guard_drop`
+        below the best."""
+        drop = self.agl.guard_drop
+        action = self.agl.guard_action
+        state = self.state
         if drop is None:
             return
-        if self.best is None or reward > self.best:
-            self.best = reward
+        if state.best is None or reward > state.best:
+            state.best = reward
             if action == "restore":
                 await asyncio.to_thread(self.save, "best")
             return
-        if reward > self.best - drop:
+        if reward > state.best - drop:
             return
-        self.history.append(
-            {"guard/step": float(self.step), "guard/best": self.best, "guard/reward": reward}
+        state.history.append(
+            {"guard/step": float(state.step), "guard/best": state.best, "guard/reward": reward}
         )
-        self.tracker.log(data={"guard/triggered": 1.0}, step=self.step)
+        self.tracker.log(data={"guard/triggered": 1.0}, step=state.step)
         log.warning(
             "validation reward %.3f is more than %.3f below its best, %.3f: %s",
             reward,
             drop,
-            self.best,
+            state.best,
             action,
         )
         if action == "stop":
@@ -401,45 +471,45 @@ class Trainer:
         await self.gw.pause()
         self.backend.engine.sleep()
         await asyncio.to_thread(self.backend.load, self.dir / "best")
-        self.version += 1
+        state.version += 1
         await self.publish(self.dir / "best")
 
     async def publish(self, path: Path | None) -> None:
-        """The paused gateway resumes on `self.version`: weights pushed (saved at `path`), engines awake, registered."""
-        await asyncio.to_thread(self.backend.engine.push, path, self.version)
+        """The paused gateway resumes on the state's version: weights pushed (saved at `path`),
+        engines awake, registered."""
+        version = self.state.version
+        await asyncio.to_thread(self.backend.engine.push, path, version)
         self.backend.engine.wake()
         await self.gw.register_model(
-            self.version, path=str(path or ""), endpoints=self.backend.engine.endpoints()
+            version, path=str(path or ""), endpoints=self.backend.engine.endpoints()
         )
-        await self.gw.resume(self.version)
+        await self.gw.resume(version)
 
     # ------------------------------------------------------------------ checkpoints
 
     def save(self, name: str = "") -> Path:
         """step_N/{actor, model, state.json}, written aside and renamed; `latest` names it.
         With a `name` (the guard's `best`), that folder instead, and `latest` stays."""
-        path = self.dir / (name or f"step_{self.step}")
+        path = self.dir / (name or f"step_{self.state.step}")
         tmp = self.dir / f".{path.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         self.backend.save(tmp)
-        (tmp / "state.json").write_text(
-            json.dumps({k: getattr(self, k) for k in STATE}, default=dataclasses.asdict)
-        )
+        (tmp / "state.json").write_text(self.state.to_json())
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
         if not name:
             (self.dir / "latest.tmp").write_text(path.name)
             os.replace(self.dir / "latest.tmp", self.dir / "latest")
-            keep = max(
-                int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2
-            )  # the engine serves the newest
+            # at least 2: the engine serves the newest
+            keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)
             for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
         return path
 
     async def wait_for_gateway(self, timeout_s: float = 900) -> JSON:
-        """The gateway's state, once it answers (on GPUs it starts after the engines this trainer made)."""
+        """The gateway's state, once it answers (on GPUs it starts after the engines this trainer
+        made)."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -451,74 +521,85 @@ class Trainer:
                 await asyncio.sleep(2)
 
     async def restore(self) -> None:
-        """Continue from the latest checkpoint, adopting groups launched after it. Whenever a version was served
-        before, the engines get the trainer's weights again, as a new version if updates after the checkpoint
-        (or with no checkpoint, every update) were lost: what they serve is then what the trainer holds."""
-        registered = (await self.wait_for_gateway()).get(
-            "latest_model"
-        )  # only this trainer registers versions
+        """Continue from the latest checkpoint, adopting groups launched after it. Whenever a
+        version was served before, the engines get the trainer's weights again, as a new version if
+        updates after the checkpoint (or with no checkpoint, every update) were lost: what they
+        serve is then what the trainer holds."""
+        # only this trainer registers versions
+        registered = (await self.wait_for_gateway()).get("latest_model")
         latest = self.dir / "latest"
         checkpoint = None
         if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
             checkpoint = self.dir / latest.read_text().strip()
-            state = json.loads((checkpoint / "state.json").read_text())
-            for key in STATE:
-                setattr(self, key, state.get(key))
-            self.groups = [Group(**g) for g in state["groups"]]
-            self.bar.update(self.step)
-        if (
-            registered and registered["version"] > self.version
-        ):  # updates after the checkpoint were lost:
-            self.version = (
-                registered["version"] + 1
-            )  # the trainer's weights are served again, as a new version
+            self.state = TrainerState.from_json((checkpoint / "state.json").read_text())
+            self.bar.update(self.state.step)
+        state = self.state
+        # updates after the checkpoint were lost: the trainer's weights are served again,
+        # as a new version
+        if registered and registered["version"] > state.version:
+            state.version = registered["version"] + 1
         if checkpoint is not None or registered:
-            self.backend.engine.sleep()  # first: sglang holds its share of the GPUs' memory until it sleeps
+            # first: sglang holds its share of the GPUs' memory until it sleeps
+            self.backend.engine.sleep()
             if checkpoint is not None:
                 await asyncio.to_thread(self.backend.load, checkpoint)
-            await asyncio.to_thread(self.backend.engine.push, checkpoint, self.version)
+            await asyncio.to_thread(self.backend.engine.push, checkpoint, state.version)
             self.backend.engine.wake()
             log.info(
                 "resumed from %s: step %d, version %d",
                 checkpoint or "the base weights",
-                self.step,
-                self.version,
+                state.step,
+                state.version,
             )
-        if not registered or registered["version"] < self.version:
-            await self.gw.register_model(self.version, endpoints=self.backend.engine.endpoints())
-        await self.gw.resume(self.version)
-        # groups launched after the checkpoint (or before a crash that left none): the cursor names them
+        if not registered or registered["version"] < state.version:
+            await self.gw.register_model(state.version, endpoints=self.backend.engine.endpoints())
+        await self.gw.resume(state.version)
+        # groups launched after the checkpoint (or before a crash that left none): the cursor
+        # names them
         while found := await self.gw.list_rollouts(
-            group=f"{self.name}/{self.cursor}", limit=self.agl.n + 1
+            group=f"{self.name}/{state.cursor}", limit=self.agl.n + 1
         ):
             await self.launch_next([r.id for r in found])
 
 
+def mean(values: Sequence[float]) -> float:
+    """The values' mean; 0.0 when there are none."""
+    if not values:
+        return 0.0
+    return float(np.mean(values))
+
+
+def set_base_model(cfg: DictConfig, agl: AglConfig, out: Path) -> None:
+    """A config that names no model trains the one `agl.engine` served when the run began:
+    training starts there and the KL's reference is it. `out/base_model` keeps its path for
+    restarts, when the engine serves trained weights."""
+    remembered = out / "base_model"
+    known = ""
+    if remembered.is_file() and cfg.trainer.resume_mode != "disable":
+        known = remembered.read_text().strip()
+    model = cfg.actor_rollout_ref.model
+    with engine_http(30) as http:
+        path = base_model_path(str(model.get("path") or ""), agl.engine, http, known=known)
+    if path is None:
+        return
+    if not known:
+        remembered.write_text(path)
+    model.path = path  # verl's config has the key: no open_dict needed
+
+
 async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
+    """A whole run, from the config: the backend started, the loop run, its history returned (and
+    written to `metrics.jsonl`), the backend closed."""
     from verl.utils.tracking import Tracking
 
     from trainer.backend import Backend  # verl, Ray, torch: only once training starts
-    from trainer.engines import engine_http
 
     out = Path(cfg.trainer.default_local_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model_path = str(cfg.actor_rollout_ref.model.get("path") or "")
-    if agl.engine and (not model_path or model_path.startswith("~/models")):  # verl's placeholder
-        # the model the engine served when the run began: training starts there and the KL's reference is it
-        first = out / "base_model"
-        if first.is_file() and cfg.trainer.resume_mode != "disable":
-            model_path = first.read_text().strip()
-        else:
-            with engine_http(30) as http:
-                model_path = http.get(f"{agl.engine}/model_info").json()["model_path"]
-            first.write_text(model_path)
-        cfg.actor_rollout_ref.model.path = (
-            model_path  # verl's config has the key: no open_dict needed
-        )
+    set_base_model(cfg, agl, out)
     backend = Backend(cfg, agl)
-    (out / "engines.txt").write_text(
-        ",".join(backend.engine.endpoints()) + "\n"
-    )  # for `agl gateway --engine-url`
+    # for `agl gateway --engine-url`
+    (out / "engines.txt").write_text(",".join(backend.engine.endpoints()) + "\n")
     os.environ.setdefault("TENSORBOARD_DIR", str(out / "tensorboard"))
     tracker = Tracking(
         project_name=cfg.trainer.project_name,
@@ -530,14 +611,16 @@ async def train(cfg: DictConfig, agl: AglConfig) -> list[dict[str, float]]:
         async with GatewayClient(agl.gateway, agl.admin_key, timeout_s=3600) as gw:
             loop = Trainer(cfg, agl, backend, gw, tracker)
             await loop.run()
-        (out / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in loop.history))
-        return loop.history
+        history = loop.state.history
+        (out / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+        return history
     finally:
         backend.close()
         del tracker
 
 
 def main(argv: list[str]) -> int:
+    """`agl train`'s command line; exits with a usage error on a config error."""
     parser = argparse.ArgumentParser(prog="agl train", description=__doc__.split("\n")[0])
     parser.add_argument(
         "config", help="YAML: `defaults: [ppo_trainer, _self_]` plus an `agl:` section"
@@ -548,8 +631,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg, agl = load_config(args.config, args.overrides)
         asyncio.run(train(cfg, agl))
-    except (
-        ConfigError
-    ) as e:  # also one found once calls are seen (a temperature none was sampled at)
+    # also one found once calls are seen (a temperature none was sampled at)
+    except ConfigError as e:
         parser.error(str(e))
     return 0

@@ -1,10 +1,13 @@
-"""Our policy loss in verl's registry, and the adapter's batch laid out the way verl's actor reads it.
+"""Our policy loss in verl's registry, and the adapter's batch laid out the way verl's actor reads
+it.
 
-The `agl` loss is dual-clip PPO, each token's loss times its weight (the adapter's rollout-level loss weight
-times the truncated importance weight: the policy before the step over the behaviour policy), summed: DESIGN.md
-section 6.3's objective, exact however samples split over micro-batches and data-parallel ranks (the weights
-normalize; verl's `loss_agg_mode` is unused). `agl_ppo_loss` adds verl's KL and entropy terms with the same
-weights. Importing this module registers the loss (verl's workers must import it too); nothing here runs a model.
+The `agl` loss is dual-clip PPO, each token's loss times its weight (the adapter's rollout-level
+loss weight times the truncated importance weight: the policy before the step over the behaviour
+policy), summed: the objective of docs/architecture.md, "Loss weight per rollout", exact however
+samples split over micro-batches and data-parallel ranks (the weights normalize; verl's
+`loss_agg_mode` is unused). `agl_ppo_loss` adds verl's KL and entropy terms with the same weights.
+Importing this module registers the loss (verl's workers must import it too); nothing here runs a
+model.
 """
 
 from typing import Any
@@ -28,7 +31,8 @@ def agl_policy_loss(
     config: Any = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """sum over tokens of weight * dual-clip PPO loss (times verl's dp size, which its gradient average undoes)."""
+    """sum over tokens of weight * dual-clip PPO loss (times verl's dp size, which its gradient
+    average undoes)."""
     clip = config.clip_ratio
     low = config.get("clip_ratio_low") or clip
     high = config.get("clip_ratio_high") or clip
@@ -36,10 +40,13 @@ def agl_policy_loss(
     mask = response_mask.to(log_prob.dtype)
     log_ratio = torch.clamp(log_prob - old_log_prob, -20.0, 20.0)
     ratio = log_ratio.exp()
-    unclipped, clipped = -advantages * ratio, -advantages * ratio.clamp(1 - low, 1 + high)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - low, 1 + high)
     ppo = torch.maximum(unclipped, clipped)
     losses = torch.where(advantages < 0, torch.minimum(ppo, -advantages * dual), ppo)
-    weights = rollout_is_weights if rollout_is_weights is not None else torch.ones_like(losses)
+    weights = rollout_is_weights
+    if weights is None:
+        weights = torch.ones_like(losses)
     info = getattr(config, "global_batch_info", None) or {}
     loss = (losses * weights * mask).sum() * info.get("dp_size", 1)
     n = mask.sum().clamp(min=1)
@@ -52,27 +59,31 @@ def agl_policy_loss(
 def agl_ppo_loss(
     config: Any, model_output: Any, data: Any, dp_group: Any
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """verl's `ppo_loss` (its actor's loss function) with our policy loss, and its KL-to-reference loss
-    (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`) summed with the per-token
-    `loss_weights` (0 off the trained tokens), per rollout as the policy loss is, where verl sums them unweighted."""
+    """verl's `ppo_loss` (its actor's loss function) with our policy loss, and its KL-to-reference
+    loss (`use_kl_loss`, `kl_loss_coef`, `kl_loss_type`) and entropy bonus (`entropy_coeff`) summed
+    with the per-token `loss_weights` (0 off the trained tokens), per rollout as the policy loss is,
+    where verl sums them unweighted."""
     from verl.utils.metric import AggregationType, Metric
     from verl.workers.utils.padding import no_padding_2_padding
 
     log_prob = no_padding_2_padding(model_output["log_probs"], data)
-    entropy = no_padding_2_padding(
-        model_output["entropy"], data
-    )  # backend.update asks for it (calculate_entropy)
-    config.global_batch_info["dp_size"] = dp = data["dp_size"]
+    # backend.update asks for it (calculate_entropy)
+    entropy = no_padding_2_padding(model_output["entropy"], data)
+    dp = data["dp_size"]
+    config.global_batch_info["dp_size"] = dp
     fields = ["response_mask", "rollout_log_probs", "advantages", "loss_weights"]
     fields += [k for k in ("old_log_probs", "ref_log_prob") if k in data]
     d = data.select(*fields).to_padded_tensor()
     mask = d["response_mask"].to(bool)
     n = mask.sum().clamp(min=1)
-    # without old log-probs the step is one epoch over one mini-batch: this forward pass is the old policy's
-    old = d["old_log_probs"] if "old_log_probs" in d else log_prob.detach()
-    tis = (old - d["rollout_log_probs"]).detach().exp().clamp(
-        max=data["is_cap"]
-    ) * mask  # truncated IS weights
+    # without old log-probs the step is one epoch over one mini-batch: this forward pass is
+    # the old policy's
+    if "old_log_probs" in d:
+        old = d["old_log_probs"]
+    else:
+        old = log_prob.detach()
+    # truncated IS weights
+    tis = (old - d["rollout_log_probs"]).detach().exp().clamp(max=data["is_cap"]) * mask
     pg, pg_metrics = agl_policy_loss(
         old, log_prob, d["advantages"], mask, "token-sum", config, d["loss_weights"] * tis
     )
@@ -80,9 +91,12 @@ def agl_ppo_loss(
     metrics["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM)
     metrics["actor/tis_mean"] = Metric(value=(tis.sum() / n).item(), aggregation="mean")
     metrics["actor/tis_max"] = Metric(value=tis.max().item(), aggregation="max")
-    weights, extra = d["loss_weights"] * mask, 0.0
+    weights = d["loss_weights"] * mask
+    extra = 0.0
     if config.get("use_kl_loss"):  # partial sums: verl adds them over micro-batches
-        kl = (kl_penalty(log_prob, d["ref_log_prob"], config.kl_loss_type) * weights).sum()  # type: ignore[arg-type]
+        kl_type = config.kl_loss_type
+        penalty = kl_penalty(log_prob, d["ref_log_prob"], kl_type)  # type: ignore[arg-type]
+        kl = (penalty * weights).sum()
         extra += config.kl_loss_coef * kl
         metrics["actor/kl_loss"] = Metric(value=kl.detach().item(), aggregation=AggregationType.SUM)
     if config.get("entropy_coeff"):
@@ -99,20 +113,18 @@ def agl_ppo_loss(
 
 
 def to_dataproto(batch: Batch, *, temperature: float = 1.0) -> DataProto:
-    """Samples as verl rows: prompt = the tokens before the first trained one (left-padded), response = the
-    rest (right-padded), padding 0, `response_mask` = its trained tokens. Per response token: `rollout_log_probs`
-    (behaviour), `advantages`, `loss_weights`; per sample: `minibatch`."""
-    starts, ends = batch.offsets[:-1], batch.offsets[1:]
+    """Samples as verl rows: prompt = the tokens before the first trained one (left-padded),
+    response = the rest (right-padded), padding 0, `response_mask` = its trained tokens. Per
+    response token: `rollout_log_probs` (behaviour), `advantages`, `loss_weights`; per sample:
+    `minibatch`."""
+    starts = batch.offsets[:-1]
+    ends = batch.offsets[1:]
     spans = zip(starts.tolist(), ends.tolist(), strict=True)
-    first = np.array(
-        [
-            s + int(np.argmax(batch.loss_mask[s:e])) if batch.loss_mask[s:e].any() else e
-            for s, e in spans
-        ],
-        np.int64,
-    )
-    P, R = int((first - starts).max(initial=1)), int((ends - first).max(initial=1))
-    # the token in each cell: a prompt ends at `first` (left-padded), its response starts there (right-padded)
+    first = np.array([first_trained(batch.loss_mask, s, e) for s, e in spans], np.int64)
+    P = int((first - starts).max(initial=1))
+    R = int((ends - first).max(initial=1))
+    # the token in each cell: a prompt ends at `first` (left-padded), its response starts there
+    # (right-padded)
     at = first[:, None] + np.arange(-P, R)
     real = (at >= starts[:, None]) & (at < ends[:, None])
     at = at.clip(0, len(batch.input_ids) - 1)
@@ -135,3 +147,10 @@ def to_dataproto(batch: Batch, *, temperature: float = 1.0) -> DataProto:
         "minibatch": torch.from_numpy(batch.sample_minibatch.astype(np.int64)),
     }
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": temperature})
+
+
+def first_trained(loss_mask: np.ndarray, start: int, end: int) -> int:
+    """The index of the first trained token in `start:end`, or `end` if none is trained."""
+    if not loss_mask[start:end].any():
+        return end
+    return start + int(np.argmax(loss_mask[start:end]))

@@ -18,7 +18,6 @@ from agl.client import GatewayClient
 from controller.launcher import Launcher, LocalLauncher
 from controller.loop import Controller, ControllerSettings
 from controller.spec import Spec, parse_spec
-from tests.gateway.conftest import tiny_path  # noqa: F401  (the session fixture, shared)
 from tests.gateway.stack import ADMIN, Stack, stack
 
 TERMINAL = {"succeeded", "failed", "timed_out", "cancelled"}
@@ -56,7 +55,7 @@ r.raise_for_status()
 
 
 @pytest.fixture
-def gateway(tiny_path: Path, tmp_path: Path) -> Iterator[Stack]:  # noqa: F811
+def gateway(tiny_path: Path, tmp_path: Path) -> Iterator[Stack]:
     with stack(tiny_path, tmp_path) as s:
         yield s
 

@@ -20,7 +20,6 @@ from agl.types import Call, Mode, Status
 from examples.agents_qa import data
 from examples.agents_qa.agent import INDEX, normalize, reward, search
 from tests.examples.training import train_example
-from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 from tests.gateway.stack import stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +89,7 @@ def test_normalize_is_squad_s() -> None:
 
 @pytest.mark.slow
 def test_the_harness_answers_through_the_gateway_and_air_penalizes_the_failed_search(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     task = rows("tasks.jsonl")[0]
@@ -129,7 +128,7 @@ def failed_search(call: Call) -> bool:
 
 @pytest.mark.slow
 def test_train_yaml_trains_the_qa_agent_and_air_shapes_the_failed_search_s_advantages(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     # One task (the first), so the script's answers are right or wrong for every group. Finals cycle

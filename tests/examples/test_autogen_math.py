@@ -16,7 +16,6 @@ import pytest
 from examples.autogen_math import tasks as tasks_py
 from examples.autogen_math.tools import calculator, final_number, reward
 from tests.examples.training import train_example
-from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "examples" / "autogen_math"
@@ -119,7 +118,7 @@ def script(answer: int) -> list[str]:
 @pytest.mark.timeout(900)
 def test_training_steps_train_the_solver(
     autogen_venv: Path,
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     # "A baker fills 19 trays ...": 189

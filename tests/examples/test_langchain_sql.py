@@ -23,7 +23,6 @@ import pytest
 
 from examples.langchain_sql import agent
 from tests.examples.training import ROOT, train_example
-from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 
 EXAMPLE = ROOT / "examples" / "langchain_sql"
 TASKS = [json.loads(line) for line in (EXAMPLE / "tasks.jsonl").read_text().splitlines()]
@@ -120,7 +119,7 @@ def script(groups: int) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_writer_and_rewriter_train_and_the_checker_does_not(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     tasks = tmp_path / "tasks.jsonl"

@@ -1,4 +1,5 @@
-"""Fixtures for the gateway's tests: real uvicorn servers on 127.0.0.1 and the tiny model."""
+"""Helpers for the gateway's tests: real uvicorn servers on 127.0.0.1 (the tiny model's fixture,
+`tiny_path`, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-import pytest
 import uvicorn
+
+# Only for the folders that still import `tiny_path` from here (tests/engine, tests/controller,
+# tests/examples); pytest finds it in tests/conftest.py. Delete once they no longer do.
+from tests.conftest import tiny_path  # noqa: F401
 
 
 @contextmanager
@@ -35,10 +38,3 @@ def serve(app: object, port: int = 0) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
-
-
-@pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine import models
-
-    return models.resolve("tiny", tmp_path_factory.mktemp("models"))

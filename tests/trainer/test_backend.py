@@ -24,7 +24,6 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
 from adapters import AdapterSettings, build_batch
 from tests.adapters.factory import chain, rollout
-from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 from trainer.config import ConfigError, load_config
 from trainer.loss import to_dataproto
 
@@ -124,7 +123,7 @@ def reference_step(  # type: ignore[no-untyped-def]
     "ranks, epochs, minibatch", [(1, 1, None), (2, 1, None), (1, 2, None), (2, 1, 3)]
 )
 def test_two_updates_through_verls_workers_equal_the_reference(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
     ranks: int,
     epochs: int,
@@ -179,7 +178,7 @@ def test_two_updates_through_verls_workers_equal_the_reference(
 
 
 def test_the_demos_warm_up_starts_at_half_the_rate_and_a_checkpoint_resumes_exactly(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     """The demo's schedule: 0.5 lr on the first update (verl's constant schedule would give it 0),
@@ -214,7 +213,7 @@ def test_the_demos_warm_up_starts_at_half_the_rate_and_a_checkpoint_resumes_exac
 
 
 def test_more_ranks_than_the_machine_has_fail_at_once_naming_the_field(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     with pytest.raises(ConfigError, match=r"trainer\.n_gpus_per_node"):
@@ -233,7 +232,7 @@ EXPORT_TOLERANCE = 1e-2
 
 @pytest.fixture(scope="session")
 def tiny_qwen35_path(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     """Qwen3.5-9B's architecture, shrunk: the image-text class (verl loads Qwen3.5 as one) with its

@@ -12,7 +12,6 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen3_5Config
 
-from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 from trainer.backend import ExportError, checkpoint_dtype, export, gather
 
 
@@ -43,7 +42,7 @@ def test_the_export_dtype_is_the_one_the_checkpoint_names() -> None:
 
 
 def test_weights_that_do_not_fit_the_checkpoints_class_fail_naming_them(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     """What Qwen3.5's causal-LM class did silently (it lacks `model.language_model.*` and
@@ -58,7 +57,7 @@ def test_weights_that_do_not_fit_the_checkpoints_class_fail_naming_them(
 
 
 def test_a_tied_model_exports_and_reloads_equal(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     """The tiny Qwen2 ties its output head to its embeddings: the export writes one tensor for

@@ -24,18 +24,16 @@ def test_the_demo_config_composes_with_verls_and_takes_overrides() -> None:
     )
     assert agl.admin_key == "k" and agl.n == 8 and agl.max_staleness is None and agl.mode == "async"
     actor = cfg.actor_rollout_ref.actor
-    assert (
-        actor.clip_ratio == 0.3 and actor.optim.lr == 1e-5 and actor.use_kl_loss
-    )  # ours over verl's defaults
+    # ours over verl's defaults
+    assert actor.clip_ratio == 0.3 and actor.optim.lr == 1e-5 and actor.use_kl_loss
     assert actor.clip_ratio_c == 3.0 and "ppo_mini_batch_size" in actor  # verl's defaults are there
     assert actor.policy_loss.loss_mode == LOSS and actor.loss_agg_mode == "token-sum"
     assert cfg.trainer.total_training_steps == 12
     settings = agl.adapter(dp_size=2, minibatch_rollouts=3)
     assert settings.dp_size == 2 and settings.minibatch_rollouts == 3
     assert settings.loss_mode == "rollout" and settings.max_staleness is None
-    assert (
-        settings.temperature == agl.temperature == 0.7
-    )  # calls at other temperatures are not trained
+    # calls at other temperatures are not trained
+    assert settings.temperature == agl.temperature == 0.7
     assert actor.optim.total_training_steps == 12  # the warm-up and schedule know the run's length
 
 
@@ -97,10 +95,8 @@ def test_agl_fields_missing_from_the_file_can_be_set(tmp_path: Path) -> None:
             ["agl.admin_key=k", "actor_rollout_ref.actor.optim.lr_warmup_steps=16"],
             "lr_warmup_steps",
         ),
-        (
-            ["agl.admin_key=k", "agl.engine="],
-            "agl.engine",
-        ),  # trainer.device cpu feeds the embedded engine
+        # trainer.device cpu feeds the embedded engine
+        (["agl.admin_key=k", "agl.engine="], "agl.engine"),
         (["agl.admin_key=k", "agl.guard_drop=0.2", "trainer.test_freq=0"], "agl.guard_drop"),
         (["agl.admin_key=k", "agl.guard_action=pray"], "agl.guard_action"),
         (["agl.admin_key=k", "agl.advantage_level=token"], "agl.advantage_level"),
@@ -140,8 +136,7 @@ def test_the_gpu_example_trains_fp32_master_weights_at_the_harness_temperature()
         and actor.fsdp_config.mixed_precision.param_dtype == "bf16"
     )
     assert agl.temperature == 0.7  # what examples/calculator/harness.py samples at
-    assert (
-        rollout.engine_kwargs.sglang.context_length == rollout.max_model_len == 32768
-    )  # one setting, to sglang
+    # one setting, to sglang
+    assert rollout.engine_kwargs.sglang.context_length == rollout.max_model_len == 32768
     assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "flash_attention_2"
     assert agl.max_length <= actor.ppo_max_token_len_per_gpu

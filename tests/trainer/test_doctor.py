@@ -18,7 +18,7 @@ import pytest
 import torch
 from fastapi.responses import JSONResponse, Response
 
-from tests.gateway.conftest import serve, tiny_path  # noqa: F401  (session fixture)
+from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn
 from trainer import doctor
 from trainer.config import load_config
@@ -213,7 +213,7 @@ def run_doctor(url: str, model: Path, out: Path, *overrides: str) -> int:
 
 @pytest.mark.slow
 def test_every_check_passes_on_the_cpu_path_and_the_engine_is_left_as_it_was(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -247,7 +247,7 @@ def test_every_check_passes_on_the_cpu_path_and_the_engine_is_left_as_it_was(
 
 
 def test_a_context_other_than_the_configured_one_fails_the_models_check(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     """The check against a stand-in serving 4096 tokens, behind a backend that started nothing."""
@@ -285,7 +285,7 @@ class WrongLogprobIds(SglangStandIn):
 
 @pytest.mark.slow
 def test_a_broken_generate_reply_stops_the_doctor_with_its_fix(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -1,4 +1,5 @@
-"""The rollout engines the backends drive: the embedded engine from disk, and sglang's weight version.
+"""The rollout engines the backends drive: the embedded engine from disk, and sglang's weight
+version; and the model a config that names none trains (`base_model_path`).
 
 `DiskEngine` runs against the real embedded engine (tiny model). sglang cannot run here: its
 weight-version endpoints are played by a stand-in that answers as sglang 0.5.13's do.
@@ -16,14 +17,14 @@ from transformers import AutoModelForCausalLM
 
 from engine.batcher import Engine
 from engine.server import create_app
-from tests.gateway.conftest import serve, tiny_path  # noqa: F401  (session fixture)
+from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn
-from trainer.engines import DiskEngine, EngineCallError, set_weight_version
+from trainer.engines import DiskEngine, EngineCallError, base_model_path, set_weight_version
 
 
 def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(
     tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
+) -> None:
     engine = Engine(tiny_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_path)
     try:
@@ -34,10 +35,8 @@ def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(
                 disk.push(None, version)  # saved now, under weights/v{version}
                 disk.wake()
                 assert httpx.get(url + "/model_info").json()["weight_version"] == str(version)
-            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == [
-                "v2",
-                "v3",
-            ]  # the previous one stays
+            # the previous one stays
+            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v2", "v3"]
             disk.push(tmp_path / "weights" / "v2", 4)  # a checkpoint's folder: loaded as it is
             disk.wake()
             assert httpx.get(url + "/model_info").json()["model_path"].endswith("v2/model")
@@ -50,11 +49,12 @@ def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(
 
 
 def test_disk_engine_on_sglang_loads_only_once_awake_and_takes_null_replies(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
-    """sglang's memory commands answer 200 with `null`, and it loads weights from disk at once, even while its
-    memory is released (tests/sglang.py): the engine must be awake before the load."""
+    """sglang's memory commands answer 200 with `null`, and it loads weights from disk at once,
+    even while its memory is released (tests/sglang.py): the engine must be awake before the
+    load."""
     sglang = SglangStandIn(tiny_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_path)
     with serve(sglang.app()) as url:
@@ -76,13 +76,16 @@ def test_disk_engine_on_sglang_loads_only_once_awake_and_takes_null_replies(
 
 
 def sglang_stand_in(accept: bool = True) -> FastAPI:
-    """sglang's `/update_weight_version` and `/model_info`; with `accept=False` the version never changes."""
-    app, state = FastAPI(), {"weight_version": "default"}
+    """sglang's `/update_weight_version` and `/model_info`; with `accept=False` the version never
+    changes."""
+    app = FastAPI()
+    state = {"weight_version": "default"}
 
     @app.post("/update_weight_version")
     async def update(body: dict[str, Any]) -> dict[str, Any]:
         assert body["abort_all_requests"] is False  # the gateway has drained: nothing to abort
-        state["weight_version"] = body["new_version"] if accept else state["weight_version"]
+        if accept:
+            state["weight_version"] = body["new_version"]
         return {"success": True, "message": "ok", "new_version": body["new_version"]}
 
     @app.get("/model_info")
@@ -101,3 +104,40 @@ def test_sglangs_weight_version_is_set_after_each_load_and_checked() -> None:
     )
     with serve(sglang_stand_in(accept=False)) as url, httpx.Client() as client, refused:
         set_weight_version(client, url, 7)
+
+
+def model_info_client(status: int = 200) -> tuple[httpx.Client, list[str]]:
+    """A client whose engine answers `/model_info` with `status` (serving `/served/model` on a
+    200), and the URLs it was asked for."""
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        return httpx.Response(status, json={"model_path": "/served/model"})
+
+    return httpx.Client(transport=httpx.MockTransport(answer)), asked
+
+
+@pytest.mark.parametrize("configured", ["", "~/models/deepseek-llm-7b-chat"])
+def test_a_config_that_names_no_model_trains_the_one_the_engine_serves(configured: str) -> None:
+    client, asked = model_info_client()
+    with client:
+        assert base_model_path(configured, "http://engine/", client) == "/served/model"
+    assert asked == ["http://engine/model_info"]
+
+
+def test_the_configs_model_stands_and_a_known_base_model_is_not_asked_for_again() -> None:
+    client, asked = model_info_client()
+    with client:
+        assert base_model_path("/my/model", "http://engine", client) is None
+        assert base_model_path("", "", client) is None  # no engine to ask
+        assert base_model_path("", "http://engine", client, known="/first/model") == "/first/model"
+        # a model the config names stands, even over one known
+        assert base_model_path("/my/model", "http://engine", client, known="/first") is None
+    assert asked == []
+
+
+def test_an_engine_that_does_not_answer_model_info_raises() -> None:
+    client, _ = model_info_client(status=503)
+    with client, pytest.raises(httpx.HTTPStatusError):
+        base_model_path("", "http://engine", client)

@@ -27,7 +27,6 @@ from transformers import AutoModelForCausalLM
 
 from agl.types import Mode
 from tests.controller.conftest import controller, script
-from tests.gateway.conftest import tiny_path  # noqa: F401  (session fixture)
 from tests.gateway.stack import ADMIN, Stack, stack
 from trainer.config import ConfigError, load_config
 from trainer.loop import train
@@ -53,11 +52,15 @@ for _ in range(2):
 url = os.environ["AGL_GATEWAY_URL"] + "/api/rollouts/" + os.environ["AGL_ROLLOUT_ID"]
 auth = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
 if task.get("flag"):  # as a reward-hacking check would
-    httpx.post(url + "/events", json={"kind": "flag", "data": {"flag": "network"}}, headers=auth).raise_for_status()
-    first = httpx.get(url + "/calls", headers=auth).json()[0]["seq"]  # an intermediate reward for the first call
-    httpx.post(url + "/reward", json={"reward": -1, "final": False, "call_seq": first}, headers=auth).raise_for_status()
+    flag = {"kind": "flag", "data": {"flag": "network"}}
+    httpx.post(url + "/events", json=flag, headers=auth).raise_for_status()
+    # an intermediate reward for the first call
+    first = httpx.get(url + "/calls", headers=auth).json()[0]["seq"]
+    shaped = {"reward": -1, "final": False, "call_seq": first}
+    httpx.post(url + "/reward", json=shaped, headers=auth).raise_for_status()
 reward = task.get("reward")
-if reward is None and task.get("once"):  # 1 the first time this task runs, then 0: a validation that gets worse
+# 1 the first time this task runs, then 0: a validation that gets worse
+if reward is None and task.get("once"):
     try:
         os.close(os.open(os.path.join(task["marks"], "once " + task["q"]), os.O_CREAT | os.O_EXCL))
         reward = 1.0
@@ -85,8 +88,9 @@ def overrides(
     rewards: dict[int, float] | None = None,
     val: list[dict] | None = None,
 ) -> list[str]:
-    """The demo's config pointed at this stack; with `own_spec`, each task entry carries its spec (and a flag);
-    `rewards`: the tasks (by index) whose rollouts all get that reward; `val`: validation tasks (else none)."""
+    """The demo's config pointed at this stack; with `own_spec`, each task entry carries its spec
+    (and a flag); `rewards`: the tasks (by index) whose rollouts all get that reward; `val`:
+    validation tasks (else none)."""
     command = script(tmp_path, "harness.py", HARNESS)
     (tmp_path / "marks").mkdir(exist_ok=True)
     marks = str(tmp_path / "marks")
@@ -149,7 +153,7 @@ def check_versions(gw: Stack, steps: int) -> None:
 
 def test_sync_mode_runs_three_steps_and_serves_each_new_version(
     tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
+) -> None:
     with stack(tiny_path, tmp_path) as gw:
         mb = "actor_rollout_ref.actor.ppo_mini_batch_size=3"  # rollouts: 4 a step, in 2 optimizer steps
         steps = run_loop(
@@ -170,16 +174,13 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(
     # every step's rollouts were served by one version: the one trained in that step
     versions = sorted({c.model_version for cs in calls.values() for c in cs})
     assert versions == [0, 1, 2]
-    assert all(
-        s["adapter/rollouts_trained"] == 4 for s in steps
-    )  # mixed rewards: every group was trained
+    # mixed rewards: every group was trained
+    assert all(s["adapter/rollouts_trained"] == 4 for s in steps)
     assert all(s["actor/optimizer_steps"] == 2 for s in steps)
-    assert all(
-        s["calls/agent/trained"] == 8 and "calls/agent/untrained" not in s for s in steps
-    )  # 2 calls each
-    assert all(
-        s["adapter/calls_shaped"] == 4 for s in steps
-    )  # each rollout's first call: its penalty is trained
+    # 2 calls each
+    assert all(s["calls/agent/trained"] == 8 and "calls/agent/untrained" not in s for s in steps)
+    # each rollout's first call: its penalty is trained
+    assert all(s["adapter/calls_shaped"] == 4 for s in steps)
     assert all(
         s["adapter/trained_tokens"] > 0 and math.isfinite(s["actor/grad_norm"]) for s in steps
     )
@@ -195,22 +196,20 @@ def test_sync_mode_runs_three_steps_and_serves_each_new_version(
 
 def test_a_step_without_samples_pauses_nothing_and_keeps_the_version(
     tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
+) -> None:
     """A group whose rewards are all equal has nothing to learn from: a step of only such groups
     neither pauses the gateway nor pushes weights, and the version stays (no checkpoint is due)."""
     with stack(tiny_path, tmp_path) as gw:
-        equal = {
-            i: float(i % 2) for i in range(20) if i not in (10, 16)
-        }  # two tasks with mixed rewards
+        # two tasks with mixed rewards
+        equal = {i: float(i % 2) for i in range(20) if i not in (10, 16)}
         extra = ["agl.mode=sync", "agl.batch_groups=1", "trainer.save_freq=-1"]
         steps = run_loop(gw, tmp_path, *extra, rewards=equal)
         versions = [int(s["version"]) for s in steps]
         check_versions(gw, versions[-1])
     assert len(steps) == 3
     updated = [s["adapter/samples"] > 0 for s in steps]
-    assert (
-        versions == list(itertools.accumulate(updated)) and 0 < versions[-1] < 3
-    )  # the tasks' order is the seed's
+    # the tasks' order is the seed's
+    assert versions == list(itertools.accumulate(updated)) and 0 < versions[-1] < 3
     assert all(
         s["timing/paused_s"] == 0 and "timing/update_s" not in s
         for s, u in zip(steps, updated, strict=True)
@@ -220,41 +219,37 @@ def test_a_step_without_samples_pauses_nothing_and_keeps_the_version(
 
 def test_async_mode_carries_groups_over_and_drops_stale_rollouts(
     tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
+) -> None:
     with stack(tiny_path, tmp_path) as gw:
-        steps = run_loop(
-            gw, tmp_path, "agl.mode=async", "agl.batch_groups=1", "agl.active_groups=4", "agl.max_staleness=0",
-            sleep=1.0,
-        )  # fmt: skip
-        check_versions(
-            gw, int(steps[-1]["version"])
-        )  # a step of nothing but stale rollouts makes no version
+        extra = [
+            "agl.mode=async",
+            "agl.batch_groups=1",
+            "agl.active_groups=4",
+            "agl.max_staleness=0",
+        ]
+        steps = run_loop(gw, tmp_path, *extra, sleep=1.0)
+        # a step of nothing but stale rollouts makes no version
+        check_versions(gw, int(steps[-1]["version"]))
         left = gw.store.list_rollouts(limit=1000)
-        assert all(
-            r.status.terminal for r in left
-        )  # the groups still running at the end were cancelled
+        # the groups still running at the end were cancelled
+        assert all(r.status.terminal for r in left)
     assert len(steps) == 3
-    assert (
-        sum(s["groups/carried_over"] for s in steps) >= 1
-    )  # launched before an update, trained after it
+    # launched before an update, trained after it
+    assert sum(s["groups/carried_over"] for s in steps) >= 1
     assert max(s["staleness/max"] for s in steps) >= 1
-    assert (
-        sum(s["adapter/rollouts_dropped_stale"] for s in steps) >= 1
-    )  # beyond max_staleness=0: counted
+    # beyond max_staleness=0: counted
+    assert sum(s["adapter/rollouts_dropped_stale"] for s in steps) >= 1
 
 
 def test_a_killed_run_resumes_without_losing_or_repeating_groups(
     tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
+) -> None:
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "agl.cli", "train", str(DEMO)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
     with stack(tiny_path, tmp_path) as gw, controller(gw, tmp_path, None):
-        every_step = [
-            "agl.batch_groups=1",
-            "agl.active_groups=3",
-            "trainer.save_freq=1",
-        ]  # a checkpoint per step
+        # a checkpoint per step
+        every_step = ["agl.batch_groups=1", "agl.active_groups=3", "trainer.save_freq=1"]
         args = [*argv, *overrides(gw, tmp_path, 0.5, *every_step)]
         with (tmp_path / "first.log").open("wb") as log:
             first = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -279,7 +274,7 @@ def test_a_killed_run_resumes_without_losing_or_repeating_groups(
 
 
 def test_a_run_killed_after_an_update_it_did_not_checkpoint_resumes_on_a_new_version(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     """With a checkpoint every 2 steps, a run killed once step 3's update is served (version 3)
@@ -314,8 +309,8 @@ def test_a_run_killed_after_an_update_it_did_not_checkpoint_resumes_on_a_new_ver
     assert versions[:2] == [1, 2] and 4 <= versions[2] <= versions[3] and versions[3] >= 5
 
 
-def test_validation_runs_before_training_every_test_freq_steps_and_at_the_end_each_round_greedy_on_one_version(
-    tiny_path: Path,  # noqa: F811
+def test_validation_runs_first_every_test_freq_steps_and_at_the_end_each_round_greedy_on_one_version(
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
     val = [{"q": f"held out {i}", "reward": float(i % 2)} for i in range(3)]
@@ -334,13 +329,11 @@ def test_validation_runs_before_training_every_test_freq_steps_and_at_the_end_ea
             c.model_version for c in calls[r.id]
         )
     assert by_round == {"val0": {0}, "val2": {2}, "val3": {3}}  # no update while a round was out
-    assert {c.temperature for cs in calls.values() for c in cs} == {
-        0.0
-    }  # greedy, whatever the harness asked
+    # greedy, whatever the harness asked
+    assert {c.temperature for cs in calls.values() for c in cs} == {0.0}
     steps = [h for h in history if "reward/mean" in h]
-    assert all(
-        s["adapter/calls_temperature_mismatch"] == 0 for s in steps
-    )  # training calls: the harness's 1.0
+    # training calls: the harness's 1.0
+    assert all(s["adapter/calls_temperature_mismatch"] == 0 for s in steps)
     for key in (
         "actor/entropy",
         "actor/kl_k3",
@@ -355,12 +348,13 @@ def test_validation_runs_before_training_every_test_freq_steps_and_at_the_end_ea
 
 @pytest.mark.parametrize("action", ["stop", "restore"])
 def test_the_guard_stops_or_restores_the_best_weights_when_validation_falls(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
     action: str,
 ) -> None:
-    """Validation scores 1 before training and 0 after it (each task scores 1 only the first time it runs).
-    Its rollouts are slow, so training groups are ready when a round ends: none is trained after a stop."""
+    """Validation scores 1 before training and 0 after it (each task scores 1 only the first time it
+    runs). Its rollouts are slow, so training groups are ready when a round ends: none is trained
+    after a stop."""
     val = [{"q": f"held out {i}", "once": True, "sleep": 1.0} for i in range(2)]
     extra = [
         "agl.mode=sync",
@@ -378,9 +372,8 @@ def test_the_guard_stops_or_restores_the_best_weights_when_validation_falls(
     guards = [h for h in history if "guard/step" in h]
     trained = [h for h in history if "reward/mean" in h]
     if action == "stop":
-        assert (
-            rounds == [1.0, 0.0] and len(trained) == 1
-        )  # stopped at the first fall; no final round
+        # stopped at the first fall; no final round
+        assert rounds == [1.0, 0.0] and len(trained) == 1
         assert [(g["guard/step"], g["guard/best"], g["guard/reward"]) for g in guards] == [
             (1, 1.0, 0.0)
         ]
@@ -398,7 +391,7 @@ def test_the_guard_stops_or_restores_the_best_weights_when_validation_falls(
 
 def test_a_temperature_no_call_was_sampled_at_fails_naming_the_field(
     tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
+) -> None:
     with (
         stack(tiny_path, tmp_path) as gw,
         pytest.raises(ConfigError, match=r"agl.temperature=0.5 .*sampled at 1.0"),
@@ -407,8 +400,9 @@ def test_a_temperature_no_call_was_sampled_at_fails_naming_the_field(
 
 
 class DiskBackend:
-    """What `Trainer.restore` uses of the backend, with the real `DiskEngine` over the real embedded engine. The
-    trainer's weights are a transformers model: verl's workers are not needed to check what restore does."""
+    """What `Trainer.restore` uses of the backend, with the real `DiskEngine` over the real
+    embedded engine. The trainer's weights are a transformers model: verl's workers are not needed
+    to check what restore does."""
 
     def __init__(self, engine_url: str, model: Path, weights: Path) -> None:
         from trainer.engines import DiskEngine
@@ -452,11 +446,12 @@ def perturbed(model: Path, out: Path) -> Path:
 
 
 def test_a_restart_without_a_checkpoint_serves_the_trainers_weights_as_a_new_version(
-    tiny_path: Path,  # noqa: F811
+    tiny_path: Path,
     tmp_path: Path,
 ) -> None:
-    """The engine served version 3 (trained weights) when the trainer died before any checkpoint: the new
-    trainer holds the base weights, so the engine must serve those, named 4, as the gateway does."""
+    """The engine served version 3 (trained weights) when the trainer died before any checkpoint:
+    the new trainer holds the base weights, so the engine must serve those, named 4, as the gateway
+    does."""
     with stack(tiny_path, tmp_path) as gw:
         gw.admin.post("/api/models", json={"version": 3}).raise_for_status()
         trained = perturbed(tiny_path, tmp_path / "trained")
@@ -475,8 +470,9 @@ def test_a_restart_without_a_checkpoint_serves_the_trainers_weights_as_a_new_ver
 
 def test_a_checkpoint_is_loaded_only_once_the_engine_sleeps(
     tiny_path: Path, tmp_path: Path
-) -> None:  # noqa: F811
-    """On GPUs, sglang holds its share of the memory until it sleeps: loading before would not fit."""
+) -> None:
+    """On GPUs, sglang holds its share of the memory until it sleeps: loading before would not
+    fit."""
     with stack(tiny_path, tmp_path) as gw:
         gw.admin.post("/api/models", json={"version": 2}).raise_for_status()
         checkpoint = tmp_path / "run" / "step_2"

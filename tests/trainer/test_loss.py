@@ -40,9 +40,8 @@ def test_registered_loss_equals_the_reference(seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     shape = (4, 9)
     old = -torch.rand(shape, generator=g, dtype=torch.float64) * 3
-    new = (
-        old + torch.randn(shape, generator=g, dtype=torch.float64) * 0.5
-    )  # ratios well outside the clip
+    # ratios well outside the clip
+    new = old + torch.randn(shape, generator=g, dtype=torch.float64) * 0.5
     adv = torch.randn(shape, generator=g, dtype=torch.float64) * 2
     mask = torch.rand(shape, generator=g) > 0.3
     weights = torch.rand(shape, generator=g, dtype=torch.float64) * mask
@@ -82,9 +81,8 @@ def test_batch_becomes_a_dataproto_with_the_fields_verls_actor_reads() -> None:
         "b": [call("b", 0, [1, 2, 3, 4, 5, 6], [20])],
     }
     rollouts = [rollout("a", reward=1.0), rollout("b", reward=0.0)]
-    batch = build_batch(
-        rollouts, calls, AdapterSettings(dp_size=4)
-    )  # padded with zero-weight samples to 4
+    # padded with zero-weight samples to 4
+    batch = build_batch(rollouts, calls, AdapterSettings(dp_size=4))
     data = to_dataproto(batch, temperature=0.7)
     b = data.batch
     assert data.meta_info["temperature"] == 0.7

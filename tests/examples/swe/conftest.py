@@ -20,7 +20,6 @@ from controller.launcher import Launcher
 from examples.swe.spec import SpecSettings, create_rollouts
 from examples.swe.tasks import Task
 from tests.controller.conftest import controller, wait_status
-from tests.gateway.conftest import tiny_path  # noqa: F401  (the session fixture, shared)
 from tests.gateway.stack import ADMIN, Stack, stack
 
 collect_ignore_glob = ["toy/*"]  # the toy task's own tests run only inside the recipe
