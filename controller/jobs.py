@@ -67,13 +67,8 @@ async def gc(namespace: str, grace_s: float) -> list[str]:
         ) from e
 
 
-def parser() -> argparse.ArgumentParser:
-    """`agl jobs`'s command line: `render`, `list` and `cancel` (gateway flags), `gc` (cluster)."""
-    parser = argparse.ArgumentParser(
-        prog="agl jobs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def gateway_flags() -> argparse.ArgumentParser:
+    """The flags of the commands that talk to the gateway: `render`, `list` and `cancel`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--group", default="manual", help="the rollouts' group (a name; default: %(default)s)"
@@ -88,6 +83,17 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("AGL_CONTROLLER_ADMIN_KEY", ""),
         help="the gateway's admin key (default: $AGL_CONTROLLER_ADMIN_KEY)",
     )
+    return common
+
+
+def parser() -> argparse.ArgumentParser:
+    """`agl jobs`'s command line: `render`, `list` and `cancel` (gateway flags), `gc` (cluster)."""
+    parser = argparse.ArgumentParser(
+        prog="agl jobs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = gateway_flags()
     sub = parser.add_subparsers(dest="command", required=True)
 
     render = sub.add_parser(

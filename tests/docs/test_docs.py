@@ -294,7 +294,6 @@ def test_the_training_page_names_every_agl_key() -> None:
     assert not [f for f in AglConfig.model_fields if f"`agl.{f}`" not in page]
 
 
-@pytest.mark.xfail(strict=True, reason="code comments are being repointed")
 def test_no_file_points_at_the_design_notes_outside_the_repository() -> None:
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs a git checkout")
