@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.quick import parse_args
+
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = {
     "rollout": ["agl.advantage_level=rollout", "agl.loss_mode=rollout"],
@@ -47,6 +49,7 @@ def run(
     demo = [
         *[sys.executable, str(ROOT / "examples" / "demo.py"), "--seed", str(seed)],
         *["--out", str(out), "--harness", str(ROOT / "examples" / "splitting" / "harness.py")],
+        *["--model", args.model],
         *ARMS[arm],
         *[f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}"],
         "trainer.save_freq=-1",
@@ -82,6 +85,13 @@ def curves(history: list[dict[str, float]]) -> dict[str, list[tuple[float, float
 def entropy_ratio(series: list[tuple[float, float]]) -> float:
     """Policy entropy at the last update over that at the first."""
     return series[-1][1] / series[0][1] if len(series) >= 2 else float("nan")
+
+
+def mean_or_nan(values: list[float]) -> float:
+    """The mean; NaN for none (a run whose every group scored alike trains nothing)."""
+    if not values:
+        return float("nan")
+    return statistics.mean(values)
 
 
 def plot(results: dict[str, list[dict]], path: Path) -> None:
@@ -123,7 +133,16 @@ def main() -> int:
         "--val-tasks", type=int, default=40, help="held-out tasks validated on (of 40)"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
-    args = parser.parse_args()
+    parser.add_argument("--model", default="smollm2", help="the engine's model (examples/demo.py)")
+    args = parse_args(
+        parser,
+        seeds=[0],
+        arms=["rollout", "sample"],
+        steps=3,
+        batch_groups=1,
+        val_tasks=4,
+        model="tiny",
+    )
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     val_path = ROOT / "examples" / "calculator" / "val.jsonl"
@@ -151,7 +170,7 @@ def main() -> int:
     for arm, runs in results.items():
         final = [r["curves"]["val"][-1][1] for r in runs]
         ratio = statistics.mean(entropy_ratio(r["curves"]["entropy"]) for r in runs)
-        spr = statistics.mean(v for r in runs for _, v in r["curves"]["samples_per_rollout"])
+        spr = mean_or_nan([v for r in runs for _, v in r["curves"]["samples_per_rollout"]])
         summary[arm] = {
             "val": statistics.mean(final),
             "sd": statistics.pstdev(final),

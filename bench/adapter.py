@@ -1,6 +1,6 @@
 """Sample adapter throughput and the split distortion it removes (issue #6).
 
-1,024 rollouts of 20 calls (prompts extend the previous call: 2,000-token observations,
+1,024 rollouts (`--rollouts`) of 20 calls (prompts extend the previous call: 2,000-token observations,
 300-token responses; 10% with an interleaved sub-agent chain and a summarized context) through
 `adapters.build_batch` in trajectory mode, on one core. Throughput counts the batch's tokens
 (sum of sample lengths). Baseline in the same run: one bare `np.concatenate` of the same output
@@ -15,6 +15,7 @@ Last line: adapter_mtok_per_s=A split_weight_ratio_sample_level=B split_weight_r
 
 from __future__ import annotations
 
+import argparse
 import gc
 import time
 from array import array
@@ -23,8 +24,12 @@ import numpy as np
 
 from adapters import AdapterSettings, build_batch
 from agl.types import Call, Mode, Rollout, Status
+from bench.quick import parse_args
 
-ROLLOUTS, CALLS, OBS, RESP, GROUP = 1024, 20, 2000, 300, 8
+CALLS = 20
+OBS = 2000
+RESP = 300
+GROUP = 8
 SUB_AT = (6, 8, 10, 12)  # call positions of the sub-agent in rollouts that have one
 SUMMARY_AT = 14  # main call whose context is summarized
 rng = np.random.default_rng(0)
@@ -91,18 +96,21 @@ def split_ratio(loss_mode: str) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rollouts", type=int, default=1024, help="rollouts in the batch")
+    rollout_count = parse_args(parser, rollouts=64).rollouts
     t0 = time.perf_counter()
-    data = [make_rollout(i, with_sub=i % 10 == 0) for i in range(ROLLOUTS)]
+    data = [make_rollout(i, with_sub=i % 10 == 0) for i in range(rollout_count)]
     rollouts = [r for r, _ in data]
     calls = {r.id: c for r, c in data}
     del data
     call_tokens = sum(len(c.prompt_ids) + len(c.response_ids) for cs in calls.values() for c in cs)
     print(
-        f"generated {ROLLOUTS} rollouts, {call_tokens / 1e6:.0f}M call tokens "
+        f"generated {rollout_count} rollouts, {call_tokens / 1e6:.0f}M call tokens "
         f"in {time.perf_counter() - t0:.1f}s"
     )
 
-    settings = AdapterSettings(max_length=65_536, dp_size=8, minibatch_rollouts=ROLLOUTS // 4)
+    settings = AdapterSettings(max_length=65_536, dp_size=8, minibatch_rollouts=rollout_count // 4)
     best = float("inf")
     for _ in range(5):
         gc.collect()

@@ -23,9 +23,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from bench.gateway import ADMIN, free_port, wait
+from bench.quick import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
+TRAIN_YAML = ROOT / "examples" / "calculator" / "train.yaml"
 
 # The stdlib only (no SDK import per process): the harness's own CPU is not what is measured.
 HARNESS = """
@@ -37,7 +41,8 @@ def post(url, body):
     return json.load(urllib.request.urlopen(req, timeout=600))
 messages = [{"role": "user", "content": task["q"]}]
 for _ in range(int(os.environ["BENCH_CALLS"])):
-    reply = post(base + "/chat/completions", {"model": "agent", "messages": messages, "max_tokens": 8})
+    body = {"model": "agent", "messages": messages, "max_tokens": 8}
+    reply = post(base + "/chat/completions", body | {"temperature": float(os.environ["BENCH_TEMPERATURE"])})
     messages += [reply["choices"][0]["message"], {"role": "user", "content": "tool output"}]
     time.sleep(random.lognormvariate(0.0, float(os.environ["BENCH_SIGMA"])))  # the tool
 reward = float(len(messages[-2]["content"] or "") % 2)
@@ -53,11 +58,19 @@ def run_mode(
     from trainer.loop import train
 
     harness = work / "harness.py"
+    # The harness samples at the temperature the trainer computes log-probs at.
+    temperature = OmegaConf.load(TRAIN_YAML).agl.temperature
+    env = {
+        "BENCH_CALLS": str(args.calls),
+        "BENCH_SIGMA": str(args.sigma),
+        "BENCH_TEMPERATURE": str(temperature),
+    }
+    env_override = ",".join(f"{name}:'{value}'" for name, value in env.items())
     overrides = [
         *[f"agl.gateway={gateway}", f"agl.engine={engine}", f"agl.admin_key={ADMIN}"],
         f"agl.mode={mode}",
         f"agl.spec.harness.command=[{sys.executable},{harness}]",
-        f"agl.spec.harness.env={{BENCH_CALLS:'{args.calls}',BENCH_SIGMA:'{args.sigma}'}}",
+        f"agl.spec.harness.env={{{env_override}}}",
         *[f"agl.tasks={work / 'tasks.jsonl'}", "agl.val_tasks="],
         *[f"agl.n={args.n}", "agl.threads=1"],
         *[f"agl.batch_groups={args.batch_groups}", f"agl.active_groups={args.active_groups}"],
@@ -66,7 +79,7 @@ def run_mode(
         *[f"trainer.experiment_name=bench-{mode}", f"trainer.default_local_dir={work / mode}"],
         *["trainer.logger=[]", "trainer.save_freq=0"],
     ]
-    cfg, agl = load_config(ROOT / "examples" / "calculator" / "train.yaml", overrides)
+    cfg, agl = load_config(TRAIN_YAML, overrides)
     started = time.monotonic()
     history = asyncio.run(train(cfg, agl))
     wall = time.monotonic() - started
@@ -96,7 +109,7 @@ def main() -> None:
         "--sigma", type=float, default=1.0, help="lognormal sigma of the tool time (median 1 s)"
     )
     parser.add_argument("--max-staleness", type=int, default=8)
-    args = parser.parse_args()
+    args = parse_args(parser, steps=3, n=2, batch_groups=1, active_groups=3, calls=2)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "harness.py").write_text(HARNESS)

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from bench.gateway import ADMIN, free_port, rss_mb, wait
+from bench.quick import parse_args
 
 H = {"Authorization": f"Bearer {ADMIN}"}
 
@@ -55,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--launches", type=int, default=300)
     parser.add_argument("--running", type=int, default=500)
-    args = parser.parse_args()
+    args = parse_args(parser, launches=20, running=20)
 
     from engine import models
 

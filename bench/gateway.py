@@ -26,6 +26,8 @@ from typing import Any
 import aiohttp
 import httpx
 
+from bench.quick import parse_args
+
 REPLY = list(range(100, 164))
 ADMIN = "bench-admin"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
@@ -244,7 +246,7 @@ def main() -> None:
     )
     parser.add_argument("--stand-in", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, calls=30, concurrent=8, rollouts=20)
     if args.stand_in:
         return stand_in(args.stand_in, args.tokenizer)
 

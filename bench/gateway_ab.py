@@ -1,6 +1,7 @@
 """Paired A/B of two source trees' gateways, for changes smaller than this machine's noise.
 
-`python -m bench.gateway_ab OTHER_TREE` (e.g. a `git worktree` of the previous commit) starts
+`python -m bench.gateway_ab OTHER_TREE` (e.g. a `git worktree` of the previous commit; without
+it, this tree against itself, which shows the noise between two equal gateways) starts
 one engine stand-in (bench/gateway.py's) and one `agl gateway` from each tree, and then
 alternates sequential calls between them (in turn first), with a direct call to the stand-in after
 each pair.
@@ -28,6 +29,7 @@ import aiohttp
 import httpx
 
 from bench.gateway import ADMIN, Conversation, free_port, post, wait
+from bench.quick import parse_args
 
 
 async def measure(
@@ -73,18 +75,24 @@ async def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("other", help="the other source tree (a checkout of agl)")
+    this = Path(__file__).resolve().parents[1]
+    parser.add_argument(
+        "other",
+        nargs="?",
+        type=Path,
+        default=this,
+        help="the other source tree, a checkout of agl (default: this tree, against itself)",
+    )
     parser.add_argument("--calls", type=int, default=500, help="sequential calls per gateway")
     parser.add_argument("--concurrent", type=int, default=64)
     parser.add_argument(
         "--engine-ms", type=float, default=0, help="the stand-in's latency (ms; default instant)"
     )
-    args = parser.parse_args()
+    args = parse_args(parser, calls=30, concurrent=8)
     from transformers import AutoTokenizer
 
     from engine import models
 
-    this = Path(__file__).resolve().parents[1]
     cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
     tokenizer = str(models.resolve("tiny", cache_dir))
     tok = AutoTokenizer.from_pretrained(tokenizer)
@@ -100,7 +108,7 @@ def main() -> None:
             latency = {"fail": 0, "delay_s": args.engine_ms / 1000}
             httpx.post(engine + "/stand_in/faults", json=latency).raise_for_status()
             gateways = []
-            for i, tree in enumerate((this, Path(args.other).resolve())):
+            for i, tree in enumerate((this, args.other.resolve())):
                 port = free_port()
                 cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
                 cmd += ["--port", str(port), "--admin-key", ADMIN]

@@ -36,6 +36,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, post, wait, words
+from bench.quick import parse_args
 
 LENGTHS = (20, 50, 100, 150, 200)  # messages in the prompt, for the table
 TARGET = 2.0  # at 200 messages over at 20, at most: added latency; stored bytes per new-token byte
@@ -202,7 +203,7 @@ def main() -> None:
     parser.add_argument(
         "--stagger", type=int, default=6, help="turns between one rollout's start and the next's"
     )
-    args = parser.parse_args()
+    args = parse_args(parser, rollouts=2)
     from transformers import AutoTokenizer
 
     from engine import models

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from bench.gateway import rss_mb
+from bench.quick import parse_args
 from bench.soak import ADMIN_HEADERS, create, running, session, tiny_tokenizer
 
 STALL_MS = 250  # the most a probe may take beyond the baseline while an attack runs
@@ -334,7 +335,8 @@ def main() -> None:
     parser.add_argument(
         "--baseline-s", type=float, default=5.0, help="probing alone before the attacks (s)"
     )
-    out = asyncio.run(main_async(parser.parse_args().baseline_s))
+    args = parse_args(parser, baseline_s=1.0)
+    out = asyncio.run(main_async(args.baseline_s))
     print(" ".join(f"{k}={v}" for k, v in out.items()))
 
 

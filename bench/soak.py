@@ -49,6 +49,7 @@ import aiohttp
 
 from agl.store import Store
 from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, rss_mb, wait
+from bench.quick import parse_args
 from controller.launcher import process_start
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -589,7 +590,18 @@ def main() -> None:
     parser.add_argument(
         "--controller-rollouts", type=int, default=24, help="controller SIGKILL: rollouts"
     )
-    args = parser.parse_args()
+    args = parse_args(
+        parser,
+        rollouts=20,
+        calls=3,
+        kill_rollouts=10,
+        kill_calls=3,
+        kills=1,
+        harnesses=10,
+        cycles=3,
+        pairs=3,
+        controller_rollouts=6,
+    )
     t0 = time.monotonic()
     with running() as stack:
         print(f"gateway {stack.url}, engine stand-in {stack.engine}, store {stack.db}", flush=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from agl.settings import StoreSettings
 from agl.store import Store
 from agl.types import Call, Status
+from bench.quick import parse_args
 
 PROMPT, RESPONSE = 4096, 512
 
@@ -102,7 +103,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--writers", type=int, default=32)
     parser.add_argument("--per-writer", type=int, default=125)
-    args = parser.parse_args()
+    args = parse_args(parser, writers=4, per_writer=25)
     with tempfile.TemporaryDirectory() as tmp:
         n = args.writers * args.per_writer
         baseline = bench_baseline(Path(tmp) / "baseline.db", n)
