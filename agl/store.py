@@ -6,7 +6,9 @@ logprobs), and the calls' chains: a call is stored as the extension of its agent
 so a rollout's bytes grow with its new tokens (reads return whole calls). One writer thread
 commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves
 once committed (an acknowledged write is durable), and a failing write changes nothing: the rest
-of its group commits without it. Reads run on the caller's thread. It does not authenticate
+of its group commits without it. Several stores may write one PostgreSQL database at once (gateway
+replicas): a write locks the rows of the rollouts it changes, ends commit in `end_seq` order, and a
+call's chain names the call it extends. Reads run on the caller's thread. It does not authenticate
 anyone (it keeps only token hashes), speak HTTP, or decide policy such as when to retry: the
 gateway and the controller do.
 """
@@ -151,12 +153,21 @@ _CURRENT_ATTEMPT = sa.and_(
 )
 # The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without
 # rebuilding their key.
-_ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
+_READ_ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
+# The writes' read of a rollout, locked (PostgreSQL; SQLite's BEGIN IMMEDIATE already holds the
+# whole database) until the write commits, so that two gateway replicas changing one rollout take
+# turns.
+_ROLLOUT = _READ_ROLLOUT.with_for_update()
 # SET: the other parameters.
 _UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))
-# What appending a run of calls needs of their rollouts.
-_RUN_ROWS = sa.select(*rollouts.c["id", "status", "attempt", "n_calls"]).where(
-    rollouts.c.id.in_(sa.bindparam("ids"))
+# What appending a run of calls needs of their rollouts, locked as `_ROLLOUT` is: a replica that
+# appends to a rollout another is appending to reads its `n_calls` once the other has committed, so
+# seq numbers stay unique and dense. Locked in id order, so two runs never wait on each other.
+_RUN_ROWS = (
+    sa.select(*rollouts.c["id", "status", "attempt", "n_calls"])
+    .where(rollouts.c.id.in_(sa.bindparam("ids")))
+    .order_by(rollouts.c.id)
+    .with_for_update()
 )
 _INSERT_CALLS = calls.insert()
 _INSERT_EVENT = events.insert()
@@ -207,35 +218,40 @@ def _rollout(row: Any) -> Rollout:
 
 @dataclass(frozen=True)
 class _Read:
-    """What `_calls` keeps of an agent's last call read, to rebuild the next one that extends it."""
+    """What `_calls` keeps of a call read, to rebuild a later one that extends it."""
 
     ids: np.ndarray  # prompt + response
     request: JSON
-    seq: int
+    agent: str
 
 
 def _calls(rows: Iterable[Any]) -> Iterator[Call]:
     """Whole calls from their rows, in (rollout, seq) order: each chained one after the call it
-    extends."""
-    last: dict[tuple[str, str], _Read] = {}  # (rollout, agent) -> its last call read
+    extends. That is an earlier call of its agent, most often the last: a call recorded by one
+    gateway replica extends the last call that replica recorded, which another may have followed."""
+    read: dict[int, _Read] = {}  # seq -> the call, of the rollout being read
+    rollout_id = None
     for row in rows:
         values = dict(row._mapping)
         base = values.pop("base")
         found = _decode_arrays(values)
-        key = (values["rollout_id"], values["agent"])
+        if values["rollout_id"] != rollout_id:
+            rollout_id = values["rollout_id"]
+            read = {}
         if base is not None:
-            if key not in last or last[key].seq != base["seq"]:
+            previous = read.get(base["seq"])
+            if previous is None or previous.agent != values["agent"]:
                 raise StoreError(
-                    f"call {values['seq']} of rollout {key[0]} extends call {base['seq']}, not read"
+                    f"call {values['seq']} of rollout {rollout_id} extends call {base['seq']}, "
+                    "not read"
                 )
-            previous = last[key]
             kept = previous.ids[: base["prompt_from"]]
             found["prompt_ids"] = np.concatenate([kept, found["prompt_ids"]])
             values["request"] = _unchain(values["request"], previous.request, base)
-        last[key] = _Read(
+        read[values["seq"]] = _Read(
             ids=np.concatenate([found["prompt_ids"], found["response_ids"]]),
             request=values["request"],
-            seq=values["seq"],
+            agent=values["agent"],
         )
         arrays = {name: array(ARRAYS[name], a.tobytes()) for name, a in found.items()}
         yield Call(**values | arrays)
@@ -444,6 +460,8 @@ def _op_transition(
         values["failure_kind"] = failure_kind.value
     if reason:
         data["reason"] = reason
+    if Status(to).terminal:
+        _serialize_ends(conn)
     event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
     if to is Status.QUEUED:  # a fresh attempt
         values.update(attempt=attempt_after, started_at=None, failure_kind=None, reward=None)
@@ -452,6 +470,22 @@ def _op_transition(
     else:
         values.update(ended_at=event.created_at, end_seq=event.id)
     return _update_rollout(conn, row, values)
+
+
+# The PostgreSQL advisory lock that orders ends (any 64-bit key no other lock of the database uses).
+_ENDS_LOCK = 0x61676C_656E6473  # "agl", "ends"
+
+
+def _serialize_ends(conn: Connection) -> None:
+    """Holds, until the write commits, the lock that makes ends commit in `end_seq` order.
+
+    `end_seq` is the ending event's id, which the database numbers when the event is inserted, not
+    when it commits. With two writers (gateway replicas on PostgreSQL), an end numbered 10 could
+    commit after one numbered 11 was read, and `Store.terminal_after`'s cursor would skip it for
+    ever. Under this lock an end is numbered only once every earlier one has committed. SQLite
+    needs none: `BEGIN IMMEDIATE` already makes its writers take turns."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ENDS_LOCK})
 
 
 def _check_transition(row: Any, to: Status, kind: FailureKind | None, attempt: int | None) -> None:
@@ -909,8 +943,10 @@ class Store(contextlib.AbstractContextManager["Store"]):
             return list(conn.execute(statement))
 
     def get_rollout(self, rollout_id: str) -> Rollout:
-        with self._read_engine.connect() as conn:
-            return _rollout(_rollout_row(conn, rollout_id))
+        rows = self._read(_READ_ROLLOUT.params(rollout_id=rollout_id))
+        if not rows:
+            raise NotFound(f"unknown rollout {rollout_id!r}")
+        return _rollout(rows[0])
 
     def rollout_for_token(self, token: str) -> tuple[Rollout, str] | None:
         """The rollout a token belongs to and the token's role, `agent` or `grader`."""
@@ -948,7 +984,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def terminal_after(self, cursor: int = 0, limit: int = 1000) -> list[Rollout]:
         """Rollouts that ended after `cursor`, in the order they ended. The next cursor is the last
-        one's `end_seq`: ends are numbered by the one writer, so paging this way sees each once."""
+        one's `end_seq`: ends commit in `end_seq` order, whatever the writers (`_serialize_ends`), so
+        paging this way sees each once."""
         query = (
             sa.select(rollouts)
             .where(rollouts.c.end_seq > cursor)

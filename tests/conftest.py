@@ -45,6 +45,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
         yield from _postgres_database()
 
 
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database (skips without AGL_TEST_POSTGRES_URL)."""
+    yield from _postgres_database()
+
+
 @pytest.fixture(scope="session")
 def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model's Hugging Face folder, built once per test session."""
