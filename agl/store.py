@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import logging
 import math
+import os
 import pickle
 import queue
 import re
@@ -43,8 +44,11 @@ from agl.types import (
     JSON,
     TRANSITIONS,
     Call,
+    Charge,
     Event,
     FailureKind,
+    Fleet,
+    Gateway,
     Mode,
     ModelVersion,
     Rollout,
@@ -74,6 +78,18 @@ class SchemaTooNew(StoreError):
     """The database was migrated by a newer agl than this one."""
 
 
+class OverBudget(StoreError):
+    """A write that would take its rollout past its storage budget; nothing was written."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached; nothing was written."""
+
+
+class SecondGateway(StoreError):
+    """A second gateway process on a SQLite store, which serves one."""
+
+
 # --------------------------------------------------------------------------- schema
 
 metadata = sa.MetaData()
@@ -97,6 +113,8 @@ rollouts = sa.Table(
     sa.Column("started_at", sa.Float, nullable=True),
     sa.Column("ended_at", sa.Float, nullable=True),
     sa.Column("end_seq", sa.Integer, nullable=True, unique=True),
+    # Bytes its tokens' recorded requests and posted events have sent, against its budget.
+    sa.Column("sent_bytes", sa.BigInteger, nullable=False, server_default="0"),
 )
 
 calls = sa.Table(
@@ -119,6 +137,10 @@ calls = sa.Table(
     sa.Column("temperature", sa.Float, nullable=True),  # NULL: recorded before 0002 (unknown)
     # What it extends (`_Chains`); NULL: stored whole.
     sa.Column("base", sa.JSON(none_as_null=True), nullable=True),
+    # The gateway (its `gateways.id`) that recorded it; NULL: recorded before 0004.
+    sa.Column("gateway", sa.String(64), nullable=True),
+    # `request_fingerprint` of its whole request: a retry is found without rebuilding the chain.
+    sa.Column("request_hash", sa.String(32), nullable=True),
     sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
 )
 
@@ -144,6 +166,30 @@ models = sa.Table(
     sa.Column("created_at", sa.Float, nullable=False),
 )
 
+# The gateways serving from this database (replicas, or one process): registered at start, each
+# with a heartbeat, and the pause epoch each last drained for.
+gateways = sa.Table(
+    "gateways",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("address", sa.String(255), nullable=False),  # host:port, for people
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started_at", sa.Float, nullable=False),
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+    sa.Column("drained_epoch", sa.Integer, nullable=False),
+)
+
+# One row (id 1): whether the gateways hold new calls, the pause's number, the version served.
+fleet = sa.Table(
+    "fleet",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Column("epoch", sa.Integer, nullable=False),
+    sa.Column("version", sa.Integer, nullable=True),  # None: the latest registered model
+    sa.Column("serial", sa.Integer, nullable=False),  # counts its changes: newer reads win
+)
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each).
 MAX_CHAINS = 4096
@@ -164,7 +210,7 @@ _UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout
 # appends to a rollout another is appending to reads its `n_calls` once the other has committed, so
 # seq numbers stay unique and dense. Locked in id order, so two runs never wait on each other.
 _RUN_ROWS = (
-    sa.select(*rollouts.c["id", "status", "attempt", "n_calls"])
+    sa.select(*rollouts.c["id", "status", "attempt", "n_calls", "sent_bytes"])
     .where(rollouts.c.id.in_(sa.bindparam("ids")))
     .order_by(rollouts.c.id)
     .with_for_update()
@@ -234,6 +280,7 @@ def _calls(rows: Iterable[Any]) -> Iterator[Call]:
     for row in rows:
         values = dict(row._mapping)
         base = values.pop("base")
+        values.pop("request_hash")  # for finding retries (`last_requests`), not part of a call
         found = _decode_arrays(values)
         if values["rollout_id"] != rollout_id:
             rollout_id = values["rollout_id"]
@@ -326,11 +373,10 @@ class _Chains:
 
 
 def _chain(
-    call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains
+    call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains, keys: dict[str, Any]
 ) -> tuple[JSON, JSON | None]:
     """The call's prompt IDs and request as stored (its `base`'s extension, if it has one), and
-    `base`."""
-    keys = {k: _fingerprints(v) for k, v in call.request.items()}
+    `base`. `keys`: its request's `_request_keys`."""
     link = chains.get(call.rollout_id, call.agent)
     chains.pending[call.rollout_id, call.agent] = _Link(
         attempt=call.attempt, seq=call.seq, ids=np.concatenate([prompt, response]), keys=keys
@@ -353,6 +399,19 @@ def _chain(
             base["from"][key] = len(old)
             request[key] = value[len(old) :]
     return {"prompt_ids": prompt[start:].tobytes(), "request": request}, base
+
+
+def _request_keys(request: JSON) -> dict[str, Any]:
+    """Each of a request's values' fingerprints (`_fingerprints`), by key."""
+    return {key: _fingerprints(value) for key, value in request.items()}
+
+
+def request_fingerprint(request: JSON, keys: dict[str, Any] | None = None) -> str:
+    """A request body's fingerprint (hex), from its values' (`keys`, if already made): equal for
+    equal bodies decoded from the same JSON."""
+    if keys is None:
+        keys = _request_keys(request)
+    return _fingerprint(keys).hex()
 
 
 def _fingerprints(value: Any) -> Any:
@@ -379,6 +438,14 @@ def _unchain(stored: JSON, previous: JSON, base: JSON) -> JSON:
 
 # --------------------------------------------------------------------------- write operations
 # Each runs on the writer thread and raises to undo itself (`Store._commit` rolls it back).
+
+
+class RecentCall(NamedTuple):
+    """A recorded call as `Store.last_requests` reads it."""
+
+    seq: int
+    gateway: str | None
+    request_hash: str | None
 
 
 class _Write(NamedTuple):
@@ -472,8 +539,9 @@ def _op_transition(
     return _update_rollout(conn, row, values)
 
 
-# The PostgreSQL advisory lock that orders ends (any 64-bit key no other lock of the database uses).
-_ENDS_LOCK = 0x61676C_656E6473  # "agl", "ends"
+# PostgreSQL advisory locks (any 64-bit keys no other lock of the database uses).
+_ENDS_LOCK = 0x61676C_656E6473  # "agl", "ends": orders the ends
+_MIGRATE_LOCK = 0x61676C_6D6967  # "agl", "mig": one migration at a time
 
 
 def _serialize_ends(conn: Connection) -> None:
@@ -533,35 +601,62 @@ def _encode_call(call: Call, limit: int) -> dict[str, np.ndarray]:
     return found
 
 
-_CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base")]
+_CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base", "request_hash")]
 
 
-def _op_append_calls(conn: Connection, run: list[tuple[Call, int]], chains: _Chains) -> list[Any]:
+class _Append(NamedTuple):
+    """A call to record, the most entries a token array may have, and its charge."""
+
+    call: Call
+    limit: int
+    charge: Charge | None
+
+
+def _charged(row: Any, sent: int, charge: Charge | None) -> int:
+    """The rollout's bytes sent once `charge` is counted on top of `sent`; raises `OverBudget`."""
+    if charge is None:
+        return sent
+    if sent + charge.size > charge.budget:
+        raise OverBudget(
+            f"rollout {row.id} has sent {sent} bytes; {charge.size} more would pass its storage "
+            f"budget of {charge.budget} (AGL_GATEWAY_ROLLOUT_MAX_BYTES)"
+        )
+    return sent + charge.size
+
+
+def _op_append_calls(conn: Connection, run: list[_Append], chains: _Chains) -> list[Any]:
     """Record a run of calls, one query per table (calls are most writes); each as recorded, or
-    what kept it out."""
-    ids = list({call.rollout_id for call, _ in run})
+    what kept it out. Each call's charge is counted in the same transaction."""
+    ids = list({append.call.rollout_id for append in run})
     rows = {row.id: row for row in conn.execute(_RUN_ROWS, {"ids": ids})}
     outcomes: list[Any] = []
     inserts: list[dict[str, Any]] = []
     next_seq: dict[str, int] = {}
+    sent: dict[str, int] = {}
     now = time.time()
-    for call, limit in run:
+    for call, limit, charge in run:
         try:
             arrays = _encode_call(call, limit)
             row = _open_row(call, rows)
+            sent[row.id] = _charged(row, sent.get(row.id, row.sent_bytes), charge)
         except StoreError as e:
             outcomes.append(e)
             continue
         seq = next_seq.get(row.id, row.n_calls)
         next_seq[row.id] = seq + 1
         recorded = replace(call, attempt=row.attempt, seq=seq, created_at=now)
-        stored, base = _chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains)
-        values = {name: getattr(recorded, name) for name in _CALL_COLUMNS} | {"base": base}
+        keys = _request_keys(call.request)
+        stored, base = _chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains, keys)
+        values = {name: getattr(recorded, name) for name in _CALL_COLUMNS}
+        values |= {"base": base, "request_hash": request_fingerprint(call.request, keys)}
         inserts.append(values | {name: a.tobytes() for name, a in arrays.items()} | stored)
         outcomes.append(recorded)
     if inserts:
         conn.execute(_INSERT_CALLS, inserts)
-        counts = [{"rollout_id": rid, "n_calls": n} for rid, n in next_seq.items()]
+        counts = [
+            {"rollout_id": rid, "n_calls": n, "sent_bytes": sent[rid]}
+            for rid, n in next_seq.items()
+        ]
         conn.execute(_UPDATE_ROLLOUT, counts)
     return outcomes
 
@@ -577,10 +672,12 @@ def _open_row(call: Call, rows: dict[str, Any]) -> Any:
 
 
 def _op_append_event(
-    conn: Connection, rollout_id: str, kind: str, data: JSON, values: JSON
+    conn: Connection, rollout_id: str, kind: str, data: JSON, values: JSON, charge: Charge | None
 ) -> Event:
-    """An event, and the rollout's columns it changes (`values`: a final reward)."""
+    """An event, and the rollout's columns it changes (`values`: a final reward; the bytes sent)."""
     row = _rollout_row(conn, rollout_id)
+    if charge is not None:
+        values = values | {"sent_bytes": _charged(row, row.sent_bytes, charge)}
     if values:
         _update_rollout(conn, row, values)
     return _insert_event(conn, rollout_id, row.attempt, kind, data)
@@ -612,6 +709,85 @@ def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
         raise InvalidData(f"model version {model.version} is not newer than the latest, {latest}")
     conn.execute(models.insert(), asdict(model))
     return model
+
+
+def _fleet(conn: Connection) -> Fleet:
+    """The fleet's row, locked until the write commits (PostgreSQL)."""
+    row = conn.execute(sa.select(fleet).where(fleet.c.id == 1).with_for_update()).one()
+    return Fleet(paused=row.paused, epoch=row.epoch, version=row.version, serial=row.serial)
+
+
+def _op_register_gateway(
+    conn: Connection, gateway: Gateway, expired_before: float, single_process: bool
+) -> Fleet:
+    """Registers a starting gateway, drained for the current pause if there is one (it holds no
+    call yet); drops registrations whose heartbeat stopped before `expired_before`. With
+    `single_process` (SQLite) refuses while another registered gateway's process runs."""
+    conn.execute(gateways.delete().where(gateways.c.heartbeat_at < expired_before))
+    if single_process:
+        for row in conn.execute(sa.select(gateways)):
+            if _process_runs(row.pid):
+                raise SecondGateway(
+                    f"another gateway (pid {row.pid}, {row.address}) serves from this SQLite "
+                    "store, which serves one gateway process; for replicas use PostgreSQL "
+                    "(--db postgresql+psycopg://USER:PASSWORD@HOST/DB)"
+                )
+        conn.execute(gateways.delete())
+    state = _fleet(conn)
+    drained = 0
+    if state.paused:
+        drained = state.epoch
+    conn.execute(gateways.insert(), asdict(replace(gateway, drained_epoch=drained)))
+    return state
+
+
+def _process_runs(pid: int) -> bool:
+    """Whether a process of this machine has this pid (a SQLite store's gateways share one)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def _op_heartbeat(conn: Connection, gateway: Gateway) -> None:
+    """A gateway's heartbeat and the latest pause it drained for; registers it again if another
+    dropped its registration as expired (it was stalled that long)."""
+    values = {"heartbeat_at": gateway.heartbeat_at, "drained_epoch": gateway.drained_epoch}
+    updated = conn.execute(gateways.update().where(gateways.c.id == gateway.id).values(values))
+    if updated.rowcount == 0:
+        conn.execute(gateways.insert(), asdict(gateway))
+
+
+def _op_deregister_gateway(conn: Connection, gateway_id: str) -> None:
+    conn.execute(gateways.delete().where(gateways.c.id == gateway_id))
+
+
+def _op_pause_fleet(conn: Connection) -> Fleet:
+    """Holds every gateway's new calls: a new pause (the next epoch), or the one under way."""
+    state = _fleet(conn)
+    if state.paused:
+        return state
+    changed = replace(state, paused=True, epoch=state.epoch + 1, serial=state.serial + 1)
+    return _set_fleet(conn, changed)
+
+
+def _op_resume_fleet(conn: Connection, version: int | None) -> Fleet:
+    """Serves the held calls and new ones, under `version` from now on if given."""
+    state = _fleet(conn)
+    changed = replace(state, paused=False, serial=state.serial + 1)
+    if version is not None:
+        changed = replace(changed, version=version)
+    return _set_fleet(conn, changed)
+
+
+def _set_fleet(conn: Connection, state: Fleet) -> Fleet:
+    conn.execute(fleet.update().where(fleet.c.id == 1).values(asdict(state)))
+    return state
 
 
 # --------------------------------------------------------------------------- engines and migrations
@@ -657,6 +833,10 @@ def _migrate(engine: Engine) -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS))
     known = {script.revision for script in ScriptDirectory.from_config(cfg).walk_revisions()}
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Replicas starting at once on a new database: one migrates, the others then find it
+            # done (two at once collided on creating the tables).
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK})
         current = MigrationContext.configure(conn).get_current_revision()
         if current is not None and current not in known:
             raise SchemaTooNew(
@@ -689,6 +869,8 @@ def _write_error(e: Exception) -> StoreError:
     error = StoreError(f"write failed: {e}")
     if isinstance(e, sa.exc.IntegrityError):
         error = InvalidData(f"rejected by the database: {e.orig}")
+    elif isinstance(e, sa.exc.OperationalError):
+        error = StoreUnavailable(f"the database cannot be reached: {e.orig}")
     error.__cause__ = e
     return error
 
@@ -883,18 +1065,23 @@ class Store(contextlib.AbstractContextManager["Store"]):
             raise IllegalTransition(str(e)) from e
         return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
 
-    def append_call(self, call: Call) -> Future[Call]:
+    def append_call(self, call: Call, charge: Charge | None = None) -> Future[Call]:
         """Record a call under its rollout's current attempt; resolves to it with attempt and seq
-        (not its id)."""
-        return self._submit(_op_append_calls, (call, self.settings.max_tokens_per_array))
+        (not its id). `charge`: counted against the rollout's storage budget in the same
+        transaction (`OverBudget`: nothing recorded)."""
+        append = _Append(call=call, limit=self.settings.max_tokens_per_array, charge=charge)
+        return self._submit(_op_append_calls, append)
 
-    def append_event(self, rollout_id: str, kind: str, data: JSON | None = None) -> Future[Event]:
-        """Append an event of `kind` to the rollout's log, under its current attempt."""
+    def append_event(
+        self, rollout_id: str, kind: str, data: JSON | None = None, charge: Charge | None = None
+    ) -> Future[Event]:
+        """Append an event of `kind` to the rollout's log, under its current attempt; `charge` as
+        `append_call`'s."""
         if not isinstance(kind, str) or not 0 < len(kind) <= 32:
             raise InvalidData("event kind must be a non-empty string of at most 32 characters")
         if data is not None and not isinstance(data, dict):
             raise InvalidData("event data must be a JSON object")
-        return self._submit(_op_append_event, rollout_id, kind, data or {}, {})
+        return self._submit(_op_append_event, rollout_id, kind, data or {}, {}, charge)
 
     def set_reward(
         self,
@@ -916,7 +1103,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         columns = {}
         if final:
             columns["reward"] = float(reward)
-        return self._submit(_op_append_event, rollout_id, "reward", data, columns)
+        return self._submit(_op_append_event, rollout_id, "reward", data, columns, None)
 
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
@@ -939,8 +1126,11 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def _read(self, statement: sa.Executable) -> list[Any]:
         """The statement's rows, on a reader connection (autocommit: the latest commit)."""
-        with self._read_engine.connect() as conn:
-            return list(conn.execute(statement))
+        try:
+            with self._read_engine.connect() as conn:
+                return list(conn.execute(statement))
+        except sa.exc.OperationalError as e:
+            raise StoreUnavailable(f"the database cannot be reached: {e.orig}") from e
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         rows = self._read(_READ_ROLLOUT.params(rollout_id=rollout_id))
@@ -1017,6 +1207,18 @@ class Store(contextlib.AbstractContextManager["Store"]):
             return []
         return self.calls_for([rollout_id])[rollout_id][-n:]
 
+    def last_requests(self, rollout_id: str, n: int = 1) -> list[RecentCall]:
+        """Who recorded the last `n` calls of the rollout's current attempt, and their requests'
+        fingerprints, newest first: one light read (`last_calls` rebuilds the chain)."""
+        query = (
+            sa.select(calls.c.seq, calls.c.gateway, calls.c.request_hash)
+            .join(rollouts, _CURRENT_ATTEMPT)
+            .where(calls.c.rollout_id == rollout_id)
+            .order_by(calls.c.seq.desc())
+            .limit(n)
+        )
+        return [RecentCall(**row._mapping) for row in self._read(query)]
+
     def last_seq(self, rollout_id: str, agent: str) -> int | None:
         """The seq of the agent's last call in the rollout's current attempt (None: it made none)."""
         query = sa.select(sa.func.max(calls.c.seq)).join(rollouts, _CURRENT_ATTEMPT)
@@ -1032,16 +1234,14 @@ class Store(contextlib.AbstractContextManager["Store"]):
         )
         return [Event(**row._mapping) for row in self._read(query)]
 
-    def stored_bytes(self, rollout_id: str) -> int:
-        """The size of a rollout's recorded requests and events (their JSON's characters), all
-        attempts."""
-        sizes = [
-            sa.select(sa.func.sum(sa.func.length(sa.cast(column, sa.Text)))).where(
-                table.c.rollout_id == rollout_id
-            )
-            for table, column in ((calls, calls.c.request), (events, events.c.data))
-        ]
-        return sum(int(self._read(size)[0][0] or 0) for size in sizes)
+    def sent_bytes(self, rollout_id: str) -> int:
+        """The bytes its calls' and events' requests have sent, against its storage budget (all
+        attempts, counted as each was recorded, by every gateway)."""
+        query = sa.select(rollouts.c.sent_bytes).where(rollouts.c.id == rollout_id)
+        rows = self._read(query)
+        if not rows:
+            raise NotFound(f"unknown rollout {rollout_id!r}")
+        return int(rows[0][0])
 
     def status_counts(self) -> dict[str, int]:
         """Rollouts by status (every status listed)."""
@@ -1056,6 +1256,34 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def last_end(self) -> int:
         """`terminal_after`'s cursor at the last rollout to have ended (0: none has)."""
         return int(self._read(sa.select(sa.func.max(rollouts.c.end_seq)))[0][0] or 0)
+
+    def register_gateway(self, gateway: Gateway, *, expired_before: float) -> Future[Fleet]:
+        """Registers a starting gateway (see `_op_register_gateway`); the fleet's state."""
+        single_process = self._write_engine.dialect.name == "sqlite"
+        return self._submit(_op_register_gateway, gateway, expired_before, single_process)
+
+    def heartbeat(self, gateway: Gateway) -> Future[None]:
+        return self._submit(_op_heartbeat, gateway)
+
+    def deregister_gateway(self, gateway_id: str) -> Future[None]:
+        return self._submit(_op_deregister_gateway, gateway_id)
+
+    def pause_fleet(self) -> Future[Fleet]:
+        """Holds every gateway's new calls; the pause's state (its epoch)."""
+        return self._submit(_op_pause_fleet)
+
+    def resume_fleet(self, version: int | None = None) -> Future[Fleet]:
+        return self._submit(_op_resume_fleet, version)
+
+    def fleet(self) -> Fleet:
+        """What every gateway follows: paused or not, the pause's epoch, the version served."""
+        row = self._read(sa.select(fleet).where(fleet.c.id == 1))[0]
+        return Fleet(paused=row.paused, epoch=row.epoch, version=row.version, serial=row.serial)
+
+    def gateways(self, *, alive_since: float = 0.0) -> list[Gateway]:
+        """The registered gateways whose heartbeat is not older than `alive_since`."""
+        query = sa.select(gateways).where(gateways.c.heartbeat_at >= alive_since)
+        return [Gateway(**row._mapping) for row in self._read(query.order_by(gateways.c.id))]
 
     def latest_model(self) -> ModelVersion | None:
         """The newest model version, or None before the first is registered."""

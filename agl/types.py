@@ -113,6 +113,7 @@ class Call:
     response: JSON = field(default_factory=dict)
     id: int | None = None
     created_at: float = 0.0
+    gateway: str | None = None  # the gateway that recorded it; None: before it was recorded
 
 
 @dataclass(frozen=True)
@@ -136,3 +137,37 @@ class ModelVersion:
     endpoints: list[str] = field(default_factory=list)
     metadata: JSON = field(default_factory=dict)
     created_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What every gateway on one store follows: whether new calls are held (`paused`), the number
+    of the latest pause (`epoch`), and the model version served (None: the latest registered).
+    `serial` counts its changes: a gateway that read an older state than one it follows ignores it."""
+
+    paused: bool = False
+    epoch: int = 0
+    version: int | None = None
+    serial: int = 0
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """A gateway process serving from the store, as it registered: alive while its heartbeat is
+    recent; `drained_epoch` is the latest pause it has drained its calls for."""
+
+    id: str
+    address: str
+    pid: int
+    started_at: float
+    heartbeat_at: float
+    drained_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a write counts against its rollout's storage budget: `size` bytes (the request body
+    that made it), refused past `budget` bytes in all."""
+
+    size: int
+    budget: int

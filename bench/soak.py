@@ -4,6 +4,9 @@ Everything runs as its own process on 127.0.0.1: the engine stand-in of bench/ga
 instant sglang `/generate`; no GPU engine runs here), `agl gateway` over a SQLite store, and
 `agl controller` with the local launcher. Each phase stops by itself; the tests in
 tests/gateway/test_faults.py and tests/controller/test_faults.py run the same phases, smaller.
+With `--replicas N` (`make soak SOAK="--replicas 2"`) the gateway is N replicas on a fresh
+PostgreSQL database behind HAProxy (bench/replicas.py): every phase goes through the balancer, the
+kills hit one replica while the others serve, and the engine faults are drilled on that replica.
 
 1. load: R rollouts x C calls, all rollouts at once; calls answered vs recorded, peak RSS.
 2. cross-rollout: every rollout-scoped admin route tried with another rollout's agent and
@@ -56,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the gateway's engine timeout in the engine-fault phase: a hung engine fails fast
 ENGINE_TIMEOUT_S = 2.0
 RETRYABLE = (aiohttp.ClientError,)  # refused, reset, cut short: what SDKs retry
+BALANCER_RETRIES = (502, 503)  # a load balancer's: the replica it chose died (SDKs retry 5xx)
 
 
 def tiny_tokenizer() -> str:
@@ -112,6 +116,18 @@ class Stack:
         log.close()
         if health:
             wait(health)
+
+    def gateway_url(self) -> str:
+        """The URL of the process named "gateway" itself (`url` may be a load balancer's)."""
+        return self.url
+
+    def kill_gateways(self) -> None:
+        """An outage: every gateway SIGKILLed."""
+        self.kill("gateway")
+
+    def start_gateways(self) -> None:
+        """Every gateway started again after an outage."""
+        self.start_gateway()
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(name)
@@ -196,8 +212,9 @@ async def harness(
     retry_s: float = 0.0,
 ) -> None:
     """Make `calls` calls (or call until `stop`), each tagged `<rollout>.<call>`. With `retry_s`,
-    a refused or dropped connection is retried for that long with the same request, as SDKs
-    do; any other failure is an error the harness saw."""
+    a refused or dropped connection, and a load balancer's 502 or 503 (its replica died), is
+    retried for that long with the same request, as SDKs do; any other failure is an error the
+    harness saw."""
     j = 0
     while (calls is None or j < calls) and not (stop and stop.is_set()):
         deadline = time.monotonic() + retry_s
@@ -209,6 +226,10 @@ async def harness(
                 if time.monotonic() > deadline:
                     tally.errors.append(f"{tag}: {e!r}")
                     return
+                tally.retries += 1
+                await asyncio.sleep(0.2)
+                continue
+            if status in BALANCER_RETRIES and retry_s and time.monotonic() < deadline:
                 tally.retries += 1
                 await asyncio.sleep(0.2)
                 continue
@@ -406,16 +427,17 @@ async def engine_faults(stack: Stack, slow: bool = True) -> dict[str, Any]:
         stack.kill("gateway", signal.SIGTERM)
         stack.engine_timeout_s = ENGINE_TIMEOUT_S
         await asyncio.to_thread(stack.start_gateway)
+    url = stack.gateway_url()  # with replicas, the one restarted with the short timeout
     async with session() as client:
-        (r,) = await create(client, stack.url, 1, "engine")
+        (r,) = await create(client, url, 1, "engine")
 
         async def attempt(tag: str) -> tuple[int, str]:
             async def health() -> int:
-                async with client.get(stack.url + "/healthz") as h:
+                async with client.get(url + "/healthz") as h:
                     return h.status
 
             (status, text), healthy = await asyncio.gather(
-                call(client, stack.url, r["agent_token"], tag), health()
+                call(client, url, r["agent_token"], tag), health()
             )
             out["healthz_failed"] = out.get("healthz_failed", 0) + (healthy != 200)
             return status, text
@@ -523,12 +545,12 @@ async def controller_kill(
                 f"harnesses did not start; see {stack.tmp / 'controller.log'}"
             )
             await asyncio.sleep(0.01)
-        stack.kill("gateway")
+        stack.kill_gateways()
         (stack.tmp / "go").touch()
         stack.kill("controller")  # and a controller that starts while the gateway is down
         stack.start_controller(state, max_running=max(4, rollouts // 2))
         await asyncio.sleep(1)
-        await asyncio.to_thread(stack.start_gateway)
+        await asyncio.to_thread(stack.start_gateways)
         ended: dict[str, dict] = {}
         while len(ended) < len(made) and time.monotonic() < deadline:
             for rid, _ in made:
@@ -567,6 +589,22 @@ async def controller_kill(
 # --------------------------------------------------------------------------- the soak
 
 
+@contextlib.contextmanager
+def stack_of(replicas: int, db: str) -> Iterator[Stack]:
+    """One gateway on SQLite, or `replicas` on a fresh PostgreSQL database behind HAProxy (every
+    phase then goes through the balancer, and kills the replica named "gateway")."""
+    if replicas == 1:
+        with running() as stack:
+            yield stack
+        return
+    from bench.replicas import balanced
+
+    if not db:
+        raise SystemExit("--replicas needs a PostgreSQL server: --db or AGL_TEST_POSTGRES_URL")
+    with balanced(db, replicas) as stack:
+        yield stack
+
+
 def main() -> None:
     # clean up the processes on a plain kill too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -590,6 +628,17 @@ def main() -> None:
     parser.add_argument(
         "--controller-rollouts", type=int, default=24, help="controller SIGKILL: rollouts"
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="gateways: 1 on SQLite, or N on PostgreSQL behind HAProxy (bench/replicas.py)",
+    )
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("AGL_TEST_POSTGRES_URL", ""),
+        help="with --replicas N: a PostgreSQL server's URL (default: AGL_TEST_POSTGRES_URL)",
+    )
     args = parse_args(
         parser,
         rollouts=20,
@@ -603,7 +652,7 @@ def main() -> None:
         controller_rollouts=6,
     )
     t0 = time.monotonic()
-    with running() as stack:
+    with stack_of(args.replicas, args.db) as stack:
         print(f"gateway {stack.url}, engine stand-in {stack.engine}, store {stack.db}", flush=True)
         ld = asyncio.run(load(stack, args.rollouts, args.calls))
         print(f"load: {args.rollouts} rollouts x {args.calls} calls: {ld}", flush=True)

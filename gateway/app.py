@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 import uvicorn
 import uvloop
@@ -25,7 +26,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agl.settings import from_flags, problems, usage_error
-from agl.store import IllegalTransition, InvalidData, NotFound, Store, StoreError
+from agl.store import (
+    IllegalTransition,
+    InvalidData,
+    NotFound,
+    OverBudget,
+    Store,
+    StoreError,
+    StoreUnavailable,
+)
 from gateway import wire
 from gateway.auth import Auth, AuthError
 from gateway.engines import (
@@ -36,6 +45,7 @@ from gateway.engines import (
     EngineRejected,
     EngineUnavailable,
 )
+from gateway.fleet import Replicas
 from gateway.proxy import HeldTooLong, Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
@@ -210,7 +220,7 @@ def _answer(e: Exception, path: str) -> Answer:
         if e.status == 401:
             return Answer(status=e.status, message=str(e), kind="authentication_error")
         return Answer(status=e.status, message=str(e), kind="permission_error")
-    if isinstance(e, TooLarge):
+    if isinstance(e, TooLarge | OverBudget):
         kind = "request_too_large" if anthropic else "invalid_request_error"
         return Answer(status=413, message=str(e), kind=kind)
     for types, status, kind, code in REFUSALS:
@@ -239,6 +249,10 @@ def _failure(e: Exception, path: str, *, anthropic: bool) -> Answer:
         # the details (engine addresses) go to the log, not to harnesses
         log.error("request %s failed: %s", path, e)
         message = "the model engine is unavailable; retry shortly"
+        return Answer(status=503, message=message, kind=busy)
+    if isinstance(e, StoreUnavailable):
+        log.error("request %s failed: %s", path, e)
+        message = "the gateway's store is unavailable; retry shortly"
         return Answer(status=503, message=message, kind=busy)
     if isinstance(e, EngineError | StoreError):
         log.error("request %s failed: %s", path, e)
@@ -300,20 +314,26 @@ def make_app(
         # the embedded engine; sglang only with settings it cannot report
         honours_seed = info.owned_by == "agl"
     proxy = Proxy(store, engines, renderer, settings, honours_seed=honours_seed)
+    proxy.parse_request = partial(wire.parse_recorded, thinking_switch=renderer.thinking_switch)
+    replicas = Replicas(store, proxy, address=f"{settings.host}:{settings.port}")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with engines:  # closed when the app stops
-            yield
+            await replicas.join()
+            try:
+                yield
+            finally:
+                await replicas.leave()
 
     app = FastAPI(title="agl gateway", version="0.1", lifespan=lifespan)
     auth = Auth(settings.admin_key, store)
     app.include_router(harness_routes(proxy, auth))
     app.include_router(
-        admin_routes(settings, store, proxy, auth), dependencies=[Depends(auth.admin)]
+        admin_routes(settings, store, proxy, replicas, auth), dependencies=[Depends(auth.admin)]
     )
     app.include_router(rollout_routes(proxy, auth))
-    app.include_router(open_routes(store, proxy))
+    app.include_router(open_routes(store, proxy, replicas))
     on_error = _error_handler(proxy, store)
     # instead of FastAPI's 422; the rest: `Admission`
     app.add_exception_handler(RequestValidationError, on_error)

@@ -11,6 +11,7 @@ raises `AuthError`s; `gateway/app.py` answers them.
 import asyncio
 import enum
 import hmac
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -60,16 +61,22 @@ def caller_of(request: Request) -> Caller:
 
 
 class Tokens:
-    """Token hash -> (rollout, role), read once (a store read per call costs a fifth of the
-    gateway's CPU, measured). The gateway, the store's only writer, keeps it current: `issued` adds
-    the tokens it hands out (reads of new tokens race other changes under load), `changed` follows
-    each change to a rollout, and a read that overlapped a change is not cached (`changes` counts
-    them). At most `size` tokens are kept, the oldest dropped first."""
+    """Token hash -> (rollout, role), read at most every `TTL_S` (a store read per call costs a
+    fifth of the gateway's CPU, measured). The gateway keeps it current with its own changes:
+    `issued` adds the tokens it hands out (reads of new tokens race other changes under load),
+    `changed` follows each change to a rollout, and a read that overlapped a change is not cached
+    (`changes` counts them). Another replica's changes (an end, rotated tokens) are seen once the
+    entry is `TTL_S` old: until then this gateway still admits the old token, and the store refuses
+    the calls it records to a rollout that ended. At most `size` tokens are kept, the oldest
+    dropped first."""
+
+    TTL_S = 2.0
 
     def __init__(self, store: Store, size: int = 100_000) -> None:
         self.store = store
         self.size = size
         self.found: dict[str, tuple[Rollout, Role]] = {}  # oldest first
+        self.read_at: dict[str, float] = {}  # when each was read or changed (monotonic s)
         # rollout id -> its cached token hashes
         self.of_rollout: defaultdict[str, set[str]] = defaultdict(set)
         self.changes = 0
@@ -81,7 +88,8 @@ class Tokens:
                 "this token has expired; a launcher gets new ones from /api/rollouts/{id}/tokens",
             )
         digest = hash_token(token)
-        if digest in self.found:
+        read_at = self.read_at.get(digest)
+        if read_at is not None and time.monotonic() - read_at < self.TTL_S:
             return self.found[digest]
         changes = self.changes
         found = await asyncio.to_thread(self.store.rollout_for_token, token)
@@ -103,11 +111,14 @@ class Tokens:
         self.changes += 1
         for digest in self.of_rollout.pop(rollout_id, ()):
             _, role = self.found.pop(digest)
+            del self.read_at[digest]
             if now is not None:
                 self._add(digest, now, role)
 
     def _add(self, digest: str, rollout: Rollout, role: Role) -> None:
+        self.found.pop(digest, None)  # a re-read entry is the newest
         self.found[digest] = (rollout, role)
+        self.read_at[digest] = time.monotonic()
         self.of_rollout[rollout.id].add(digest)
         if len(self.found) > self.size:
             self._drop(next(iter(self.found)))
@@ -115,6 +126,7 @@ class Tokens:
     def _drop(self, digest: str) -> None:
         """Drops a token from the cache, and its rollout's entry with its last token."""
         rollout, _ = self.found.pop(digest)
+        del self.read_at[digest]
         digests = self.of_rollout[rollout.id]
         digests.discard(digest)
         if not digests:

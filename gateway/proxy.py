@@ -11,17 +11,19 @@ It does not parse wire formats, authenticate or render templates (`wire.py`, `au
 
 import asyncio
 import bisect
+import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agl.store import Store
-from agl.types import JSON, Call, Rollout, Status
+from agl.store import Store, request_fingerprint
+from agl.types import JSON, Call, Charge, Rollout, Status
 from gateway.engines import EngineClient, Generation
 from gateway.render import Prompt, Renderer, parse_reply
 from gateway.rollouts import RolloutState, RolloutStates
@@ -29,6 +31,7 @@ from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, ContextOverflow, Message, Params, RenderError, TooLarge
 
 log = logging.getLogger(__name__)
+RequestParser = Callable[[str, JSON], tuple[list[Message], list[JSON], Params]]
 # Distinct values a label takes from harnesses (agents, tool types); later ones count as "other".
 MAX_LABELS = 100
 INLINE_CHARS = 16_000  # prompts shorter than this render on the event loop (a few ms at most)
@@ -154,6 +157,11 @@ class Proxy:
             self.version = latest.version
         self.gate = Gate()
         self.metrics = Metrics(self.gate)
+        self.id = uuid.uuid4().hex  # this gateway's, recorded on its calls
+        self.peers = 0  # the other live gateways on the store (`gateway/fleet.py` keeps it)
+        # A recorded request of a wire format ("chat", "responses", "messages") parsed as when it
+        # came in (`gateway/app.py` sets it; the proxy does not parse wire formats).
+        self.parse_request: RequestParser | None = None
         self.started = time.time()
         self.rollouts = RolloutStates(since=self.started)
         self.agents: set[str] = set()  # the agent labels in /metrics
@@ -195,13 +203,15 @@ class Proxy:
 
     # ------------------------------------------------------------------ calls
 
-    async def charge(self, rollout: Rollout, size: int) -> None:
+    async def charge(self, rollout: Rollout, size: int) -> Charge:
         """Counts a body a rollout's token sent against the rollout's storage budget, or refuses it
-        (413) past `rollout_max_bytes`. Starts from what the store holds of a rollout older than
-        its record (`_stored_bytes`)."""
+        (413) past `rollout_max_bytes`: the charge to record with what the body makes. This count
+        is this gateway's, and counts refused requests too; the store's, which a call or event
+        passes in its own transaction, counts what every replica recorded. Starts from the
+        store's count for a rollout older than its record (`_sent_before`)."""
         state = self.rollouts.of(rollout.id)
         if state.sent_bytes is None:
-            stored = await self._stored_bytes(rollout)
+            stored = await self._sent_before(rollout)
             # a concurrent request of the rollout may have read it meanwhile
             if state.sent_bytes is None:
                 state.sent_bytes = stored
@@ -213,14 +223,15 @@ class Proxy:
                 f"its storage budget of {budget} (AGL_GATEWAY_ROLLOUT_MAX_BYTES)"
             )
         state.sent_bytes += size
+        return Charge(size=size, budget=budget)
 
-    async def _stored_bytes(self, rollout: Rollout) -> int:
+    async def _sent_before(self, rollout: Rollout) -> int:
         """What a rollout has sent before its record was made: nothing if it is a first attempt
         made since no record was dropped (`RolloutStates.whole_since`), else what the store
         holds of it (a rollout older than this gateway, retried, or whose record was dropped)."""
         if rollout.attempt == 1 and rollout.created_at >= self.rollouts.whole_since:
             return 0
-        return await asyncio.to_thread(self.store.stored_bytes, rollout.id)
+        return await asyncio.to_thread(self.store.sent_bytes, rollout.id)
 
     async def chat(
         self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params
@@ -228,6 +239,7 @@ class Proxy:
         """The replies to a chat call, on the rollout's transcripts; the prompt is classified and
         the transcript kept once the calls are recorded."""
         state = self.rollouts.of(ask.rollout.id)
+        await self._catch_up(ask.rollout, state)
         prompt = await self._render(state, messages, tools, params)
         out = await self._serve(ask, state, prompt.ids, params, parse=True)
         self._classify(ask, prompt)
@@ -250,6 +262,29 @@ class Proxy:
         out = await self._serve(ask, state, prompt_ids, params, parse=False)
         self._not_honoured(ask, state, params)
         return [c for c, _, _ in out]
+
+    async def _catch_up(self, rollout: Rollout, state: RolloutState) -> None:
+        """With replicas: the rollout's last call, if another gateway recorded it, becomes one of
+        its transcripts here, so that the next prompt is built on the tokens that call sampled
+        (prefix preservation whichever replica a call reaches). It is rebuilt from the store: its
+        request parsed as when it came in, its prompt IDs and sampled IDs as recorded."""
+        if self.peers == 0 or self.parse_request is None:
+            return
+        recent = await asyncio.to_thread(self.store.last_requests, rollout.id, 1)
+        if not recent or recent[0].gateway == self.id or recent[0].seq == state.caught_up:
+            return
+        [call] = await asyncio.to_thread(self.store.last_calls, rollout.id, 1)
+        state.caught_up = call.seq
+        api = call.response.get("api", "")
+        if api == "completions":
+            return  # token IDs in, no conversation to continue
+        messages, tools, params = self.parse_request(api, call.request)
+        rendered = await self._render(state, messages, tools, params)
+        as_recorded = dataclasses.replace(rendered, ids=call.prompt_ids)
+        reply = self._completion(call, parse=True).reply
+        state.transcripts = self.renderer.remember(
+            state.transcripts, as_recorded, list(call.response_ids), reply
+        )
 
     async def _render(
         self, state: RolloutState, messages: list[Message], tools: list[JSON], params: Params
@@ -321,18 +356,26 @@ class Proxy:
         return [await self._sample(ask, prompt, params, i, parse=parse) for i in range(params.n)]
 
     async def _replayed(self, ask: Ask, state: RolloutState, n: int) -> list[Call] | None:
-        """The calls a retry of a reply cut off by a restart gets: on a rollout's first call since
-        this gateway started, its last `n` calls if all were recorded before, with this request."""
-        rollout = ask.rollout
-        if state.replay_checked or rollout.created_at >= self.started:
+        """The calls a retry of a reply cut off by a crash gets: the rollout's last `n` calls if
+        another gateway recorded them (a replica, or this one before a restart) with this very
+        request; the gateway that recorded them may have died before its reply left. Alone, a
+        gateway looks on its first call of each rollout since it started; with replicas, on
+        every call (one light read: a harness's retry may reach any of them)."""
+        if state.replay_checked and self.peers == 0:
             return None
         state.replay_checked = True
+        rollout = ask.rollout
+        recent = await asyncio.to_thread(self.store.last_requests, rollout.id, n)
+        if len(recent) < n:
+            return None
+        fingerprint = request_fingerprint(ask.body)
+        # No fingerprint: recorded before they were; its request is compared whole below.
+        if not all(c.gateway != self.id and c.request_hash in (fingerprint, None) for c in recent):
+            return None
         found = await asyncio.to_thread(self.store.last_calls, rollout.id, n)
-        if len(found) < n:
+        if not all(c.request == ask.body for c in found):
             return None
-        if not all(c.request == ask.body and c.created_at < self.started for c in found):
-            return None
-        log.info("rollout_id=%s: replayed %d call(s) recorded before a restart", rollout.id, n)
+        log.info("rollout_id=%s: replayed %d call(s) another gateway recorded", rollout.id, n)
         return found
 
     async def _sample(
@@ -366,8 +409,12 @@ class Proxy:
                 temperature=sampling["temperature"],
                 request=ask.body,
                 response=response,
+                gateway=self.id,
             )
-            recorded = asyncio.wrap_future(self.store.append_call(call))
+            charge = None
+            if index == 0:  # the request's body, counted once whatever its choices
+                charge = ask.charge
+            recorded = asyncio.wrap_future(self.store.append_call(call, charge))
             # The reply is built while the call commits, and returned once it has.
             completion = self._completion(call, parse)
             await recorded

@@ -27,6 +27,8 @@ class RolloutState:
     # Bytes of request bodies its tokens have sent, against its storage budget; None until read
     # (the store's figure for a rollout older than the record).
     sent_bytes: int | None = None
+    # The seq of its last call another replica recorded that `Proxy._catch_up` made a transcript.
+    caught_up: int = -1
     # The request fields its `not_honoured` events have named.
     not_honoured: set[str] = field(default_factory=set)
     # Its latest conversations' token sequences (`Renderer.prompt` builds on them). Replaced, never

@@ -12,15 +12,16 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from pydantic import Field, field_validator
 
 from agl.settings import Strict
 from agl.store import Created, Store
-from agl.types import ARRAYS, JSON, Call, Mode, ModelVersion, Rollout, Status
+from agl.types import ARRAYS, JSON, Call, Charge, Mode, ModelVersion, Rollout, Status
 from gateway import wire
 from gateway.auth import Auth, AuthError, Caller, Role, caller_of
+from gateway.fleet import Replicas
 from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
 from gateway.types import Ask, Completion, Message, RenderError
@@ -87,7 +88,7 @@ class ModelIn(Strict):
 
 
 class ResumeIn(Strict):
-    version: int | None = Field(None, ge=0)
+    version: int | None = Field(None, ge=0, le=2**31 - 1)  # kept in an INTEGER column
 
 
 async def body(request: Request, schema: type[Any]) -> Any:
@@ -180,7 +181,7 @@ def may_move(caller: Caller, status: Status) -> bool:
 # ---------------------------------------------------------------------------- model calls
 
 
-def _ask(request: Request, rollout: Rollout, api: str, req: wire.Request) -> Ask:
+def _ask(request: Request, rollout: Rollout, api: str, req: wire.Request, charge: Charge) -> Ask:
     """The call as received; its agent is named by `x-agl-agent`, else the request's model."""
     agent = request.headers.get("x-agl-agent") or req.model or "default"
     # A stored column and a metric label: no NUL, no megabytes.
@@ -188,7 +189,7 @@ def _ask(request: Request, rollout: Rollout, api: str, req: wire.Request) -> Ask
         raise RenderError(
             "the agent name (x-agl-agent, else model) must be at most 255 printable characters"
         )
-    return Ask(rollout=rollout, agent=agent, api=api, body=request.state.body)
+    return Ask(rollout=rollout, agent=agent, api=api, body=request.state.body, charge=charge)
 
 
 def _reply(req: wire.Request, completions: list[Completion]) -> Response:
@@ -230,10 +231,10 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]
     ) -> Any:
         async def route(request: Request, rollout: Agent) -> Response:
-            await proxy.charge(rollout, len(await request.body()))
+            charge = await proxy.charge(rollout, len(await request.body()))
             req = await body(request, schema)
             messages, tools, params = req.parse(proxy.renderer.thinking_switch)
-            asked = _ask(request, rollout, api, req)
+            asked = _ask(request, rollout, api, req, charge)
             air = await _air_penalty(proxy, asked, messages)
             reply = _reply(req, await proxy.chat(asked, messages, tools, params))
             # Once the call is recorded: a refused request changes nothing stored.
@@ -252,13 +253,13 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions(request: Request, rollout: Agent) -> Response:
-        await proxy.charge(rollout, len(await request.body()))
+        charge = await proxy.charge(rollout, len(await request.body()))
         req = await body(request, wire.CompletionRequest)
         if isinstance(req.prompt, str):
             ids = await asyncio.to_thread(proxy.renderer.encode, req.prompt)
         else:
             ids = req.prompt
-        asked = _ask(request, rollout, "completions", req)
+        asked = _ask(request, rollout, "completions", req, charge)
         return _reply(req, await proxy.complete(asked, ids, req.params()))
 
     @router.get("/v1/models")
@@ -311,14 +312,16 @@ def _add_reports(router: APIRouter, proxy: Proxy, auth: Auth) -> None:
     @router.post("/api/rollouts/{rollout_id}/events")
     async def post_event(request: Request, rollout: Scoped) -> Any:
         poster = caller_of(request)
+        charge = None
         if poster.role is not Role.ADMIN:
-            await proxy.charge(rollout, len(await request.body()))
+            charge = await proxy.charge(rollout, len(await request.body()))
         req = await body(request, EventIn)
         if not may_post(poster, rollout, req.kind):
             raise AuthError(
                 403, f"events of kind {req.kind!r} cannot be posted with the {poster.credential}"
             )
-        event = _jsonable(await wrap_future(store.append_event(rollout.id, req.kind, req.data)))
+        posted = store.append_event(rollout.id, req.kind, req.data, charge=charge)
+        event = _jsonable(await wrap_future(posted))
         # not echoed back: it can be megabytes
         return {k: v for k, v in event.items() if k != "data"}
 
@@ -379,12 +382,14 @@ def _metadata(req: RolloutIn) -> JSON:
     return metadata
 
 
-def admin_routes(settings: GatewaySettings, store: Store, proxy: Proxy, auth: Auth) -> APIRouter:
+def admin_routes(
+    settings: GatewaySettings, store: Store, proxy: Proxy, replicas: Replicas, auth: Auth
+) -> APIRouter:
     """The admin API: rollouts, and the model served; the admin key is checked where the router is
     mounted (`gateway/app.py`)."""
     router = APIRouter()
     _add_rollouts_admin(router, settings, store, auth)
-    _add_serving_admin(router, store, proxy)
+    _add_serving_admin(router, store, proxy, replicas)
     return router
 
 
@@ -436,7 +441,7 @@ def _add_rollouts_admin(
         return [_jsonable(r) for r in found]
 
 
-def _add_serving_admin(router: APIRouter, store: Store, proxy: Proxy) -> None:
+def _add_serving_admin(router: APIRouter, store: Store, proxy: Proxy, replicas: Replicas) -> None:
     """The model versions, and pausing and resuming the calls around a weight update."""
 
     @router.post("/api/models")
@@ -446,13 +451,13 @@ def _add_serving_admin(router: APIRouter, store: Store, proxy: Proxy) -> None:
 
     @router.post("/api/pause")
     async def pause() -> Any:
-        drained_s = await proxy.pause()
+        drained_s = await replicas.pause()  # every replica's calls
         return {"drained_s": round(drained_s, 4)} | proxy.state()
 
     @router.post("/api/resume")
     async def resume(request: Request) -> Any:
         req = await body_or_defaults(request, ResumeIn)
-        proxy.resume(req.version)
+        await replicas.resume(req.version)
         return proxy.state()
 
     @router.get("/api/state")
@@ -465,14 +470,19 @@ def _add_serving_admin(router: APIRouter, store: Store, proxy: Proxy) -> None:
         return proxy.state() | {"latest_model": model, "last_end": last_end}
 
 
-def open_routes(store: Store, proxy: Proxy) -> APIRouter:
+def open_routes(store: Store, proxy: Proxy, replicas: Replicas) -> APIRouter:
     """`/healthz` and `/metrics`, without credentials."""
     router = APIRouter()
 
     @router.get("/healthz")
     async def healthz() -> Any:
-        # a controller learns of restarts
-        return {"ok": True, "started_at": proxy.started} | proxy.state()
+        # A controller learns of restarts; a load balancer takes a replica that cannot reach the
+        # store out of rotation.
+        health = {"ok": not replicas.problem, "started_at": proxy.started}
+        health |= proxy.state() | replicas.state()
+        if replicas.problem:
+            return JSONResponse(health, status_code=503)
+        return health
 
     @router.get("/metrics")
     async def metrics() -> Response:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agl.types import JSON, Rollout
+from agl.types import JSON, Charge, Rollout
 
 
 class RenderError(ValueError):
@@ -110,6 +110,8 @@ class Ask:
     agent: str
     api: str  # "chat" | "completions" | "responses" | "messages"
     body: JSON  # recorded with each of its calls, and what a retry after a restart is matched on
+    # Its body's bytes against the rollout's storage budget, counted when its first call is recorded.
+    charge: Charge | None = None
 
 
 @dataclass

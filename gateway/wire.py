@@ -644,3 +644,17 @@ def _block_start(block: JSON) -> tuple[JSON, JSON]:
 
 
 Request = ChatRequest | CompletionRequest | ResponsesRequest | AnthropicRequest
+
+# The chat wire formats by the name a recorded call's `response["api"]` gives them.
+CHAT_REQUESTS: dict[str, type[ChatRequest | ResponsesRequest | AnthropicRequest]] = {
+    "chat": ChatRequest,
+    "responses": ResponsesRequest,
+    "messages": AnthropicRequest,
+}
+
+
+def parse_recorded(
+    api: str, body: JSON, *, thinking_switch: bool
+) -> tuple[list[Message], list[JSON], Params]:
+    """A recorded chat call's request, parsed as it was when it came in."""
+    return CHAT_REQUESTS[api].model_validate(body).parse(thinking_switch)

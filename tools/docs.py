@@ -355,9 +355,9 @@ def routers() -> list[tuple[str, Any]]:
     proxy: Any = SimpleNamespace(store=none)
     factories: dict[str, Callable[[], Any]] = {
         "harness_routes": lambda: routes.harness_routes(proxy, auth),
-        "admin_routes": lambda: routes.admin_routes(none, none, proxy, auth),
+        "admin_routes": lambda: routes.admin_routes(none, none, proxy, none, auth),
         "rollout_routes": lambda: routes.rollout_routes(proxy, auth),
-        "open_routes": lambda: routes.open_routes(none, proxy),
+        "open_routes": lambda: routes.open_routes(none, proxy, none),
     }
     return [(name, factories[name]()) for name in mounted]
 

@@ -16,6 +16,7 @@ from agl.store import (
     IllegalTransition,
     InvalidData,
     NotFound,
+    OverBudget,
     SchemaTooNew,
     Store,
     StoreError,
@@ -23,7 +24,7 @@ from agl.store import (
     events,
     rollouts,
 )
-from agl.types import TRANSITIONS, Call, FailureKind, ModelVersion, Status
+from agl.types import TRANSITIONS, Call, Charge, FailureKind, ModelVersion, Status
 
 
 @pytest.fixture
@@ -397,17 +398,27 @@ def test_events_and_rewards(store):
     assert counts(store) == before
 
 
-def test_stored_bytes_sums_a_rollouts_requests_and_events_on_every_database(store):
-    """The gateway's storage budget starts from this after a restart: the JSON size of the rollout's recorded
-    requests and events, all attempts, and of no other rollout."""
+def test_a_rollouts_sent_bytes_are_counted_and_refused_past_its_budget_in_the_write(store):
+    """The storage budget is counted in the database, in the call's or event's own transaction
+    (gateway replicas share it): past the budget the write is refused and nothing is stored; an
+    uncharged write (the admin's) counts nothing; each rollout has its own count."""
     rid = _drive_to(store, Status.RUNNING)
     other = _drive_to(store, Status.RUNNING)
-    base = store.stored_bytes(rid)  # its lifecycle events
-    assert base > 0 and store.stored_bytes("missing") == 0
-    store.append_call(make_call(rid, request={"messages": ["e" * 1000]})).result()
-    store.append_event(rid, "note", {"x": "y" * 500}).result()
-    store.append_event(other, "note", {"x": "y" * 5000}).result()
-    assert 1500 < store.stored_bytes(rid) - base < 1600
+    assert store.sent_bytes(rid) == 0
+    with pytest.raises(NotFound):
+        store.sent_bytes("missing")
+    store.append_call(make_call(rid), Charge(size=600, budget=1000)).result()
+    store.append_event(rid, "note", {"x": 1}, charge=Charge(size=300, budget=1000)).result()
+    store.append_event(rid, "note", {"x": 2}).result()
+    assert store.sent_bytes(rid) == 900
+    before = counts(store)
+    with pytest.raises(OverBudget, match="has sent 900 bytes; 101 more"):
+        store.append_call(make_call(rid), Charge(size=101, budget=1000)).result()
+    with pytest.raises(OverBudget):
+        store.append_event(rid, "note", {}, charge=Charge(size=101, budget=1000)).result()
+    assert counts(store) == before and store.sent_bytes(rid) == 900
+    store.append_call(make_call(other), Charge(size=1000, budget=1000)).result()
+    assert store.sent_bytes(other) == 1000 and store.sent_bytes(rid) == 900
 
 
 def test_model_versions_only_grow(store):

@@ -37,6 +37,13 @@ LAST_LINE = {
     ],
     "gateway_long": ["gateway_p50_ms_20", "gateway_p50_ms_200", "gateway_bytes_per_call_200"],
     "controller": ["controller_launch_per_s", "controller_rss_mb_500"],
+    "replicas": [
+        "replicas_1_calls_per_s",
+        "replicas_2_calls_per_s",
+        "replica_kill_lost",
+        "replica_kill_duplicated",
+        "pause_drained_all",
+    ],
     "hostile": ["hostile_attacks", "defects", "max_stall_ms", "rss_growth_mb"],
     "soak": [
         "soak_calls",
@@ -99,6 +106,8 @@ def test_every_benchmark_is_listed() -> None:
 @pytest.mark.timeout(1500)  # the ones that train: a few minutes on two busy cores
 @pytest.mark.parametrize("name", list(LAST_LINE))
 def test_quick_run(name: str, tmp_path: Path) -> None:
+    if name == "replicas" and not os.environ.get("AGL_TEST_POSTGRES_URL"):
+        pytest.skip("bench.replicas needs PostgreSQL: AGL_TEST_POSTGRES_URL is not set")
     argv = [sys.executable, "-m", f"bench.{name}", "--quick"]
     if name in ("demo_runs", "ablation"):
         argv += ["--out", str(tmp_path / name)]

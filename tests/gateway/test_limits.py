@@ -121,9 +121,8 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
     """One call stored a 25 MB request and a 30 MB event was accepted; now the bodies a rollout's
     tokens send count against `rollout_max_bytes`, and past it a call or event is a 413 in the
     client's own format, stores nothing, and is counted in /metrics. The admin's events are not
-    counted. After a restart the count starts from the size of what the store holds of the rollout:
-    its requests (a chained one holds only what changed; the four repeats here, nulls) and all its
-    events, about 17 KB of the 33 KB sent."""
+    counted. After a restart the count starts from the store's: the bodies of the requests it
+    recorded (the five calls, about 20.5 KB of the 33 KB sent; the refused ones recorded nothing)."""
     budget, pad = 30_000, "y" * 4_000
     with stack(tiny_path, tmp_path, rollout_max_bytes=budget) as s:
         r, other = s.rollout(), s.rollout()
@@ -174,8 +173,8 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
         tiny_path, tmp_path, rollout_max_bytes=50_000
     ) as s:  # a restart, on the same database
         oa = openai.OpenAI(base_url=s.url + "/v1", api_key=r["agent_token"], max_retries=0)
-        seed = s.store.stored_bytes(r["id"])
-        assert 16_000 < seed < 18_000
+        seed = s.store.sent_bytes(r["id"])
+        assert 20_000 < seed < 21_000
         with pytest.raises(openai.APIStatusError, match=f"has sent {seed} bytes"):
             oa.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": pad * 9}], max_tokens=1

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agl.store import Store
-from agl.types import Status
+from agl.types import Charge, Status
 from gateway.proxy import Proxy
 from gateway.rollouts import RolloutStates
 from gateway.settings import GatewaySettings
@@ -52,7 +52,8 @@ def test_a_rollout_whose_record_was_dropped_counts_its_budget_from_the_store(sto
     proxy = proxy_on(store)
     proxy.rollouts = RolloutStates(since=proxy.started, size=1)
     made = store.create_rollout({"q": 1}, "g").result().rollout
-    store.append_event(made.id, "step", {"note": "x" * 1000}).result()
+    charge = Charge(size=1200, budget=10_000)
+    store.append_event(made.id, "step", {"note": "x" * 1000}, charge=charge).result()
     asyncio.run(proxy.charge(made, 10))
     assert proxy.rollouts.of(made.id).sent_bytes == 10  # the store was not read
     other = store.create_rollout({"q": 2}, "g").result().rollout
@@ -60,4 +61,4 @@ def test_a_rollout_whose_record_was_dropped_counts_its_budget_from_the_store(sto
     assert made.id not in proxy.rollouts
     asyncio.run(proxy.charge(made, 10))
     sent = proxy.rollouts.of(made.id).sent_bytes
-    assert sent == store.stored_bytes(made.id) + 10 and sent > 1000
+    assert sent == store.sent_bytes(made.id) + 10 and sent > 1000

@@ -1,0 +1,292 @@
+"""Gateway replicas: 1 and 2 behind HAProxy over one PostgreSQL, one killed under load, a pause.
+
+Everything is a real process on 127.0.0.1: the engine stand-in of bench/gateway.py (an instant
+sglang `/generate`), N `agl gateway` processes on one PostgreSQL database, and HAProxy (Debian's
+package) round-robining between them, as a cluster's Service would; it knows nothing of rollouts.
+`--db` names the server (default: AGL_TEST_POSTGRES_URL); each run makes a database of its own
+and drops it.
+
+1. 1 replica, then 2, each with the same clients through the balancer: `--clients` harnesses of
+   `--calls` calls each, for calls/s; then `--latency-calls` calls one at a time, for the p50
+   added over calling the stand-in directly.
+2. Kill: `--kill-rollouts` harnesses calling through 2 replicas (retrying refused connections and
+   the balancer's 502/503, as SDKs do); one replica is SIGKILLed under load and restarted.
+   Counted as bench/soak.py counts: `lost` (answered, not recorded) and `duplicated` (one request
+   recorded twice).
+3. Pause: while harnesses call through 2 replicas, `POST /api/pause` through the balancer; once it
+   returns, each replica is asked directly whether it is paused with nothing in flight.
+
+Two cores limit what 2 replicas can show here (the stand-in, HAProxy, PostgreSQL and the clients
+share them). Last line: `replicas_1_calls_per_s=A replicas_2_calls_per_s=B replica_kill_lost=L
+replica_kill_duplicated=D pause_drained_all=P`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from bench.gateway import ADMIN, ADMIN_HEADERS, cpu_s, free_port
+from bench.quick import parse_args
+from bench.soak import Stack, Tally, call, create, harness, reconcile, session, tiny_tokenizer
+
+HAPROXY = """\
+global
+    maxconn 4000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 300s
+    timeout server 300s
+    # a refused connection goes to another replica (nothing was sent yet)
+    retries 3
+    option redispatch
+frontend agl
+    bind 127.0.0.1:{port}
+    default_backend gateways
+backend gateways
+    balance roundrobin
+    option httpchk GET /healthz
+    http-check expect status 200
+    default-server inter 500ms fall 2 rise 1
+{servers}
+"""
+
+
+class Balanced(Stack):
+    """The stand-in engine, gateway replicas on one PostgreSQL, and HAProxy in front of them."""
+
+    def __init__(self, tmp: Path, db: str) -> None:
+        super().__init__(tmp, tiny_tokenizer())
+        self.db = db
+        self.balancer_port = free_port()
+        self.url = f"http://127.0.0.1:{self.balancer_port}"
+        self.ports: list[int] = []
+
+    def replica(self, i: int) -> str:
+        """Replica `i`'s own URL (past the balancer)."""
+        return f"http://127.0.0.1:{self.ports[i]}"
+
+    @staticmethod
+    def name(i: int) -> str:
+        """Replica `i`'s process name; replica 0 is "gateway", the one bench/soak.py's phases kill."""
+        if i == 0:
+            return "gateway"
+        return f"gateway{i}"
+
+    def gateway_url(self) -> str:
+        return self.replica(0)
+
+    def kill_gateways(self) -> None:
+        for i in range(len(self.ports)):
+            if self.name(i) in self.procs:
+                self.kill(self.name(i))
+
+    def start_gateways(self) -> None:
+        for i in range(len(self.ports)):
+            self.start_replica(i)
+
+    def start_gateway(self) -> None:
+        """(Re)starts replica 0: what bench/soak.py's phases call after killing "gateway"."""
+        self.start_replica(0)
+
+    def start_replica(self, i: int) -> None:
+        """Starts replica `i` (again, on its port, after a kill)."""
+        while len(self.ports) <= i:
+            self.ports.append(free_port())
+        argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", self.engine]
+        argv += ["--db", self.db]
+        argv += ["--port", str(self.ports[i]), "--admin-key", ADMIN]
+        env = {"AGL_GATEWAY_ENGINE_TIMEOUT_S": str(self.engine_timeout_s)}
+        self._start(self.name(i), argv, self.replica(i) + "/healthz", env)
+
+    def start_balancer(self, replicas: int) -> None:
+        """HAProxy round-robin over replicas 0 .. `replicas` - 1 (restarted if running)."""
+        if "balancer" in self.procs:
+            self.kill("balancer")
+        servers = "\n".join(
+            f"    server g{i} 127.0.0.1:{self.ports[i]} check" for i in range(replicas)
+        )
+        config = self.tmp / "haproxy.cfg"
+        config.write_text(HAPROXY.format(port=self.balancer_port, servers=servers))
+        haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        self._start("balancer", [haproxy, "-db", "-f", str(config)], self.url + "/healthz")
+
+
+@contextlib.contextmanager
+def database(server_url: str) -> Iterator[str]:
+    """A fresh database on the PostgreSQL server `server_url` names, dropped afterwards."""
+    admin_url = sa.make_url(server_url).set(drivername="postgresql+psycopg")
+    name = f"agl_bench_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def balanced(server_url: str, replicas: int) -> Iterator[Balanced]:
+    """The stand-in, `replicas` gateways on a fresh database, and the balancer; all killed on exit."""
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        database(server_url) as db,
+        contextlib.ExitStack() as exits,
+    ):
+        stack = Balanced(Path(tmp), db)
+        exits.callback(stack.close)
+        stack.start_engine()
+        for i in range(replicas):
+            stack.start_replica(i)
+        stack.start_balancer(replicas)
+        yield stack
+
+
+def postgres_cpu_s() -> float:
+    """CPU seconds used so far by this machine's PostgreSQL processes (the server the bench uses,
+    when it runs here)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if stat.read_text().strip() == "postgres":
+                total += cpu_s(int(stat.parent.name))
+    return total
+
+
+async def throughput(stack: Balanced, clients: int, calls: int, latency_calls: int) -> dict:
+    """Calls/s with `clients` harnesses at once, and the CPU each call cost the gateways and the
+    database; then the p50 a call through the balancer adds."""
+    async with session() as client:
+        made = await create(client, stack.url, clients, "throughput")
+        tally = Tally()
+        gateways = [proc.pid for name, proc in stack.procs.items() if name.startswith("gateway")]
+        gateway_cpu = sum(cpu_s(pid) for pid in gateways)
+        database_cpu = postgres_cpu_s()
+        started = time.perf_counter()
+        await asyncio.gather(*(harness(client, stack.url, r, tally, calls=calls) for r in made))
+        calls_per_s = len(tally.answered) / (time.perf_counter() - started)
+        assert not tally.errors, tally.errors[:3]
+        answered = len(tally.answered)
+        gateway_ms = (sum(cpu_s(pid) for pid in gateways) - gateway_cpu) * 1e3 / answered
+        database_ms = (postgres_cpu_s() - database_cpu) * 1e3 / answered
+        token = made[0]["agent_token"]
+        through, direct = [], []
+        for i in range(latency_calls):
+            t0 = time.perf_counter()
+            status, _ = await call(client, stack.url, token, f"latency {i}")
+            through.append(time.perf_counter() - t0)
+            assert status == 200
+            body = {"input_ids": list(range(20)), "sampling_params": {"max_new_tokens": 64}}
+            t0 = time.perf_counter()
+            async with client.post(stack.engine + "/generate", json=body) as r:
+                await r.read()
+            direct.append(time.perf_counter() - t0)
+    added_ms = (statistics.median(through) - statistics.median(direct)) * 1e3
+    return {
+        "calls_per_s": calls_per_s,
+        "added_p50_ms": added_ms,
+        "gateway_cpu_ms": gateway_ms,
+        "database_cpu_ms": database_ms,
+    }
+
+
+async def replica_kill(stack: Balanced, rollouts: int, calls: int) -> dict:
+    """Harnesses through 2 replicas; replica 1 SIGKILLed halfway and restarted."""
+    async with session() as client:
+        made = await create(client, stack.url, rollouts, "kill")
+        tally = Tally()
+        work = asyncio.gather(
+            *(harness(client, stack.url, r, tally, calls=calls, retry_s=120) for r in made)
+        )
+        while len(tally.answered) < rollouts * calls / 2 and not work.done():
+            await asyncio.sleep(0.01)
+        stack.kill(stack.name(1))
+        await asyncio.to_thread(stack.start_replica, 1)
+        await work
+    out = reconcile(stack.db, [r["id"] for r in made], tally)
+    return out | {"answered": len(tally.answered), "errors": len(tally.errors)}
+
+
+async def pause_drains_all(stack: Balanced, harnesses: int) -> bool:
+    """A pause through the balancer under load: afterwards every replica is paused and idle."""
+    async with session() as client:
+        made = await create(client, stack.url, harnesses, "pause")
+        tally, stop = Tally(), asyncio.Event()
+        work = asyncio.gather(
+            *(harness(client, stack.url, r, tally, calls=None, stop=stop) for r in made)
+        )
+        while len(tally.answered) < harnesses:
+            await asyncio.sleep(0.01)
+        async with client.post(stack.url + "/api/pause", headers=ADMIN_HEADERS) as r:
+            assert r.status == 200, await r.text()
+        states = []
+        for i in range(len(stack.ports)):
+            async with client.get(stack.replica(i) + "/api/state", headers=ADMIN_HEADERS) as r:
+                states.append(await r.json())
+        async with client.post(stack.url + "/api/resume", headers=ADMIN_HEADERS) as r:
+            assert r.status == 200, await r.text()
+        stop.set()
+        await work
+        assert not tally.errors, tally.errors[:3]
+    return all(s["paused"] and s["inflight"] == 0 for s in states)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("AGL_TEST_POSTGRES_URL", ""),
+        help="a PostgreSQL server's URL (default: AGL_TEST_POSTGRES_URL)",
+    )
+    parser.add_argument("--clients", type=int, default=64, help="harnesses at once")
+    parser.add_argument("--calls", type=int, default=20, help="calls per harness")
+    parser.add_argument("--latency-calls", type=int, default=200, help="calls one at a time")
+    parser.add_argument("--kill-rollouts", type=int, default=200)
+    parser.add_argument("--kill-calls", type=int, default=5)
+    args = parse_args(parser, clients=8, calls=5, latency_calls=20, kill_rollouts=20, kill_calls=3)
+    if not args.db:
+        raise SystemExit("needs a PostgreSQL server: --db or AGL_TEST_POSTGRES_URL")
+    figures = {}
+    for replicas in (1, 2):
+        with balanced(args.db, replicas) as stack:
+            out = asyncio.run(throughput(stack, args.clients, args.calls, args.latency_calls))
+        figures[replicas] = out
+        print(
+            f"{replicas} replica(s): {out['calls_per_s']:.0f} calls/s with {args.clients} "
+            f"harnesses, p50 added {out['added_p50_ms']:.2f} ms; CPU per call: gateways "
+            f"{out['gateway_cpu_ms']:.2f} ms, PostgreSQL {out['database_cpu_ms']:.2f} ms",
+            flush=True,
+        )
+    with balanced(args.db, 2) as stack:
+        kill = asyncio.run(replica_kill(stack, args.kill_rollouts, args.kill_calls))
+        print(f"replica SIGKILL under {args.kill_rollouts} harnesses: {kill}", flush=True)
+        drained = asyncio.run(pause_drains_all(stack, args.clients))
+        print(f"pause through the balancer: every replica paused and idle: {drained}", flush=True)
+    ratio = figures[2]["calls_per_s"] / figures[1]["calls_per_s"]
+    print(f"2 replicas / 1: {ratio:.2f}x calls/s (two cores shared by everything)")
+    print(
+        f"replicas_1_calls_per_s={figures[1]['calls_per_s']:.0f} "
+        f"replicas_2_calls_per_s={figures[2]['calls_per_s']:.0f} "
+        f"replica_kill_lost={kill['lost']} replica_kill_duplicated={kill['duplicated']} "
+        f"pause_drained_all={int(drained)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
