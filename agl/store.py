@@ -721,9 +721,11 @@ def _op_register_gateway(
     conn: Connection, gateway: Gateway, expired_before: float, single_process: bool
 ) -> Fleet:
     """Registers a starting gateway, drained for the current pause if there is one (it holds no
-    call yet); drops registrations whose heartbeat stopped before `expired_before`. With
+    call yet); drops registrations whose heartbeat stopped before `expired_before`, and one at its
+    own address (a gateway that listened there has died: this one has its port). With
     `single_process` (SQLite) refuses while another registered gateway's process runs."""
     conn.execute(gateways.delete().where(gateways.c.heartbeat_at < expired_before))
+    conn.execute(gateways.delete().where(gateways.c.address == gateway.address))
     if single_process:
         for row in conn.execute(sa.select(gateways)):
             if _process_runs(row.pid):

@@ -6,7 +6,8 @@ package) round-robining between them, as a cluster's Service would; it knows not
 `--db` names the server (default: AGL_TEST_POSTGRES_URL); each run makes a database of its own
 and drops it.
 
-1. 1 replica, then 2, each with the same clients through the balancer: `--clients` harnesses of
+1. 1 replica, then 2 round-robin, then 2 sticky by token (a consistent hash of the `Authorization`
+   header), each with the same clients through the balancer: `--clients` harnesses of
    `--calls` calls each, for calls/s; then `--latency-calls` calls one at a time, for the p50
    added over calling the stand-in directly.
 2. Kill: `--kill-rollouts` harnesses calling through 2 replicas (retrying refused connections and
@@ -57,10 +58,13 @@ frontend agl
     bind 127.0.0.1:{port}
     default_backend gateways
 backend gateways
-    balance roundrobin
+{balance}
+    # A replica is out after 3 failed checks a second apart (a refused connection meanwhile goes
+    # to another: `retries`); a check may take 5 s, as /healthz does under 1,000 harnesses at once.
     option httpchk GET /healthz
     http-check expect status 200
-    default-server inter 500ms fall 2 rise 1
+    timeout check 5s
+    default-server inter 1s fall 3 rise 1
 {servers}
 """
 
@@ -112,15 +116,20 @@ class Balanced(Stack):
         env = {"AGL_GATEWAY_ENGINE_TIMEOUT_S": str(self.engine_timeout_s)}
         self._start(self.name(i), argv, self.replica(i) + "/healthz", env)
 
-    def start_balancer(self, replicas: int) -> None:
-        """HAProxy round-robin over replicas 0 .. `replicas` - 1 (restarted if running)."""
+    def start_balancer(self, replicas: int, *, sticky: bool = False) -> None:
+        """HAProxy over replicas 0 .. `replicas` - 1 (restarted if running): round-robin, or with
+        `sticky` a consistent hash of the `Authorization` header (a rollout's calls stay on one
+        replica while it is up)."""
         if "balancer" in self.procs:
             self.kill("balancer")
         servers = "\n".join(
             f"    server g{i} 127.0.0.1:{self.ports[i]} check" for i in range(replicas)
         )
         config = self.tmp / "haproxy.cfg"
-        config.write_text(HAPROXY.format(port=self.balancer_port, servers=servers))
+        balance = "    balance roundrobin"
+        if sticky:
+            balance = "    balance hdr(Authorization)\n    hash-type consistent"
+        config.write_text(HAPROXY.format(port=self.balancer_port, servers=servers, balance=balance))
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
         self._start("balancer", [haproxy, "-db", "-f", str(config)], self.url + "/healthz")
 
@@ -142,7 +151,7 @@ def database(server_url: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def balanced(server_url: str, replicas: int) -> Iterator[Balanced]:
+def balanced(server_url: str, replicas: int, *, sticky: bool = False) -> Iterator[Balanced]:
     """The stand-in, `replicas` gateways on a fresh database, and the balancer; all killed on exit."""
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -154,7 +163,7 @@ def balanced(server_url: str, replicas: int) -> Iterator[Balanced]:
         stack.start_engine()
         for i in range(replicas):
             stack.start_replica(i)
-        stack.start_balancer(replicas)
+        stack.start_balancer(replicas, sticky=sticky)
         yield stack
 
 
@@ -263,12 +272,13 @@ def main() -> None:
     if not args.db:
         raise SystemExit("needs a PostgreSQL server: --db or AGL_TEST_POSTGRES_URL")
     figures = {}
-    for replicas in (1, 2):
-        with balanced(args.db, replicas) as stack:
+    for replicas, sticky in ((1, False), (2, False), (2, True)):
+        with balanced(args.db, replicas, sticky=sticky) as stack:
             out = asyncio.run(throughput(stack, args.clients, args.calls, args.latency_calls))
-        figures[replicas] = out
+        figures[replicas, sticky] = out
+        balance = "sticky by token" if sticky else "round-robin"
         print(
-            f"{replicas} replica(s): {out['calls_per_s']:.0f} calls/s with {args.clients} "
+            f"{replicas} replica(s), {balance}: {out['calls_per_s']:.0f} calls/s with {args.clients} "
             f"harnesses, p50 added {out['added_p50_ms']:.2f} ms; CPU per call: gateways "
             f"{out['gateway_cpu_ms']:.2f} ms, PostgreSQL {out['database_cpu_ms']:.2f} ms",
             flush=True,
@@ -278,11 +288,16 @@ def main() -> None:
         print(f"replica SIGKILL under {args.kill_rollouts} harnesses: {kill}", flush=True)
         drained = asyncio.run(pause_drains_all(stack, args.clients))
         print(f"pause through the balancer: every replica paused and idle: {drained}", flush=True)
-    ratio = figures[2]["calls_per_s"] / figures[1]["calls_per_s"]
-    print(f"2 replicas / 1: {ratio:.2f}x calls/s (two cores shared by everything)")
+    one = figures[1, False]["calls_per_s"]
+    ratio = figures[2, False]["calls_per_s"] / one
+    sticky_ratio = figures[2, True]["calls_per_s"] / one
     print(
-        f"replicas_1_calls_per_s={figures[1]['calls_per_s']:.0f} "
-        f"replicas_2_calls_per_s={figures[2]['calls_per_s']:.0f} "
+        f"2 replicas / 1: {ratio:.2f}x calls/s round-robin, {sticky_ratio:.2f}x sticky "
+        "(two cores shared by everything)"
+    )
+    print(
+        f"replicas_1_calls_per_s={one:.0f} "
+        f"replicas_2_calls_per_s={figures[2, False]['calls_per_s']:.0f} "
         f"replica_kill_lost={kill['lost']} replica_kill_duplicated={kill['duplicated']} "
         f"pause_drained_all={int(drained)}"
     )

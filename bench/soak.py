@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import sqlalchemy as sa
 
 from agl.store import Store
 from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, rss_mb, wait
@@ -653,7 +654,8 @@ def main() -> None:
     )
     t0 = time.monotonic()
     with stack_of(args.replicas, args.db) as stack:
-        print(f"gateway {stack.url}, engine stand-in {stack.engine}, store {stack.db}", flush=True)
+        store = sa.make_url(stack.db).render_as_string(hide_password=True)
+        print(f"gateway {stack.url}, engine stand-in {stack.engine}, store {store}", flush=True)
         ld = asyncio.run(load(stack, args.rollouts, args.calls))
         print(f"load: {args.rollouts} rollouts x {args.calls} calls: {ld}", flush=True)
         cross = asyncio.run(cross_rollout(stack.url, args.pairs))

@@ -61,15 +61,25 @@ class Gate:
         if not self._open.is_set():
             self.waiting += 1
             try:
-                await asyncio.wait_for(self._open.wait(), max_hold_s)
-            except TimeoutError as e:
-                raise HeldTooLong(
-                    f"the gateway has been paused for more than {max_hold_s:.0f} s"
-                ) from e
+                await self._wait_open(max_hold_s)
             finally:
                 self.waiting -= 1
         self.inflight += 1
         self._drained.clear()
+
+    async def _wait_open(self, max_hold_s: float) -> None:
+        """Waits until the gate is open when this call runs. A call woken by a resume runs later
+        than the resume: if a pause closed the gate in between (replicas follow the store's pause
+        and resume within one sync), it waits again, or it would be served during that pause."""
+        deadline = time.monotonic() + max_hold_s
+        while not self._open.is_set():
+            left = deadline - time.monotonic()
+            try:
+                await asyncio.wait_for(self._open.wait(), max(left, 0))
+            except TimeoutError as e:
+                raise HeldTooLong(
+                    f"the gateway has been paused for more than {max_hold_s:.0f} s"
+                ) from e
 
     def leave(self) -> None:
         self.inflight -= 1

@@ -13,7 +13,7 @@ import pytest
 
 from agl.store import Store
 from agl.types import Charge, Status
-from gateway.proxy import Proxy
+from gateway.proxy import Gate, Proxy
 from gateway.rollouts import RolloutStates
 from gateway.settings import GatewaySettings
 
@@ -62,3 +62,23 @@ def test_a_rollout_whose_record_was_dropped_counts_its_budget_from_the_store(sto
     asyncio.run(proxy.charge(made, 10))
     sent = proxy.rollouts.of(made.id).sent_bytes
     assert sent == store.sent_bytes(made.id) + 10 and sent > 1000
+
+
+def test_a_call_woken_by_a_resume_waits_again_if_a_pause_closed_the_gate_first():
+    """Replicas follow the store's pause and resume: a resume and the next pause can come before a
+    call the resume woke has run. That call must not be served during the new pause."""
+
+    async def scenario() -> None:
+        gate = Gate()
+        await gate.pause()
+        held = asyncio.create_task(gate.enter(5))
+        await asyncio.sleep(0)  # it waits at the gate
+        gate.resume()
+        paused = asyncio.create_task(gate.pause())  # before the woken call runs
+        await asyncio.sleep(0.05)
+        assert paused.done() and not held.done() and gate.inflight == 0
+        gate.resume()
+        await held
+        assert gate.inflight == 1
+
+    asyncio.run(scenario())
