@@ -33,13 +33,11 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from bench.gateway import ADMIN, ADMIN_HEADERS, cpu_s, free_port
+from bench.postgres import database
 from bench.quick import parse_args
 from bench.soak import Stack, Tally, call, create, harness, reconcile, session, tiny_tokenizer
 
@@ -132,22 +130,6 @@ class Balanced(Stack):
         config.write_text(HAPROXY.format(port=self.balancer_port, servers=servers, balance=balance))
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
         self._start("balancer", [haproxy, "-db", "-f", str(config)], self.url + "/healthz")
-
-
-@contextlib.contextmanager
-def database(server_url: str) -> Iterator[str]:
-    """A fresh database on the PostgreSQL server `server_url` names, dropped afterwards."""
-    admin_url = sa.make_url(server_url).set(drivername="postgresql+psycopg")
-    name = f"agl_bench_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
 
 
 @contextlib.contextmanager

@@ -26,8 +26,8 @@ import sqlalchemy as sa
 from agl.settings import StoreSettings
 from agl.store import Store
 from agl.types import Call, Status
+from bench.postgres import database
 from bench.quick import parse_args
-from bench.replicas import database
 
 PROMPT, RESPONSE = 4096, 512
 

@@ -7,7 +7,6 @@ does), against a fresh PostgreSQL database created for that test and dropped aft
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
-import sqlalchemy as sa
+
+from bench.postgres import database
 
 POSTGRES_URL = os.environ.get("AGL_TEST_POSTGRES_URL", "")
 
@@ -24,17 +24,8 @@ POSTGRES_URL = os.environ.get("AGL_TEST_POSTGRES_URL", "")
 def _postgres_database() -> Iterator[str]:
     if not POSTGRES_URL:
         pytest.skip("AGL_TEST_POSTGRES_URL is not set")
-    admin_url = sa.make_url(POSTGRES_URL).set(drivername="postgresql+psycopg")
-    name = f"agl_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    with database(POSTGRES_URL, prefix="agl_test") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
