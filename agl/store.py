@@ -711,9 +711,15 @@ def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
     return model
 
 
+_FLEET = sa.select(fleet).where(fleet.c.id == 1)
+
+
 def _fleet(conn: Connection) -> Fleet:
     """The fleet's row, locked until the write commits (PostgreSQL)."""
-    row = conn.execute(sa.select(fleet).where(fleet.c.id == 1).with_for_update()).one()
+    return _fleet_of(conn.execute(_FLEET.with_for_update()).one())
+
+
+def _fleet_of(row: Any) -> Fleet:
     return Fleet(paused=row.paused, epoch=row.epoch, version=row.version, serial=row.serial)
 
 
@@ -1279,8 +1285,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def fleet(self) -> Fleet:
         """What every gateway follows: paused or not, the pause's epoch, the version served."""
-        row = self._read(sa.select(fleet).where(fleet.c.id == 1))[0]
-        return Fleet(paused=row.paused, epoch=row.epoch, version=row.version, serial=row.serial)
+        return _fleet_of(self._read(_FLEET)[0])
 
     def gateways(self, *, alive_since: float = 0.0) -> list[Gateway]:
         """The registered gateways whose heartbeat is not older than `alive_since`."""

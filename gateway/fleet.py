@@ -24,6 +24,7 @@ import socket
 import time
 from asyncio import wrap_future
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 from agl.store import Store
 from agl.types import Fleet, Gateway
@@ -114,15 +115,7 @@ class Replicas:
                 self.proxy.resume()
 
     async def _beat(self) -> None:
-        now = time.time()
-        beat = Gateway(
-            id=self.me.id,
-            address=self.me.address,
-            pid=self.me.pid,
-            started_at=self.me.started_at,
-            heartbeat_at=now,
-            drained_epoch=self.drained_epoch,
-        )
+        beat = replace(self.me, heartbeat_at=time.time(), drained_epoch=self.drained_epoch)
         await wrap_future(self.store.heartbeat(beat))
 
     async def _sync(self) -> None:

@@ -22,7 +22,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agl.store import Store, request_fingerprint
+from agl.store import RecentCall, Store, request_fingerprint
 from agl.types import JSON, Call, Charge, Rollout, Status
 from gateway.engines import EngineClient, Generation
 from gateway.render import Prompt, Renderer, parse_reply
@@ -249,9 +249,10 @@ class Proxy:
         """The replies to a chat call, on the rollout's transcripts; the prompt is classified and
         the transcript kept once the calls are recorded."""
         state = self.rollouts.of(ask.rollout.id)
-        await self._catch_up(ask.rollout, state)
+        recent = await self._recent(ask.rollout, state, params.n)
+        await self._catch_up(ask.rollout, state, recent)
         prompt = await self._render(state, messages, tools, params)
-        out = await self._serve(ask, state, prompt.ids, params, parse=True)
+        out = await self._serve(ask, state, prompt.ids, params, recent, parse=True)
         self._classify(ask, prompt)
         self._not_honoured(ask, state, params)
         first, ids, sampled_text = out[0]
@@ -269,19 +270,30 @@ class Proxy:
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
         state = self.rollouts.of(ask.rollout.id)
-        out = await self._serve(ask, state, prompt_ids, params, parse=False)
+        recent = await self._recent(ask.rollout, state, params.n)
+        out = await self._serve(ask, state, prompt_ids, params, recent, parse=False)
         self._not_honoured(ask, state, params)
         return [c for c, _, _ in out]
 
-    async def _catch_up(self, rollout: Rollout, state: RolloutState) -> None:
-        """With replicas: the rollout's last call, if another gateway recorded it, becomes one of
-        its transcripts here, so that the next prompt is built on the tokens that call sampled
-        (prefix preservation whichever replica a call reaches). It is rebuilt from the store: its
-        request parsed as when it came in, its prompt IDs and sampled IDs as recorded."""
-        if self.peers == 0 or self.parse_request is None:
+    async def _recent(self, rollout: Rollout, state: RolloutState, n: int) -> list[RecentCall]:
+        """The rollout's last `n` calls as `Store.last_requests` reads them (newest first), for
+        `_catch_up` and `_replayed`: with replicas on every call, alone only until a call of the
+        rollout was checked for a replay; else none (no read)."""
+        if state.replay_checked and self.peers == 0:
+            return []
+        return await asyncio.to_thread(self.store.last_requests, rollout.id, n)
+
+    async def _catch_up(
+        self, rollout: Rollout, state: RolloutState, recent: list[RecentCall]
+    ) -> None:
+        """With replicas: the rollout's last call (the first of `recent`), if another gateway
+        recorded it, becomes one of its transcripts here, so that the next prompt is built on the
+        tokens that call sampled (prefix preservation whichever replica a call reaches). It is
+        rebuilt from the store: its request parsed as when it came in, its prompt IDs and sampled
+        IDs as recorded."""
+        if self.peers == 0 or self.parse_request is None or not recent:
             return
-        recent = await asyncio.to_thread(self.store.last_requests, rollout.id, 1)
-        if not recent or recent[0].gateway == self.id or recent[0].seq == state.caught_up:
+        if recent[0].gateway == self.id or recent[0].seq == state.caught_up:
             return
         [call] = await asyncio.to_thread(self.store.last_calls, rollout.id, 1)
         state.caught_up = call.seq
@@ -356,26 +368,33 @@ class Proxy:
             self.metrics.not_honoured.labels(self._label(self.fields, name)).inc()
 
     async def _serve(
-        self, ask: Ask, state: RolloutState, prompt: Sequence[int], params: Params, *, parse: bool
+        self,
+        ask: Ask,
+        state: RolloutState,
+        prompt: Sequence[int],
+        params: Params,
+        recent: list[RecentCall],
+        *,
+        parse: bool,
     ) -> list[tuple[Completion, list[int], str | None]]:
         """`params.n` replies, each one recorded call: (completion, sampled IDs, their text before
-        any stop string cut, if known). A retry after a restart gets the recorded ones."""
-        replayed = await self._replayed(ask, state, params.n)
+        any stop string cut, if known). A retry after a crash gets the recorded ones (`recent`:
+        the rollout's last calls, as `_recent` read them)."""
+        replayed = await self._replayed(ask, state, recent, params.n)
         if replayed is not None:
             return [(self._completion(c, parse), list(c.response_ids), None) for c in replayed]
         return [await self._sample(ask, prompt, params, i, parse=parse) for i in range(params.n)]
 
-    async def _replayed(self, ask: Ask, state: RolloutState, n: int) -> list[Call] | None:
+    async def _replayed(
+        self, ask: Ask, state: RolloutState, recent: list[RecentCall], n: int
+    ) -> list[Call] | None:
         """The calls a retry of a reply cut off by a crash gets: the rollout's last `n` calls if
         another gateway recorded them (a replica, or this one before a restart) with this very
         request; the gateway that recorded them may have died before its reply left. Alone, a
         gateway looks on its first call of each rollout since it started; with replicas, on
-        every call (one light read: a harness's retry may reach any of them)."""
-        if state.replay_checked and self.peers == 0:
-            return None
+        every call (a harness's retry may reach any of them): `_recent` reads `recent` then."""
         state.replay_checked = True
         rollout = ask.rollout
-        recent = await asyncio.to_thread(self.store.last_requests, rollout.id, n)
         if len(recent) < n:
             return None
         fingerprint = request_fingerprint(ask.body)
