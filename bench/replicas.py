@@ -30,13 +30,12 @@ import contextlib
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.gateway import ADMIN, ADMIN_HEADERS, cpu_s, free_port
+from bench.gateway import ADMIN_HEADERS, cpu_s, free_port
 from bench.postgres import database
 from bench.quick import parse_args
 from bench.soak import Stack, Tally, call, create, harness, reconcile, session, tiny_tokenizer
@@ -108,11 +107,7 @@ class Balanced(Stack):
         """Starts replica `i` (again, on its port, after a kill)."""
         while len(self.ports) <= i:
             self.ports.append(free_port())
-        argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", self.engine]
-        argv += ["--db", self.db]
-        argv += ["--port", str(self.ports[i]), "--admin-key", ADMIN]
-        env = {"AGL_GATEWAY_ENGINE_TIMEOUT_S": str(self.engine_timeout_s)}
-        self._start(self.name(i), argv, self.replica(i) + "/healthz", env)
+        self.start_gateway_process(self.name(i), self.ports[i])
 
     def start_balancer(self, replicas: int, *, sticky: bool = False) -> None:
         """HAProxy over replicas 0 .. `replicas` - 1 (restarted if running): round-robin, or with

@@ -96,10 +96,14 @@ class Stack:
         self._start("engine", [*argv, "--tokenizer", self.tokenizer], self.engine + "/model_info")
 
     def start_gateway(self) -> None:
+        self.start_gateway_process("gateway", self.gateway_port)
+
+    def start_gateway_process(self, name: str, port: int) -> None:
+        """An `agl gateway` on the store and the stand-in, listening on `port`, named `name`."""
         argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", self.engine]
-        argv += ["--db", self.db, "--port", str(self.gateway_port), "--admin-key", ADMIN]
+        argv += ["--db", self.db, "--port", str(port), "--admin-key", ADMIN]
         env = {"AGL_GATEWAY_ENGINE_TIMEOUT_S": str(self.engine_timeout_s)}
-        self._start("gateway", argv, self.url + "/healthz", env)
+        self._start(name, argv, f"http://127.0.0.1:{port}/healthz", env)
 
     def start_controller(self, state_dir: Path, max_running: int) -> None:
         argv = [sys.executable, "-m", "agl.cli", "controller", "--gateway", self.url]
