@@ -1,14 +1,15 @@
 """The embedded engine's model loop: one thread owns the model and batches requests dynamically.
 
-Requests from any thread are queued (`submit`) and resolved through futures. Between decode
-steps the thread admits waiting requests (continuous batching): new prompts are prefilled
-together, left-padded, into their own KV cache (the HF `DynamicCache`), which is then merged into
-the running batch; each step feeds one token per row with per-row positions; finished rows leave
-the batch. Prefix cache: a finished request's keys and values are kept (LRU, bounded in tokens),
-and a new prompt that starts with a kept sequence prefills only the rest, as sglang's radix cache
-does. Agent calls gain most: each re-sends the conversation so far, and all share a system prompt.
-Rows may then have padding in the middle (the attention mask covers it; positions are per row).
-The cache is dropped whenever the weights change.
+Requests from any thread are queued (`submit`) and resolved through futures; a streaming caller is
+also told of each token as it is sampled (`Job.on_token`). Between decode steps the thread admits
+waiting requests (continuous batching): new prompts are prefilled together, left-padded, into their
+own KV cache (the HF `DynamicCache`), which is then merged into the running batch; each step feeds
+one token per row with per-row positions; finished rows leave the batch. Prefix cache: a finished
+request's keys and values are kept (LRU, bounded in tokens), and a new prompt that starts with a
+kept sequence prefills only the rest, as sglang's radix cache does. Agent calls gain most: each
+re-sends the conversation so far, and all share a system prompt. Rows may then have padding in the
+middle (the attention mask covers it; positions are per row). The cache is dropped whenever the
+weights change.
 
 Control commands (release, resume, weight reload, flush) run only when no request is in flight,
 and no request is admitted while one waits, so a request sees one set of weights from start to
@@ -83,7 +84,7 @@ class Result:
 
     output_ids: list[int]
     logprobs: list[float]
-    finish: dict[str, Any]
+    finish: dict[str, Any] | None  # None: not finished (a streamed chunk)
     weight_version: str
     cached_tokens: int = 0
 
@@ -91,10 +92,13 @@ class Result:
 @dataclass(eq=False)
 class Job:
     """A request inside the engine: what it asks, what it has sampled so far, and the future its
-    caller waits on."""
+    caller waits on. `on_token`, when given, is called on the model thread after each sampled
+    token that does not end the request, with the number of tokens sampled so far (their IDs and
+    logprobs are then in `output_ids` and `logprobs`): a streaming caller's cue."""
 
     input_ids: list[int]
     sampling: Sampling
+    on_token: Callable[[int], None] | None = None
     cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
     future: Future[Result] = field(default_factory=Future)
     cancelled: bool = False  # set from another thread when the client went away
@@ -201,9 +205,14 @@ class Engine:
 
     # ------------------------------------------------------------------ any thread
 
-    def submit(self, input_ids: list[int], sampling: Sampling) -> Job:
-        """Queue a request; its `future` gives the `Result`."""
-        job = Job(input_ids=list(input_ids), sampling=sampling)
+    def submit(
+        self,
+        input_ids: list[int],
+        sampling: Sampling,
+        on_token: Callable[[int], None] | None = None,
+    ) -> Job:
+        """Queue a request; its `future` gives the `Result` (`Job` says when `on_token` is called)."""
+        job = Job(input_ids=list(input_ids), sampling=sampling, on_token=on_token)
         if sampling.seed is not None:
             job.generator = torch.Generator().manual_seed(sampling.seed)
         self._queue.put(job)
@@ -439,6 +448,8 @@ class Engine:
                 or len(job.input_ids) + len(job.output_ids) >= self.max_context
             ):
                 job.finish = {"type": "length", "length": len(job.output_ids)}
+            elif job.on_token is not None:
+                job.on_token(len(job.output_ids))
 
     def _prune(self) -> None:
         """Answer the rows that finished or were cancelled, and take them out of the batch."""

@@ -2,14 +2,15 @@
 
 The subset it speaks is in docs/architecture.md, "Engines".
 
-Owns the wire format (sglang's request and reply shapes), request validation and the mapping of
-engine failures to status codes: malformed or impossible requests get 400 with
+Owns the wire format of requests (sglang's; the replies' is `stream.py`'s), request validation and
+the mapping of engine failures to status codes: malformed or impossible requests get 400 with
 `{"error": {"message": ...}}` and the server keeps serving; `/generate` while the memory is
-released gets 503 (a temporary state, as for an sglang server that is asleep). A client that
-disconnects aborts its request. With `--api-key`, every route but `/health` needs
-`Authorization: Bearer <key>` (a 401 without it), as sglang's `--api-key` does. `--script FILE`
-(a JSON list of completion texts) is a test facility: see `batcher.py`. It does not batch or
-sample (that is `batcher.py`) nor know model names (that is `models.py`).
+released gets 503 (a temporary state, as for an sglang server that is asleep). `"stream": true`
+answers with sglang's event stream (`stream.py`; `--incremental-streaming-output` as sglang's). A
+client that disconnects aborts its request. With `--api-key`, every route but `/health` needs
+`Authorization: Bearer <key>` (a 401 without it), as sglang's `--api-key` does. `--script FILE` (a
+JSON list of completion texts) is a test facility: see `batcher.py`. It does not batch or sample
+(that is `batcher.py`) nor know model names (that is `models.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import asyncio
 import hmac
 import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,14 +27,14 @@ import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, CliImplicitFlag, SettingsConfigDict
 
 from agl.settings import from_flags, problems, usage_error
 from engine import models
 from engine.batcher import Engine, EngineReleased, Job, Result, Sampling, ScriptExhausted
+from engine.stream import DISCONNECT_POLL_S, reply, stream
 
 M = TypeVar("M", bound=BaseModel)
-DISCONNECT_POLL_S = 0.1  # how often a waiting request checks whether its client is still there
 
 
 class EngineSettings(BaseSettings):
@@ -68,6 +68,12 @@ class EngineSettings(BaseSettings):
         ge=1,
         description="Requests decoded together (count). 16 covers the concurrent rollouts one CPU "
         "engine can serve; more only grows the KV cache.",
+    )
+    incremental_streaming_output: CliImplicitFlag[bool] = Field(
+        default=False,
+        description="Streamed /generate chunks carry only the new tokens and text (with "
+        "completion_tokens still the total), as sglang's --incremental-streaming-output; off: "
+        "each chunk carries everything so far, as sglang's default.",
     )
     prefix_cache_tokens: int = Field(
         default=8192,
@@ -194,46 +200,34 @@ async def outcome(job: Job, request: Request) -> Result | None:
     return waiter.result()
 
 
-def reply(engine: Engine, req: GenerateRequest, result: Result, latency: float) -> dict[str, Any]:
-    """`/generate`'s answer in sglang's shape: the text, its token IDs and `meta_info`."""
-    meta: dict[str, Any] = {
-        "id": req.rid or uuid.uuid4().hex,
-        "finish_reason": result.finish,
-        "prompt_tokens": len(req.input_ids),
-        "completion_tokens": len(result.output_ids),
-        "cached_tokens": result.cached_tokens,
-        "weight_version": result.weight_version,
-        "e2e_latency": latency,
-    }
-    if req.return_logprob:
-        pairs = zip(result.logprobs, result.output_ids, strict=True)
-        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in pairs]
-    text = engine.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-    return {"text": text, "output_ids": result.output_ids, "meta_info": meta}
+async def answer(engine: Engine, req: GenerateRequest, request: Request) -> Response:
+    """The whole reply once the job ends (499 if the client goes first)."""
+    start = time.monotonic()
+    job = engine.submit(req.input_ids, req.sampling_params.sampling())
+    result = await outcome(job, request)
+    if result is None:
+        return Response(status_code=499)
+    return JSONResponse(reply(engine, req, result, time.monotonic() - start))
 
 
-def generation_routes(engine: Engine) -> APIRouter:
-    """`/generate`: a request checked, queued for the model thread and answered when it ends."""
+def generation_routes(engine: Engine, incremental: bool = False) -> APIRouter:
+    """`/generate`: a request checked, queued for the model thread and answered when it ends, or
+    streamed as it is sampled (`stream.py`; only the new tokens in each chunk when `incremental`)."""
     router = APIRouter()
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
         req = await parse(request, GenerateRequest)
-        if req.stream:
-            raise BadRequest("stream is not supported by the embedded engine")
         check_vocabulary(req, engine.vocab_size)
         check_context(req, engine.max_context)
-        start = time.monotonic()
-        job = engine.submit(req.input_ids, req.sampling_params.sampling())
         try:
-            result = await outcome(job, request)
+            if req.stream:
+                return await stream(engine, req, request, incremental)
+            return await answer(engine, req, request)
         except EngineReleased as e:
             return error(503, str(e))
         except ScriptExhausted as e:
             return error(400, str(e))
-        if result is None:
-            return Response(status_code=499)
-        return JSONResponse(reply(engine, req, result, time.monotonic() - start))
 
     return router
 
@@ -339,13 +333,14 @@ def needs_key(api_key: str) -> Callable[[Request], Awaitable[None]]:
     return keyed
 
 
-def create_app(engine: Engine, api_key: str = "") -> FastAPI:
-    """The engine's HTTP app; with an `api_key`, every route but `/health` needs it."""
+def create_app(engine: Engine, api_key: str = "", incremental: bool = False) -> FastAPI:
+    """The engine's HTTP app; with an `api_key`, every route but `/health` needs it; streams send
+    only the new tokens in each chunk when `incremental`."""
     app = FastAPI(title="agl embedded engine")
     keyed: list[Any] = []
     if api_key:
         keyed.append(Depends(needs_key(api_key)))
-    app.include_router(generation_routes(engine), dependencies=keyed)
+    app.include_router(generation_routes(engine, incremental), dependencies=keyed)
     app.include_router(memory_routes(engine), dependencies=keyed)
     app.include_router(info_routes(engine), dependencies=keyed)
     app.include_router(health_routes())
@@ -381,7 +376,7 @@ def main(argv: list[str]) -> int:
     )
     try:
         uvicorn.run(
-            create_app(engine, args.api_key),
+            create_app(engine, args.api_key, args.incremental_streaming_output),
             host=args.host,
             port=args.port,
             ws="none",

@@ -13,7 +13,9 @@ It is deliberately unkind where sglang is:
 - `/release_memory_occupation` and `/resume_memory_occupation` answer 200 with the body `null`;
 - `/update_weights_from_disk` loads at once, even while the memory is released;
 - sampling parameters sglang refuses are refused with its 400 and message;
-- an aborted request is a 200 whose `finish_reason` is `{"type": "abort"}`, with the partial output.
+- an aborted request is a 200 whose `finish_reason` is `{"type": "abort"}`, with the partial output;
+- `"stream": true` answers with sglang's event stream, cumulative unless `incremental` (sglang's
+  `--incremental-streaming-output`); a client that leaves mid-stream aborts its request.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import AutoTokenizer
 
@@ -36,10 +41,24 @@ VERSION = "0.5.13"
 
 @dataclasses.dataclass
 class Reply:
-    """One scripted completion: its text, and after how many tokens it is aborted (None: never)."""
+    """One scripted completion: its text, after how many tokens it is aborted, and after how many
+    a ValueError stops it (None: never)."""
 
     text: str
     abort_after: int | None = None
+    fail_after: int | None = None
+
+
+@dataclasses.dataclass
+class Call:
+    """One `/generate` in flight: who asked, and what is sampled so far."""
+
+    rid: str
+    prompt_tokens: int
+    logprobs: bool  # return_logprob
+    started: float  # time.monotonic()
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    finish: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -65,6 +84,7 @@ class SglangStandIn:
         context_len: int = 2048,
         token_delay_s: float = 0.0,
         launched_by_verl: bool = True,
+        incremental: bool = False,
     ) -> None:
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -74,9 +94,11 @@ class SglangStandIn:
         self.vocab_size = len(self.tokenizer)
         self.token_delay_s = token_delay_s
         self.launched_by_verl = launched_by_verl
+        self.incremental = incremental  # server_args.py: incremental_streaming_output
         self.weight_version = "default"  # server_args.py: ServerArgs.weight_version
         self.released = False
-        self.aborted: set[str] = set()
+        self.aborted: set[str] = set()  # rids, by /abort_request or a stream whose client left
+        self.streaming: set[str] = set()  # rids of streams not yet finished
         self.log = Log()
 
     # ------------------------------------------------------------------ validation
@@ -119,51 +141,115 @@ class SglangStandIn:
     # ------------------------------------------------------------------ generation
 
     async def generate(self, body: dict[str, Any]) -> Response:
-        """`entrypoints/http_server.py` `generate_request` (not streamed): 400 with
-        `{"error": {"message"}}` for a refused request; else `{"output_ids", "meta_info"}` (no
-        `text`: the tokenizer is skipped)."""
+        """`entrypoints/http_server.py` `generate_request`: 400 with `{"error": {"message"}}` for a
+        refused request; else `{"output_ids", "meta_info"}` (no `text`: the tokenizer is skipped),
+        or its event stream when `stream` is true. A streamed request is checked inside its
+        stream (managers/tokenizer_manager.py `_validate_one_request` runs in the generator that
+        `stream_results` iterates): refused, it is a 200 whose stream holds the error chunk."""
         input_ids = list(body.get("input_ids") or [])
         params = dict(body.get("sampling_params") or {})
         problem = self.check(input_ids, params)
+        if problem is not None and body.get("stream"):
+            refused = [_event({"error": _error_chunk(problem)}), b"data: [DONE]\n\n"]
+            return StreamingResponse(iter(refused), media_type="text/event-stream")
         if problem is not None:
             return JSONResponse({"error": {"message": problem}}, status_code=400)
         if self.released:
             self.log.generated_while_released += 1
         rid = body.get("rid") or uuid.uuid4().hex
-        started = time.monotonic()
         reply = self.script.pop(0) if self.script else Reply("")
-        wanted = [*self.tokenizer.encode(reply.text, add_special_tokens=False), self.end_id]
         max_new_tokens = params.get("max_new_tokens", 128)
-        output_ids: list[int] = []
-        finish: dict[str, Any] = {
-            "type": "stop",
-            "matched": self.end_id,
-        }  # managers/schedule_batch.py FINISH_*
+        call = Call(
+            rid=rid,
+            prompt_tokens=len(input_ids),
+            logprobs=bool(body.get("return_logprob")),
+            started=time.monotonic(),
+        )
+        steps = self.sample(call, reply, max_new_tokens)
+        if body.get("stream"):
+            self.streaming.add(rid)
+            return StreamingResponse(
+                self.stream(call, steps),
+                media_type="text/event-stream",
+                background=BackgroundTask(self.abandon, rid),
+            )
+        try:
+            async for _ in steps:
+                pass
+        except ValueError as e:
+            # entrypoints/http_server.py `_create_error_response`
+            return JSONResponse({"error": {"message": str(e)}}, status_code=400)
+        meta = self.meta_info(call, 0, call.finish)
+        return JSONResponse({"output_ids": call.output_ids, "meta_info": meta})
+
+    async def sample(self, call: Call, reply: Reply, max_new_tokens: int) -> AsyncIterator[None]:
+        """Append the reply's tokens to `call.output_ids`, one per `token_delay_s`, and yield once
+        each token is known not to be the last; `call.finish` is set at the end
+        (managers/schedule_batch.py FINISH_*)."""
+        wanted = [*self.tokenizer.encode(reply.text, add_special_tokens=False), self.end_id]
         for token in wanted:
-            if len(output_ids) == max_new_tokens:
-                finish = {"type": "length", "length": max_new_tokens}
-                break
-            if rid in self.aborted or reply.abort_after == len(output_ids):
+            if len(call.output_ids) == max_new_tokens:
+                call.finish = {"type": "length", "length": max_new_tokens}
+                return
+            if call.rid in self.aborted or reply.abort_after == len(call.output_ids):
                 # managers/tokenizer_manager.py `_handle_abort_req`: the partial output, a 200
-                finish = {"type": "abort", "message": "Abort in waiting queue"}
-                break
+                call.finish = {"type": "abort", "message": "Abort in waiting queue"}
+                return
+            if reply.fail_after == len(call.output_ids):
+                raise ValueError(f"scripted failure after {reply.fail_after} tokens")
+            if call.output_ids:
+                yield
             await asyncio.sleep(self.token_delay_s)
-            output_ids.append(token)
+            call.output_ids.append(token)
+        call.finish = {"type": "stop", "matched": self.end_id}
+
+    async def stream(self, call: Call, steps: AsyncIterator[None]) -> AsyncIterator[bytes]:
+        """`entrypoints/http_server.py` `generate_request` (streamed): a chunk per token, the last
+        with the finish reason, then `[DONE]`; a ValueError is sent as its error chunk
+        (managers/tokenizer_manager.py `_handle_batch_output` builds the chunks)."""
+        sent = 0
+        try:
+            async for _ in steps:
+                yield self.chunk(call, sent, None)
+                if self.incremental:
+                    sent = len(call.output_ids)
+            yield self.chunk(call, sent, call.finish)
+        except ValueError as e:
+            yield _event({"error": _error_chunk(str(e))})
+        self.streaming.discard(call.rid)
+        yield b"data: [DONE]\n\n"
+
+    def chunk(self, call: Call, sent: int, finish: dict[str, Any] | None) -> bytes:
+        """One chunk: the output from token `sent` on (0 unless incremental); `completion_tokens`
+        stays the total (`_slice_streaming_output_meta_info` slices only the per-token lists)."""
+        meta = self.meta_info(call, sent, finish)
+        return _event({"output_ids": call.output_ids[sent:], "meta_info": meta})
+
+    def meta_info(self, call: Call, sent: int, finish: dict[str, Any] | None) -> dict[str, Any]:
+        """sglang's `meta_info` of the call so far, its logprobs from token `sent` on."""
         meta: dict[str, Any] = {
-            "id": rid,
+            "id": call.rid,
             "finish_reason": finish,
-            "prompt_tokens": len(input_ids),
+            "prompt_tokens": call.prompt_tokens,
             "weight_version": self.weight_version,
-            "completion_tokens": len(output_ids),
+            "completion_tokens": len(call.output_ids),
             "cached_tokens": 0,
-            "e2e_latency": time.monotonic() - started,
+            "e2e_latency": time.monotonic() - call.started,
         }
-        if body.get("return_logprob"):
+        if call.logprobs:
             # sglang returns [logprob, token id, None] per output token when it skips the tokenizer
             meta["output_token_logprobs"] = [
-                [fake_logprob(i), t, None] for i, t in enumerate(output_ids)
+                [fake_logprob(i), call.output_ids[i], None]
+                for i in range(sent, len(call.output_ids))
             ]
-        return JSONResponse({"output_ids": output_ids, "meta_info": meta})
+        return meta
+
+    def abandon(self, rid: str) -> None:
+        """managers/tokenizer_manager.py `create_abort_task`: after the stream, a request not
+        finished is aborted (sglang waits 2 s first; the stand-in does not)."""
+        if rid in self.streaming:
+            self.streaming.discard(rid)
+            self.aborted.add(rid)
 
     # ------------------------------------------------------------------ the HTTP face
 
@@ -311,9 +397,76 @@ class Recorder:
         await self.app(scope, replay, send)
 
 
+def _error_chunk(message: str) -> dict[str, Any]:
+    """The error of a streamed request that failed (`entrypoints/http_server.py`
+    `stream_results`)."""
+    return {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
+
+
 def fake_logprob(index: int) -> float:
     """A made-up logprob for the index-th output token: distinct from its neighbours, always negative."""
     return -0.05 * (1 + index % 17)
+
+
+async def read_stream(
+    http: httpx.AsyncClient, body: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[float]]:
+    """A streamed `/generate` as a client reads it (the tests of both servers use it): the parsed
+    chunks and when each arrived (seconds after the request). Asserts sglang's framing: a 200
+    `text/event-stream` of `data: <json>\\n\\n` events, the last one `data: [DONE]`."""
+    start = time.monotonic()
+    payloads: list[str] = []
+    arrivals: list[float] = []
+    buffer = ""
+    async with http.stream("POST", "/generate", json={**body, "stream": True}) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        async for text in resp.aiter_text():
+            buffer += text
+            while "\n\n" in buffer:
+                end = buffer.index("\n\n")
+                event = buffer[:end]
+                buffer = buffer[end + 2 :]
+                assert event.startswith("data: "), event
+                payloads.append(event.removeprefix("data: "))
+                arrivals.append(time.monotonic() - start)
+    assert buffer == "" and payloads[-1] == "[DONE]" and "[DONE]" not in payloads[:-1]
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    return chunks, arrivals[:-1]
+
+
+def assemble(chunks: list[dict[str, Any]], incremental: bool) -> dict[str, Any]:
+    """The reply the chunks add up to: the last chunk (cumulative) or all of them concatenated
+    (incremental). Asserts what holds for every chunk: `finish_reason` is None on all but the last,
+    `completion_tokens` is the total so far, each logprob pair names its chunk's token, and a
+    cumulative chunk extends the one before."""
+    ids: list[int] = []
+    pairs: list[list[Any]] = []
+    text = ""
+    for i, chunk in enumerate(chunks):
+        meta = chunk["meta_info"]
+        last = i == len(chunks) - 1
+        assert (meta["finish_reason"] is not None) == last, (i, meta["finish_reason"])
+        chunk_pairs = meta.get("output_token_logprobs", [])
+        if "output_token_logprobs" in meta:
+            assert [t for _, t, _ in chunk_pairs] == chunk["output_ids"]
+        if incremental:
+            ids += chunk["output_ids"]
+            pairs += chunk_pairs
+            text += chunk.get("text", "")
+        else:
+            assert chunk["output_ids"][: len(ids)] == ids and pairs == chunk_pairs[: len(pairs)]
+            ids = chunk["output_ids"]
+            pairs = chunk_pairs
+            text = chunk.get("text", "")
+        assert meta["completion_tokens"] == len(ids)
+    meta = {**chunks[-1]["meta_info"], "output_token_logprobs": pairs}
+    return {"text": text, "output_ids": ids, "meta_info": meta}
+
+
+def _event(body: dict[str, Any]) -> bytes:
+    """One server-sent event, as `generate_request` writes it."""
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
 
 def _json(raw: bytes) -> Any:
