@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import statistics
@@ -25,6 +26,7 @@ from typing import Any
 
 import aiohttp
 import httpx
+from fastapi import Request  # a module name: the stand-in's route is annotated with it
 
 from bench.quick import parse_args
 
@@ -48,7 +50,7 @@ def stand_in_app(tokenizer: str) -> Any:
     `/generate` requests answer 503 and each one wait S seconds first.
     """
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
 
     app = FastAPI()
     state = {"version": 0, "fail": 0, "delay_s": 0.0}
@@ -62,13 +64,14 @@ def stand_in_app(tokenizer: str) -> Any:
                 "finish_reason": {"type": "length"},
                 "weight_version": str(version),
                 "prompt_tokens": 0,
+                "completion_tokens": len(ids),
             },
         }
 
     replies = {0: reply(0)}
 
     @app.post("/generate", response_model=None)
-    async def generate() -> dict | JSONResponse:
+    async def generate(request: Request) -> dict | Response:
         if state["delay_s"]:
             await asyncio.sleep(state["delay_s"])
         if state["fail"] > 0:
@@ -77,7 +80,7 @@ def stand_in_app(tokenizer: str) -> Any:
         version = state["version"]
         if version not in replies:
             replies[version] = reply(version)
-        return replies[version]
+        return answer(replies[version], streamed=(await request.json()).get("stream", False))
 
     @app.post("/update_weights_from_disk")
     async def update_weights(body: dict) -> dict:
@@ -100,6 +103,17 @@ def stand_in_app(tokenizer: str) -> Any:
         return {"object": "list", "data": [card]}
 
     return app
+
+
+def answer(reply: dict, *, streamed: bool) -> dict | Any:
+    """`/generate`'s answer of a reply sampled at once: its JSON, or streamed as sglang streams
+    (one chunk holding it all, then `[DONE]`)."""
+    from fastapi.responses import StreamingResponse
+
+    if not streamed:
+        return reply
+    events = [f"data: {json.dumps(reply)}\n\n", "data: [DONE]\n\n"]
+    return StreamingResponse(iter(events), media_type="text/event-stream")
 
 
 def free_port() -> int:

@@ -2,8 +2,9 @@
 
 Owns the app's assembly from `gateway/routes.py`'s routers (each mounted with its auth), the
 `/r/{token}` path prefix, the body size limit, and answering every error with a status in the
-caller's wire format (Anthropic's on `/v1/messages`, else OpenAI's), never a 500 for bad input;
-a model call with bad input leaves only an error event. It does not sample, record, parse or render.
+caller's wire format (Anthropic's on `/v1/messages`, else OpenAI's; `gateway/errors.py` says
+which status and message), never a 500 for bad input; a model call with bad input leaves only an
+error event. It does not sample, record, parse or render.
 """
 
 import asyncio
@@ -12,7 +13,6 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 
 import uvicorn
@@ -20,37 +20,27 @@ import uvloop
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from agl.settings import from_flags, problems, usage_error
+from agl.settings import from_flags, usage_error
 from agl.store import (
-    IllegalTransition,
-    InvalidData,
-    NotFound,
-    OverBudget,
     Store,
-    StoreError,
-    StoreUnavailable,
 )
-from gateway import wire
-from gateway.auth import Auth, AuthError
+from gateway import errors, wire
+from gateway.auth import Auth
 from gateway.engines import (
-    EngineAborted,
     EngineClient,
     EngineError,
     EngineInfo,
-    EngineRejected,
-    EngineUnavailable,
 )
 from gateway.fleet import Replicas
-from gateway.proxy import HeldTooLong, Proxy
+from gateway.proxy import Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
 from gateway.settings import GatewaySettings
-from gateway.types import ContextOverflow, RenderError, TooLarge
+from gateway.types import RenderError, TooLarge
 
 log = logging.getLogger(__name__)
 ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
@@ -192,76 +182,6 @@ class Bounded(HttpToolsProtocol):
 # ---------------------------------------------------------------------------- errors
 
 
-@dataclass(frozen=True)
-class Answer:
-    """How an error is answered: status, message, error type and (OpenAI's) error code."""
-
-    status: int
-    message: str
-    kind: str
-    code: str | None = None
-
-
-# Refusals answered with their own message, by the first row whose types match: (types, status,
-# error type, OpenAI's error code). A ContextOverflow is a RenderError with a code of its own.
-REFUSALS: list[tuple[tuple[type[Exception], ...], int, str, str | None]] = [
-    ((ContextOverflow,), 400, "invalid_request_error", "context_length_exceeded"),
-    ((RenderError, InvalidData, EngineRejected), 400, "invalid_request_error", None),
-    ((IllegalTransition,), 409, "invalid_request_error", None),
-    ((NotFound,), 404, "not_found_error", None),
-]
-
-
-def _answer(e: Exception, path: str) -> Answer:
-    """How an error is answered: a refusal (the client's fault) with its own message, a failure
-    (upstream, or a bug) logged and told in general terms."""
-    anthropic = path.endswith("/v1/messages")
-    if isinstance(e, AuthError):
-        if e.status == 401:
-            return Answer(status=e.status, message=str(e), kind="authentication_error")
-        return Answer(status=e.status, message=str(e), kind="permission_error")
-    if isinstance(e, TooLarge | OverBudget):
-        kind = "request_too_large" if anthropic else "invalid_request_error"
-        return Answer(status=413, message=str(e), kind=kind)
-    for types, status, kind, code in REFUSALS:
-        if isinstance(e, types):
-            return Answer(status=status, message=str(e), kind=kind, code=code)
-    if isinstance(e, ValidationError):
-        message = f"invalid request: {problems(e)}"
-        return Answer(status=400, message=message, kind="invalid_request_error")
-    if isinstance(e, RequestValidationError):
-        message = f"invalid request: {e.errors()}"
-        return Answer(status=400, message=message, kind="invalid_request_error")
-    return _failure(e, path, anthropic=anthropic)
-
-
-def _failure(e: Exception, path: str, *, anthropic: bool) -> Answer:
-    """A failure that is not the client's: a temporary one (503: retry) or not."""
-    busy = "overloaded_error" if anthropic else "server_error"
-    if isinstance(e, HeldTooLong):
-        return Answer(status=503, message=str(e), kind=busy)
-    if isinstance(e, EngineAborted):
-        # nothing was recorded: a retry samples afresh
-        log.warning("request %s: %s", path, e)
-        message = "the model engine aborted the generation; retry the call"
-        return Answer(status=503, message=message, kind=busy)
-    if isinstance(e, EngineUnavailable):
-        # the details (engine addresses) go to the log, not to harnesses
-        log.error("request %s failed: %s", path, e)
-        message = "the model engine is unavailable; retry shortly"
-        return Answer(status=503, message=message, kind=busy)
-    if isinstance(e, StoreUnavailable):
-        log.error("request %s failed: %s", path, e)
-        message = "the gateway's store is unavailable; retry shortly"
-        return Answer(status=503, message=message, kind=busy)
-    if isinstance(e, EngineError | StoreError):
-        log.error("request %s failed: %s", path, e)
-        message = "upstream failure (the gateway's log has the details)"
-        return Answer(status=502, message=message, kind="api_error")
-    log.exception("unexpected error on %s", path, exc_info=e)
-    return Answer(status=500, message="internal error", kind="api_error")
-
-
 def _error_handler(proxy: Proxy, store: Store) -> ErrorHandler:
     """Answers every error in the caller's wire format (`_answer`), counts those of model calls,
     and records a model call's as an event of its rollout."""
@@ -270,17 +190,7 @@ def _error_handler(proxy: Proxy, store: Store) -> ErrorHandler:
         if isinstance(e, ClientDisconnect):
             return Response(status_code=499)  # nobody is listening; nothing was recorded
         path = request.url.path
-        answer = _answer(e, path)
-        if path.startswith("/v1/"):
-            proxy.metrics.errors.labels(str(answer.status), answer.kind).inc()
-        # set on model calls by `Auth.agent`
-        rollout = getattr(request.state, "rollout", None)
-        if rollout is not None:
-            try:
-                event = {"status": answer.status, "message": answer.message[:2000]}
-                await asyncio.wrap_future(store.append_event(rollout.id, "error", event))
-            except StoreError:
-                log.warning("rollout_id=%s: could not record an error event", rollout.id)
+        answer = await errors.report(proxy, request, e)
         anthropic = path.endswith("/v1/messages")
         body = wire.error(answer.message, answer.kind, answer.code, anthropic=anthropic)
         headers = None

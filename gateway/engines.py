@@ -15,7 +15,7 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -69,6 +69,17 @@ class Generation:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" (an abort raises `EngineAborted`)
     replica: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one chunk of a streamed `/generate` adds: the tokens sampled since the last chunk,
+    their logprobs, and on the last chunk why the generation ended ("stop" | "length")."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    replica: str
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +188,106 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             output_ids=output_ids, logprobs=logprobs, finish_reason=finish, replica=replica.url
         )
 
+    async def stream(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: dict[str, Any],
+        *,
+        rollout_id: str | None = None,
+    ) -> AsyncGenerator[Piece, None]:
+        """Sample a continuation of `input_ids` as `generate` does, a `Piece` at a time as the
+        engine streams it; the last piece has a finish reason. Tried again on another replica only
+        until the engine answers; a failure after that raises `EngineUnavailable` (or
+        `EngineRejected`, `EngineAborted`) mid-stream. Leaving the loop early closes the connection,
+        and the engine aborts the generation."""
+        ids = np.asarray(input_ids, np.int32)
+        body = {
+            "input_ids": ids,
+            "sampling_params": sampling_params,
+            "return_logprob": True,
+            "stream": True,
+        }
+        data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+        replica, reply = await self._open_stream(data, rollout_id)
+        seen = 0  # tokens received so far
+        done = False
+        try:
+            async for event in _server_events(reply.content):
+                if event == b"[DONE]":
+                    done = True
+                    return
+                piece = _piece(orjson.loads(event), seen, replica.url)
+                seen += len(piece.output_ids)
+                yield piece
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise EngineUnavailable(f"{replica.url}/generate: the stream broke: {e!r}") from e
+        except orjson.JSONDecodeError as e:
+            raise EngineError(f"{replica.url}/generate streamed invalid JSON: {e}") from e
+        finally:
+            replica.inflight -= 1
+            if done:
+                reply.release()  # the connection is kept for the next request
+            else:
+                reply.close()  # the engine sees its client go, and aborts the generation
+        raise EngineUnavailable(f"{replica.url}/generate: the stream ended without [DONE]")
+
+    async def _open_stream(
+        self, data: bytes, rollout_id: str | None
+    ) -> tuple[_Replica, aiohttp.ClientResponse]:
+        """A streamed `/generate` whose engine answered 200, on `pick(rollout_id)`'s replica, with
+        `call`'s retries; the replica counts it in flight until the caller releases it."""
+        last: Exception | None = None
+        for attempt in range(self._attempts):
+            if attempt:
+                delay = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+            r = self.pick(rollout_id)
+            r.inflight += 1
+            try:
+                reply = await self._start(r, data)
+            except (_ServerError, TransportError, TimeoutError) as e:
+                r.inflight -= 1
+                last = e
+                r.down_until = time.monotonic() + self._down_s
+                log.warning(
+                    "engine %s/generate (streamed) failed (attempt %d/%d) rollout_id=%s: %r",
+                    r.url,
+                    attempt + 1,
+                    self._attempts,
+                    rollout_id,
+                    e,
+                )
+                continue
+            except BaseException:
+                r.inflight -= 1
+                raise
+            r.down_until = 0.0
+            return r, reply
+        reason = f"{type(last).__name__}: {last}"
+        raise EngineUnavailable(
+            f"/generate failed on any replica after {self._attempts} attempts: {reason}"
+        ) from last
+
+    async def _start(self, r: _Replica, data: bytes) -> aiohttp.ClientResponse:
+        """The engine's answer to a streamed `/generate`, once its status is 200 (its body still to
+        read); raises as `_once` does for an error status."""
+        try:
+            reply = await self.http.post(r.url + "/generate", data=data)
+        except aiohttp.ServerDisconnectedError as e:
+            raise TransportError(f"{r.url}/generate: {e!r}") from e
+        except aiohttp.ClientConnectorError as e:
+            raise TransportError(f"cannot connect to {r.url}: {e!r}") from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise TransportError(f"{r.url}/generate: {e!r}") from e
+        if reply.status < 400:
+            return reply
+        async with reply:
+            raw = await reply.read()
+        message = _message(raw.decode(errors="replace"), reply.reason or "")
+        if reply.status >= 500:
+            raise _ServerError(f"engine answered {reply.status}: {message}")
+        raise EngineRejected(f"engine rejected the request ({reply.status}): {message}")
+
     async def model_info(self) -> EngineInfo:
         """What the first replica that answers says of itself. The context length comes from `/v1/models`:
         sglang's `/model_info` has none, and its `/server_info` answers 500 on every server verl launches."""
@@ -284,6 +395,58 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             raise TransportError(f"cannot connect to {r.url}: {e!r}") from e
         except (aiohttp.ClientError, OSError) as e:
             raise TransportError(f"{r.url}{path}: {e!r}") from e
+
+
+async def _server_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The data of each server-sent event of a stream, as the engine sends them (`data: ...`
+    then a blank line). A cumulative chunk can pass aiohttp's line limit, so the stream is split
+    here, each byte looked at once."""
+    buffer = bytearray()
+    async for data in content.iter_any():
+        start = max(len(buffer) - 1, 0)  # a separator may straddle two reads
+        buffer += data
+        end = buffer.find(b"\n\n", start)
+        while end != -1:
+            event = bytes(buffer[:end])
+            del buffer[: end + 2]
+            if event.startswith(b"data: "):
+                yield event[len(b"data: ") :]
+            end = buffer.find(b"\n\n")
+
+
+def _piece(chunk: Any, seen: int, url: str) -> Piece:
+    """What a streamed chunk adds to the `seen` tokens before it. sglang sends each chunk whole
+    so far by default and only the new tokens with `--incremental-streaming-output`; either way
+    `meta_info.completion_tokens` counts all so far, so the new tokens are the chunk's last
+    `completion_tokens - seen`, whichever mode the engine runs in."""
+    if isinstance(chunk, dict) and "error" in chunk:
+        error = chunk["error"]
+        message = str(error.get("message", error) if isinstance(error, dict) else error)
+        raise EngineRejected(f"the engine failed the generation mid-stream: {message[:BODY_CUT]}")
+    try:
+        meta = chunk["meta_info"]
+        new = int(meta["completion_tokens"]) - seen
+        output_ids = chunk["output_ids"]
+        pairs = meta["output_token_logprobs"]
+        if not 0 <= new <= min(len(output_ids), len(pairs)):
+            raise ValueError(f"{new} new tokens in a chunk of {len(output_ids)}")
+        ids = [int(t) for t in output_ids[len(output_ids) - new :]]
+        pairs = pairs[len(pairs) - new :]
+        if [int(p[1]) for p in pairs] != ids:
+            raise ValueError("output_token_logprobs do not match output_ids")
+        logprobs = [float(p[0]) for p in pairs]
+        reason = meta["finish_reason"]
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        raise EngineError(f"malformed /generate chunk from {url}: {str(chunk)[:BODY_CUT]}") from e
+    if reason is None:
+        return Piece(output_ids=ids, logprobs=logprobs, replica=url)
+    if not isinstance(reason, dict):
+        reason = {"type": reason}
+    if reason.get("type") == "abort":
+        message = str(reason.get("message", ""))[:BODY_CUT]
+        raise EngineAborted(f"{url} aborted the generation: {message}")
+    finish = str(reason.get("type"))
+    return Piece(output_ids=ids, logprobs=logprobs, replica=url, finish_reason=finish)
 
 
 def _message(text: str, reason: str) -> str:

@@ -11,6 +11,7 @@ It does not parse wire formats, authenticate or render templates (`wire.py`, `au
 
 import asyncio
 import bisect
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,11 +25,21 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agl.store import RecentCall, Store, request_fingerprint
 from agl.types import JSON, Call, Charge, Rollout, Status
-from gateway.engines import EngineClient, Generation
-from gateway.render import Prompt, Renderer, parse_reply
+from gateway.engines import EngineClient, EngineError, Generation
+from gateway.render import TOOL_MARKERS, Prompt, Renderer, parse_reply
 from gateway.rollouts import RolloutState, RolloutStates
 from gateway.settings import GatewaySettings
-from gateway.types import Ask, Completion, ContextOverflow, Message, Params, RenderError, TooLarge
+from gateway.stream import Detokenizer, Shown
+from gateway.types import (
+    Ask,
+    Completion,
+    ContextOverflow,
+    Live,
+    Message,
+    Params,
+    RenderError,
+    TooLarge,
+)
 
 log = logging.getLogger(__name__)
 RequestParser = Callable[[str, JSON], tuple[list[Message], list[JSON], Params]]
@@ -244,15 +255,21 @@ class Proxy:
         return await asyncio.to_thread(self.store.sent_bytes, rollout.id)
 
     async def chat(
-        self, ask: Ask, messages: list[Message], tools: list[JSON], params: Params
+        self,
+        ask: Ask,
+        messages: list[Message],
+        tools: list[JSON],
+        params: Params,
+        live: Live | None = None,
     ) -> list[Completion]:
         """The replies to a chat call, on the rollout's transcripts; the prompt is classified and
-        the transcript kept once the calls are recorded."""
+        the transcript kept once the calls are recorded. `live`: the reply's text is put there as
+        it is sampled (one choice)."""
         state = self.rollouts.of(ask.rollout.id)
         recent = await self._recent(ask.rollout, state, params.n)
         await self._catch_up(ask.rollout, state, recent)
         prompt = await self._render(state, messages, tools, params)
-        out = await self._serve(ask, state, prompt.ids, params, recent, parse=True)
+        out = await self._serve(ask, state, prompt.ids, params, recent, parse=True, live=live)
         self._classify(ask, prompt)
         self._not_honoured(ask, state, params)
         first, ids, sampled_text = out[0]
@@ -263,15 +280,18 @@ class Proxy:
         )
         return [c for c, _, _ in out]
 
-    async def complete(self, ask: Ask, prompt_ids: list[int], params: Params) -> list[Completion]:
-        """The replies to a Completions call, whose prompt is token IDs (text tokenized as is)."""
+    async def complete(
+        self, ask: Ask, prompt_ids: list[int], params: Params, live: Live | None = None
+    ) -> list[Completion]:
+        """The replies to a Completions call, whose prompt is token IDs (text tokenized as is);
+        `live` as `chat`'s."""
         if not prompt_ids:
             raise RenderError("the prompt must not be empty")
         if max(prompt_ids) >= len(self.renderer.tokenizer) or min(prompt_ids) < 0:
             raise RenderError("the prompt has token IDs outside the vocabulary")
         state = self.rollouts.of(ask.rollout.id)
         recent = await self._recent(ask.rollout, state, params.n)
-        out = await self._serve(ask, state, prompt_ids, params, recent, parse=False)
+        out = await self._serve(ask, state, prompt_ids, params, recent, parse=False, live=live)
         self._not_honoured(ask, state, params)
         return [c for c, _, _ in out]
 
@@ -376,14 +396,20 @@ class Proxy:
         recent: list[RecentCall],
         *,
         parse: bool,
+        live: Live | None,
     ) -> list[tuple[Completion, list[int], str | None]]:
         """`params.n` replies, each one recorded call: (completion, sampled IDs, their text before
         any stop string cut, if known). A retry after a crash gets the recorded ones (`recent`:
-        the rollout's last calls, as `_recent` read them)."""
+        the rollout's last calls, as `_recent` read them). `live`: the first reply's text as it
+        is sampled."""
         replayed = await self._replayed(ask, state, recent, params.n)
         if replayed is not None:
             return [(self._completion(c, parse), list(c.response_ids), None) for c in replayed]
-        return [await self._sample(ask, prompt, params, i, parse=parse) for i in range(params.n)]
+        out: list[tuple[Completion, list[int], str | None]] = []
+        for i in range(params.n):
+            shown_to = live if i == 0 else None
+            out.append(await self._sample(ask, prompt, params, i, parse=parse, live=shown_to))
+        return out
 
     async def _replayed(
         self, ask: Ask, state: RolloutState, recent: list[RecentCall], n: int
@@ -408,17 +434,29 @@ class Proxy:
         return found
 
     async def _sample(
-        self, ask: Ask, prompt: Sequence[int], params: Params, index: int, *, parse: bool
+        self,
+        ask: Ask,
+        prompt: Sequence[int],
+        params: Params,
+        index: int,
+        *,
+        parse: bool,
+        live: Live | None,
     ) -> tuple[Completion, list[int], str]:
         """One sampled, recorded reply: (completion, sampled IDs, their text before any stop
-        string cut)."""
+        string cut). `live`: its text as it is sampled."""
         max_tokens = self._max_tokens(ask, len(prompt), params)
         sampling = self._sampling(ask, params, max_tokens, index)
         started = time.monotonic()
         await self.gate.enter(self.settings.max_hold_s)
         try:
             version = self.version
-            generation = await self.engines.generate(prompt, sampling, rollout_id=ask.rollout.id)
+            if live is None:
+                generation = await self.engines.generate(
+                    prompt, sampling, rollout_id=ask.rollout.id
+                )
+            else:
+                generation = await self._generate_live(ask, prompt, sampling, params, live, parse)
             sampled = self._through_stop(generation, params.stop)
             response = {
                 "text": sampled.text,
@@ -454,6 +492,45 @@ class Proxy:
             self._count, ask, len(prompt), len(sampled.ids), latency_s
         )
         return completion, sampled.ids, sampled.sampled_text
+
+    async def _generate_live(
+        self,
+        ask: Ask,
+        prompt: Sequence[int],
+        sampling: JSON,
+        params: Params,
+        live: Live,
+        parse: bool,
+    ) -> Generation:
+        """A generation streamed from the engine, the text a harness may see put on `live` as it
+        comes (`Shown`); a stop string ends it at once (the engine aborts the rest)."""
+        tool_marker = ""
+        if parse and ask.body.get("tools"):
+            tool_marker = TOOL_MARKERS[self.renderer.tool_parser]
+        thinking = parse and self.renderer.opens_thinking(prompt)
+        shown = Shown(stops=params.stop, tool_marker=tool_marker, thinking=thinking)
+        text = Detokenizer(self.renderer.decode)
+        live.prompt_tokens = len(prompt)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        finish = None
+        replica = ""
+        pieces = self.engines.stream(prompt, sampling, rollout_id=ask.rollout.id)
+        async with contextlib.aclosing(pieces):
+            async for piece in pieces:
+                ids += piece.output_ids
+                logprobs += piece.logprobs
+                finish = piece.finish_reason
+                replica = piece.replica
+                visible = [t for t in piece.output_ids if t not in self.renderer.end_ids]
+                for part in shown.add(text.add(visible)):
+                    live.parts.put_nowait(part)
+                if shown.stopped:
+                    finish = "stop"
+                    break
+        if finish is None:
+            raise EngineError(f"{replica}: the generation's stream ended without a finish reason")
+        return Generation(output_ids=ids, logprobs=logprobs, finish_reason=finish, replica=replica)
 
     def _max_tokens(self, ask: Ask, prompt_tokens: int, params: Params) -> int:
         """The completion's budget: the request's, else the default as far as the context has
@@ -541,7 +618,8 @@ class Proxy:
         text = call.response["text"]
         if parse:
             tool_parser = self.renderer.tool_parser if call.request.get("tools") else "none"
-            reply = parse_reply(text, tool_parser)
+            thinking = self.renderer.opens_thinking(call.prompt_ids)
+            reply = parse_reply(text, tool_parser, thinking=thinking)
         else:
             reply = Message(role="assistant", content=text)
         tokens = []

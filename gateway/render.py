@@ -26,7 +26,8 @@ from gateway.types import ContextOverflow, Message, RenderError, ToolCall
 
 # ---------------------------------------------------------------------------- reply parsing
 
-_THINK = re.compile(r"<think>(.*?)</think>\s*", re.S)
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 TRANSCRIPTS = 8  # a rollout's transcripts kept: its latest conversations (sub-agents, retries)
 
@@ -58,18 +59,22 @@ TOOL_PARSERS: dict[str, Callable[[str], tuple[str, list[ToolCall]]]] = {
     "hermes": parse_hermes,
     "none": lambda text: (text, []),
 }
+# The text that begins a tool call, by parser: a stream holds back what follows it.
+TOOL_MARKERS = {"hermes": "<tool_call>", "none": ""}
 
 
-def parse_reply(text: str, tool_parser: str = "hermes") -> Message:
+def parse_reply(text: str, tool_parser: str = "hermes", *, thinking: bool = False) -> Message:
     """A sampled reply as an assistant message: reasoning split off, tool calls parsed by
-    `tool_parser`."""
+    `tool_parser`. The reply starts with reasoning if the prompt opened a thinking block
+    (`thinking`: `Renderer.opens_thinking`) or if it opens one itself; the reasoning runs to the
+    first `</think>`, and a block never closed (the reply was cut while thinking) is all reasoning,
+    as sglang's reasoning parsers read it."""
     reasoning = ""
-    match = _THINK.search(text)
-    if match and not text[: match.start()].strip():
-        reasoning = match.group(1).strip()
-        text = text[match.end() :]
-    elif "</think>" in text and "<think>" not in text:  # templates that open the block themselves
-        reasoning, _, text = text.partition("</think>")
+    head = text.lstrip()
+    if thinking or head.startswith(THINK_OPEN):
+        if not thinking:
+            text = head.removeprefix(THINK_OPEN)
+        reasoning, _, text = text.partition(THINK_CLOSE)
         reasoning = reasoning.strip()
         text = text.lstrip()
     content, calls = TOOL_PARSERS[tool_parser](text)
@@ -360,6 +365,11 @@ class Renderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._decoder.decode(list(ids), skip_special_tokens=False))
+
+    def opens_thinking(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the prompt ends inside a thinking block its template opened (the reply starts
+        with reasoning): its last tokens read `<think>` and a line break at most."""
+        return self.decode(prompt_ids[-8:]).rstrip().endswith("<think>")
 
     def reply_text(self, ids: Sequence[int]) -> str:
         """The visible text of a reply: without the end-of-turn token that closed it."""

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import json
 from asyncio import wrap_future
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Annotated, Any
 
 import orjson
@@ -19,12 +20,12 @@ from pydantic import Field, field_validator
 from agl.settings import Strict
 from agl.store import Created, Store
 from agl.types import ARRAYS, JSON, Call, Charge, Mode, ModelVersion, Rollout, Status
-from gateway import wire
+from gateway import errors, wire
 from gateway.auth import Auth, AuthError, Caller, Role, caller_of
 from gateway.fleet import Replicas
 from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
-from gateway.types import Ask, Completion, Message, RenderError
+from gateway.types import CONTENT, REASONING, Ask, Completion, Live, Message, Part, RenderError
 
 # Of a request body's JSON: tool schemas nest a few levels; the store's encoder stops near 1,000.
 MAX_DEPTH = 64
@@ -192,13 +193,85 @@ def _ask(request: Request, rollout: Rollout, api: str, req: wire.Request, charge
     return Ask(rollout=rollout, agent=agent, api=api, body=request.state.body, charge=charge)
 
 
-def _reply(req: wire.Request, completions: list[Completion]) -> Response:
-    """The recorded completions in the request's wire format, streamed if it asked."""
-    reply = req.reply(completions)
-    if req.stream:
-        headers = {"Cache-Control": "no-cache"}
-        return StreamingResponse(req.events(reply), media_type="text/event-stream", headers=headers)
-    return Response(orjson.dumps(reply), media_type="application/json")
+Serve = Callable[[Live | None], Coroutine[Any, Any, list[Completion]]]
+
+
+async def _answer(request: Request, proxy: Proxy, req: wire.Request, serve: Serve) -> Response:
+    """The reply to a model call that `serve` samples and records, in the request's wire format.
+    Streamed if it asked: its text as it is sampled (one choice; several are streamed once all
+    are recorded). A stream starts with the reply's first text, so an error before that is
+    answered with its status, as an unstreamed call's is."""
+    n = getattr(req, "n", 1)
+    if not req.stream or n > 1:
+        completions = await serve(None)
+        reply = req.reply(completions)
+        if not req.stream:
+            return Response(orjson.dumps(reply), media_type="application/json")
+        events = _replayed(req.streamer(), reply, completions[0].prompt_tokens)
+    else:
+        live = Live()
+        serving = asyncio.create_task(serve(live))
+        # its end ends the parts
+        serving.add_done_callback(lambda _: live.parts.put_nowait(None))
+        try:
+            first = await _next_part(live, serving)
+        except BaseException:
+            serving.cancel()
+            raise
+        events = _streamed(request, proxy, req, live, serving, first)
+    headers = {"Cache-Control": "no-cache"}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+
+async def _replayed(stream: wire.Stream, reply: JSON, prompt_tokens: int) -> AsyncIterator[str]:
+    """A recorded reply as a stream."""
+    for event in stream.opening(prompt_tokens):
+        yield event
+    for event in stream.closing(reply, {}):
+        yield event
+
+
+async def _streamed(
+    request: Request,
+    proxy: Proxy,
+    req: wire.Request,
+    live: Live,
+    serving: "asyncio.Task[list[Completion]]",
+    first: Part | None,
+) -> AsyncIterator[str]:
+    """A reply's stream while `serving` samples and records it: its parts as they come, and
+    once it is recorded, the rest. An error ends it with the format's error event. A client that
+    goes away cancels `serving`: the engine aborts the generation, and nothing is recorded."""
+    stream = req.streamer()
+    shown: dict[str, list[str]] = {REASONING: [], CONTENT: []}
+    try:
+        for event in stream.opening(live.prompt_tokens):
+            yield event
+        part = first
+        while part is not None:
+            shown[part.kind].append(part.text)
+            for event in stream.delta(part):
+                yield event
+            part = await _next_part(live, serving)
+        reply = req.reply(await serving)
+    except Exception as e:  # noqa: BLE001 - answered in the stream, as app.py answers the rest
+        answer = await errors.report(proxy, request, e)
+        for event in stream.error(answer.message, answer.kind, answer.code):
+            yield event
+        return
+    finally:
+        serving.cancel()  # a no-op once it has ended
+    for event in stream.closing(reply, {kind: "".join(texts) for kind, texts in shown.items()}):
+        yield event
+
+
+async def _next_part(live: Live, serving: "asyncio.Task[list[Completion]]") -> Part | None:
+    """The reply's next part, or None once `serving` has ended without one (raises what it
+    raised)."""
+    part = await live.parts.get()
+    if part is None:
+        serving.result()
+    return part
 
 
 async def _air_penalty(proxy: Proxy, ask: Ask, messages: list[Message]) -> JSON | None:
@@ -236,14 +309,18 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             messages, tools, params = req.parse(proxy.renderer.thinking_switch)
             asked = _ask(request, rollout, api, req, charge)
             air = await _air_penalty(proxy, asked, messages)
-            reply = _reply(req, await proxy.chat(asked, messages, tools, params))
-            # Once the call is recorded: a refused request changes nothing stored.
-            if air:
-                posted = proxy.store.set_reward(
-                    rollout.id, **air, source="air:tool_error", final=False
-                )
-                await wrap_future(posted)
-            return reply
+
+            async def serve(live: Live | None) -> list[Completion]:
+                completions = await proxy.chat(asked, messages, tools, params, live)
+                # Once the call is recorded: a refused request changes nothing stored.
+                if air:
+                    posted = proxy.store.set_reward(
+                        rollout.id, **air, source="air:tool_error", final=False
+                    )
+                    await wrap_future(posted)
+                return completions
+
+            return await _answer(request, proxy, req, serve)
 
         return route
 
@@ -260,7 +337,12 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
         else:
             ids = req.prompt
         asked = _ask(request, rollout, "completions", req, charge)
-        return _reply(req, await proxy.complete(asked, ids, req.params()))
+        params = req.params()
+
+        async def serve(live: Live | None) -> list[Completion]:
+            return await proxy.complete(asked, ids, params, live)
+
+        return await _answer(request, proxy, req, serve)
 
     @router.get("/v1/models")
     async def models(_: Agent) -> Any:

@@ -1,8 +1,10 @@
 """The shapes the gateway's modules hand each other: a normalized chat message, a harness's
-call as received, its sampling parameters, and one sampled reply. Standard library only; wire
+call as received, its sampling parameters, one sampled reply, and the text of a reply shown
+while it is sampled. Standard library only; wire
 schemas (pydantic) are in `gateway/wire.py`, stored records in `agl/types.py`.
 """
 
+import asyncio
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -144,3 +146,26 @@ class Completion:
     stop_sequence: str
     logprobs: Sequence[float]
     tokens: list[str]  # each sampled token's text, when the request asked for logprobs
+
+
+REASONING = "reasoning"
+CONTENT = "content"
+
+
+@dataclass(frozen=True)
+class Part:
+    """Text of a reply being sampled that a harness may see (`gateway/stream.py`): reasoning or
+    content."""
+
+    kind: str  # REASONING | CONTENT
+    text: str
+
+
+@dataclass
+class Live:
+    """A streamed call's reply as it is sampled, from the proxy to the HTTP stream: the prompt's
+    length (set before the first part) and the parts in order, then None once the call has
+    ended."""
+
+    prompt_tokens: int = 0
+    parts: asyncio.Queue[Part | None] = field(default_factory=asyncio.Queue)

@@ -10,11 +10,13 @@ import itertools
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.gateway.stack import Stack, stack
+from tests.gateway.stack import Stack, sglang_stack, stack
+from tests.sglang import SglangStandIn, fake_logprob
 
 INSTALL = Path(__file__).resolve().parents[2] / "examples" / "harnesses" / "install.sh"
 COMMAND = "echo hi | tee out.txt"
@@ -157,3 +159,75 @@ def test_codex_runs_a_shell_command_in_one_token_chain(
         }
         assert output["type"] == "function_call_output" and output["call_id"] == called["call_id"]
         assert output["output"].endswith("Output:\nhi\n"), output
+
+
+@pytest.mark.slow
+def test_claude_code_sees_text_stream_in_as_it_is_sampled(
+    tiny_path: Path, tmp_path: Path, npm_bin: Path
+):
+    """Claude Code printing its stream events as they come (`stream-json` with partial messages),
+    against the sglang stand-in sampling a token every 50 ms: its first text delta arrives long
+    before its message ends; the text it assembles and its tool call are the recorded reply's, and
+    the recorded tokens and logprobs are what the engine sampled."""
+    script = [tool_call("Bash", {"command": COMMAND}), "Done."]
+    sglang = SglangStandIn(tiny_path, script, context_len=32_768, token_delay_s=0.05)
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir(), home.mkdir()
+    with sglang_stack(sglang, tmp_path, fit_max_tokens=256) as s:
+        r = s.rollout()
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": str(home),
+            "ANTHROPIC_BASE_URL": r["anthropic_base_url"],
+            "ANTHROPIC_API_KEY": r["agent_token"],
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        }
+        cmd = [str(npm_bin / "claude"), "-p", "Write hi to out.txt", "--verbose"]
+        cmd += ["--output-format", "stream-json", "--include-partial-messages"]
+        cmd += ["--model", "claude-sonnet-4-5", "--tools", "Bash", "--allowedTools", "Bash"]
+        cmd += ["--system-prompt", "You are a coding agent.", "--no-session-persistence"]
+        start = time.monotonic()
+        seen: list[tuple[float, dict]] = []  # (seconds since start, event)
+        stderr = tmp_path / "stderr.txt"
+        with (
+            stderr.open("w") as errors,
+            subprocess.Popen(
+                cmd,
+                cwd=work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+            ) as claude,
+        ):
+            assert claude.stdout is not None
+            for line in claude.stdout:
+                seen.append((time.monotonic() - start, json.loads(line)))
+            code = claude.wait(timeout=90)
+        assert code == 0, (seen[-1][1].get("result"), stderr.read_text()[-3000:])
+        calls = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
+    assert (work / "out.txt").read_text() == "hi\n"
+    events = [(t, e["event"]) for t, e in seen if e["type"] == "stream_event"]
+    deltas = [(t, e["delta"]) for t, e in events if e["type"] == "content_block_delta"]
+    first_text = min(t for t, d in deltas if d["type"] == "text_delta")
+    first_stop = min(t for t, e in events if e["type"] == "message_stop")
+    first_start = min(t for t, e in events if e["type"] == "message_start")
+    # the first message's text came in the first half of its stream
+    assert first_text - first_start < (first_stop - first_start) / 2, (
+        first_start,
+        first_text,
+        first_stop,
+    )
+    texts = "".join(d["text"] for _, d in deltas if d["type"] == "text_delta")
+    assert texts == "I will run it.Done."
+    arguments = "".join(d["partial_json"] for _, d in deltas if d["type"] == "input_json_delta")
+    assert json.loads(arguments) == {"command": COMMAND}
+    assert len(calls) == 2
+    for call, text in zip(calls, script, strict=True):
+        sampled = [*sglang.tokenizer.encode(text, add_special_tokens=False), sglang.end_id]
+        assert call["response_ids"] == sampled
+        assert call["logprobs"] == pytest.approx([fake_logprob(i) for i in range(len(sampled))])

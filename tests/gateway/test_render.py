@@ -200,7 +200,7 @@ def test_reply_parsing():
     broken = parse_reply("<tool_call>{not json}</tool_call>")
     assert broken.tool_calls == () and "not json" in broken.content
     assert parse_reply("plain").content == "plain"
-    assert parse_reply("thought</think>answer").reasoning == "thought"
+    assert parse_reply("thought</think>answer", thinking=True).reasoning == "thought"
 
 
 def test_message_validation():

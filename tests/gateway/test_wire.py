@@ -46,6 +46,14 @@ CHAT, RESPONSES, ANTHROPIC = wire.ChatRequest, wire.ResponsesRequest, wire.Anthr
         ),
         (CHAT, {"response_format": {"type": "json_object"}}, True, {}, ["response_format"]),
         (CHAT, {"response_format": {"type": "text"}, "tool_choice": "auto"}, True, {}, []),
+        # the usage chunk is sent when asked; another stream option is not
+        (
+            CHAT,
+            {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+            True,
+            {},
+            ["stream_options.continuous_usage_stats"],
+        ),
         (
             ANTHROPIC,
             {"thinking": {"type": "enabled", "budget_tokens": 1024}},
