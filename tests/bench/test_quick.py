@@ -36,6 +36,7 @@ LAST_LINE = {
         "ab_calls_per_s_other",
     ],
     "gateway_long": ["gateway_p50_ms_20", "gateway_p50_ms_200", "gateway_bytes_per_call_200"],
+    "streaming": ["ttft_ms_direct", "ttft_ms_gateway", "total_ms_gateway", "stream_cpu_ratio"],
     "controller": ["controller_launch_per_s", "controller_rss_mb_500"],
     "replicas": [
         "replicas_1_calls_per_s",
