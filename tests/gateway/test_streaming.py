@@ -65,8 +65,13 @@ def recorded(s: Stack, rollout_id: str, sglang: SglangStandIn, text: str) -> dic
     return call
 
 
-def test_chat_completions_stream_as_sampled(tiny_path: Path, tmp_path: Path) -> None:
-    sglang = SglangStandIn(tiny_path, [REPLY], token_delay_s=DELAY_S)
+@pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
+def test_chat_completions_stream_as_sampled(
+    tiny_path: Path, tmp_path: Path, incremental: bool
+) -> None:
+    """Either of sglang's chunk modes (each chunk whole so far, or only its new tokens) gives the
+    same stream."""
+    sglang = SglangStandIn(tiny_path, [REPLY], token_delay_s=DELAY_S, incremental=incremental)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
         client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
@@ -303,3 +308,25 @@ def test_a_pause_waits_for_the_stream_in_flight_and_a_held_call_streams_once_res
     assert ended[0] <= paused_at  # the pause waited for the stream in flight
     assert texts == ["first " * 30, "second reply"]
     assert len(calls) == 2
+
+
+def test_several_choices_stream_each_once_all_are_recorded(tiny_path: Path, tmp_path: Path) -> None:
+    """`n` = 2 streamed: each choice's text under its own index, once both are recorded."""
+    sglang = SglangStandIn(tiny_path, ["the first", "the second"], token_delay_s=DELAY_S)
+    with sglang_stack(sglang, tmp_path) as s:
+        r = s.rollout()
+        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        stream = client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=20, n=2, stream=True
+        )
+        texts = {0: "", 1: ""}
+        finished = {}
+        for chunk in stream:
+            for choice in chunk.choices:
+                texts[choice.index] += choice.delta.content or ""
+                if choice.finish_reason:
+                    finished[choice.index] = choice.finish_reason
+        calls = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
+    assert texts == {0: "the first", 1: "the second"}
+    assert finished == {0: "stop", 1: "stop"}
+    assert [c["response"]["text"] for c in calls] == ["the first", "the second"]
