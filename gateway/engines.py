@@ -98,6 +98,7 @@ class _Replica:
     url: str
     inflight: int = 0
     down_until: float = 0.0
+    streams_whole: bool = False  # its stream chunks carry everything so far (said once, in the log)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -216,7 +217,11 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
                 if event == b"[DONE]":
                     done = True
                     return
-                piece = _piece(orjson.loads(event), seen, replica.url)
+                chunk = orjson.loads(event)
+                piece = _piece(chunk, seen, replica.url)
+                whole = len(chunk["output_ids"]) > len(piece.output_ids)
+                if whole and not replica.streams_whole:
+                    _say_streams_whole(replica)
                 seen += len(piece.output_ids)
                 yield piece
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
@@ -395,6 +400,18 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
             raise TransportError(f"cannot connect to {r.url}: {e!r}") from e
         except (aiohttp.ClientError, OSError) as e:
             raise TransportError(f"{r.url}{path}: {e!r}") from e
+
+
+def _say_streams_whole(replica: _Replica) -> None:
+    """Log, once per replica, that its stream chunks carry everything so far (sglang's default),
+    and what makes streaming cheaper."""
+    replica.streams_whole = True
+    log.info(
+        "engine %s streams each chunk whole so far: a streamed call costs the gateway about 4x "
+        "the CPU of an unstreamed one; sglang's --incremental-streaming-output and "
+        "--stream-interval 8 bring that to about 1.2x (docs/gpu.md)",
+        replica.url,
+    )
 
 
 async def _server_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:

@@ -8,6 +8,7 @@ stream's last event comes after the call is recorded."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -67,10 +68,11 @@ def recorded(s: Stack, rollout_id: str, sglang: SglangStandIn, text: str) -> dic
 
 @pytest.mark.parametrize("incremental", [False, True], ids=["cumulative", "incremental"])
 def test_chat_completions_stream_as_sampled(
-    tiny_path: Path, tmp_path: Path, incremental: bool
+    tiny_path: Path, tmp_path: Path, incremental: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Either of sglang's chunk modes (each chunk whole so far, or only its new tokens) gives the
-    same stream."""
+    same stream; the gateway's log says once what the costlier one costs."""
+    caplog.set_level(logging.INFO, logger="gateway.engines")
     sglang = SglangStandIn(tiny_path, [REPLY], token_delay_s=DELAY_S, incremental=incremental)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
@@ -109,6 +111,8 @@ def test_chat_completions_stream_as_sampled(
     assert function.name == "bash" and json.loads(function.arguments) == TOOL
     assert finish == "tool_calls"
     assert usage is not None and usage.completion_tokens == len(call["response_ids"])
+    said = caplog.text.count("streams each chunk whole so far")
+    assert said == (0 if incremental else 1)
 
 
 def test_responses_stream_as_sampled(tiny_path: Path, tmp_path: Path) -> None:
