@@ -218,7 +218,12 @@ async def _answer(request: Request, proxy: Proxy, req: wire.Request, serve: Serv
         except BaseException:
             serving.cancel()
             raise
-        events = _streamed(request, proxy, req, live, serving, first)
+        if first is None:  # recorded without text shown: a retry's reply, or only a tool call
+            completions = serving.result()
+            reply = req.reply(completions)
+            events = _replayed(req.streamer(), reply, completions[0].prompt_tokens)
+        else:
+            events = _streamed(request, proxy, req, live, serving, first)
     headers = {"Cache-Control": "no-cache"}
     return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
@@ -237,7 +242,7 @@ async def _streamed(
     req: wire.Request,
     live: Live,
     serving: "asyncio.Task[list[Completion]]",
-    first: Part | None,
+    first: Part,
 ) -> AsyncIterator[str]:
     """A reply's stream while `serving` samples and records it: its parts as they come, and
     once it is recorded, the rest. An error ends it with the format's error event. A client that
@@ -247,7 +252,7 @@ async def _streamed(
     try:
         for event in stream.opening(live.prompt_tokens):
             yield event
-        part = first
+        part: Part | None = first
         while part is not None:
             shown[part.kind].append(part.text)
             for event in stream.delta(part):
