@@ -68,6 +68,8 @@ class Log:
     requests: list[tuple[str, Any]] = dataclasses.field(default_factory=list)  # (path, JSON body)
     loaded_while_released: list[str] = dataclasses.field(default_factory=list)  # model paths
     generated_while_released: int = 0
+    # time.monotonic() when each generation sampled its last token (finished by stop or length)
+    finished_at: list[float] = dataclasses.field(default_factory=list)
 
     def paths(self) -> list[str]:
         return [path for path, _ in self.requests]
@@ -190,6 +192,7 @@ class SglangStandIn:
         for token in wanted:
             if len(call.output_ids) == max_new_tokens:
                 call.finish = {"type": "length", "length": max_new_tokens}
+                self.log.finished_at.append(time.monotonic())
                 return
             if call.rid in self.aborted or reply.abort_after == len(call.output_ids):
                 # managers/tokenizer_manager.py `_handle_abort_req`: the partial output, a 200
@@ -202,6 +205,7 @@ class SglangStandIn:
             await asyncio.sleep(self.token_delay_s)
             call.output_ids.append(token)
         call.finish = {"type": "stop", "matched": self.end_id}
+        self.log.finished_at.append(time.monotonic())
 
     async def stream(self, call: Call, steps: AsyncIterator[None]) -> AsyncIterator[bytes]:
         """`entrypoints/http_server.py` `generate_request` (streamed): a chunk per token, the last

@@ -166,9 +166,9 @@ def test_claude_code_sees_text_stream_in_as_it_is_sampled(
     tiny_path: Path, tmp_path: Path, npm_bin: Path
 ):
     """Claude Code printing its stream events as they come (`stream-json` with partial messages),
-    against the sglang stand-in sampling a token every 50 ms: its first text delta arrives long
-    before its message ends; the text it assembles and its tool call are the recorded reply's, and
-    the recorded tokens and logprobs are what the engine sampled."""
+    against the sglang stand-in sampling a token every 50 ms: its first text delta arrives before
+    the engine has sampled the reply's last token; the text it assembles and its tool call are the
+    recorded reply's, and the recorded tokens and logprobs are what the engine sampled."""
     script = [tool_call("Bash", {"command": COMMAND}), "Done."]
     sglang = SglangStandIn(tiny_path, script, context_len=32_768, token_delay_s=0.05)
     work, home = tmp_path / "work", tmp_path / "home"
@@ -189,8 +189,7 @@ def test_claude_code_sees_text_stream_in_as_it_is_sampled(
         cmd += ["--output-format", "stream-json", "--include-partial-messages"]
         cmd += ["--model", "claude-sonnet-4-5", "--tools", "Bash", "--allowedTools", "Bash"]
         cmd += ["--system-prompt", "You are a coding agent.", "--no-session-persistence"]
-        start = time.monotonic()
-        seen: list[tuple[float, dict]] = []  # (seconds since start, event)
+        seen: list[tuple[float, dict]] = []  # (time.monotonic() when it came, event)
         stderr = tmp_path / "stderr.txt"
         with (
             stderr.open("w") as errors,
@@ -206,22 +205,16 @@ def test_claude_code_sees_text_stream_in_as_it_is_sampled(
         ):
             assert claude.stdout is not None
             for line in claude.stdout:
-                seen.append((time.monotonic() - start, json.loads(line)))
+                seen.append((time.monotonic(), json.loads(line)))
             code = claude.wait(timeout=90)
         assert code == 0, (seen[-1][1].get("result"), stderr.read_text()[-3000:])
         calls = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
     assert (work / "out.txt").read_text() == "hi\n"
     events = [(t, e["event"]) for t, e in seen if e["type"] == "stream_event"]
     deltas = [(t, e["delta"]) for t, e in events if e["type"] == "content_block_delta"]
+    # the first message's text reached Claude Code before the engine sampled its last token
     first_text = min(t for t, d in deltas if d["type"] == "text_delta")
-    first_stop = min(t for t, e in events if e["type"] == "message_stop")
-    first_start = min(t for t, e in events if e["type"] == "message_start")
-    # the first message's text came in the first half of its stream
-    assert first_text - first_start < (first_stop - first_start) / 2, (
-        first_start,
-        first_text,
-        first_stop,
-    )
+    assert first_text < sglang.log.finished_at[0], (first_text, sglang.log.finished_at)
     texts = "".join(d["text"] for _, d in deltas if d["type"] == "text_delta")
     assert texts == "I will run it.Done."
     arguments = "".join(d["partial_json"] for _, d in deltas if d["type"] == "input_json_delta")

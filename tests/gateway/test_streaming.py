@@ -11,6 +11,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -35,25 +36,47 @@ SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}
 CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": SCHEMA}}]
 
 
+OPENED: list[openai.OpenAI | anthropic.Anthropic] = []  # the SDK clients of the running test
+
+
+@pytest.fixture(autouse=True)
+def close_clients() -> Iterator[None]:
+    """Each test's SDK clients are closed after it, and their pooled connections with them."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
+
+
+def openai_client(r: dict) -> openai.OpenAI:
+    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+    OPENED.append(client)
+    return client
+
+
+def anthropic_client(r: dict) -> anthropic.Anthropic:
+    client = anthropic.Anthropic(
+        base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0
+    )
+    OPENED.append(client)
+    return client
+
+
 class Clock:
-    """When a stream started, when its first text came and when it ended (seconds)."""
+    """When a stream's first text reached the harness (time.monotonic(), as the stand-in's
+    `finished_at`: it runs in this process)."""
 
     def __init__(self) -> None:
-        self.start = time.monotonic()
         self.first: float | None = None
-        self.end = 0.0
 
     def text(self) -> None:
         if self.first is None:
-            self.first = time.monotonic() - self.start
+            self.first = time.monotonic()
 
-    def stop(self) -> None:
-        self.end = time.monotonic() - self.start
-
-    def check_early(self) -> None:
-        """The first text came in the first half of the stream: before the generation ended."""
+    def check_early(self, sglang: SglangStandIn) -> None:
+        """The first text reached the harness before the engine sampled the reply's last token."""
+        (finished,) = sglang.log.finished_at
         assert self.first is not None
-        assert self.first < self.end / 2, (self.first, self.end)
+        assert self.first < finished, (self.first, finished)
 
 
 def recorded(s: Stack, rollout_id: str, sglang: SglangStandIn, text: str) -> dict:
@@ -76,7 +99,7 @@ def test_chat_completions_stream_as_sampled(
     sglang = SglangStandIn(tiny_path, [REPLY], token_delay_s=DELAY_S, incremental=incremental)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = openai_client(r)
         clock = Clock()
         stream = client.chat.completions.create(
             model="m",
@@ -101,9 +124,8 @@ def test_chat_completions_stream_as_sampled(
             for call in delta.tool_calls or []:
                 calls.setdefault(call.index, call.function)
             finish = chunk.choices[0].finish_reason or finish
-        clock.stop()
         call = recorded(s, r["id"], sglang, REPLY)
-    clock.check_early()
+    clock.check_early(sglang)
     reply = parse_reply(call["response"]["text"], "hermes")
     assert (reasoning, content) == (reply.reasoning, reply.content)
     assert content == "Let me list the files in this folder."
@@ -120,7 +142,7 @@ def test_responses_stream_as_sampled(tiny_path: Path, tmp_path: Path) -> None:
     tools = [{"type": "function", "name": "bash", "parameters": SCHEMA}]
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = openai_client(r)
         clock = Clock()
         reasoning, text, kinds, final = "", "", [], None
         with client.responses.stream(
@@ -135,9 +157,8 @@ def test_responses_stream_as_sampled(tiny_path: Path, tmp_path: Path) -> None:
                     clock.text()
                     text += event.delta
             final = stream.get_final_response()
-        clock.stop()
         call = recorded(s, r["id"], sglang, REPLY)
-    clock.check_early()
+    clock.check_early(sglang)
     reply = parse_reply(call["response"]["text"], "hermes")
     assert (reasoning, text) == (reply.reasoning, reply.content)
     assert kinds[:2] == ["response.created", "response.in_progress"]
@@ -157,9 +178,7 @@ def test_anthropic_messages_stream_as_sampled(tiny_path: Path, tmp_path: Path) -
     tools = [{"name": "bash", "description": "Run a command", "input_schema": SCHEMA}]
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = anthropic.Anthropic(
-            base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0
-        )
+        client = anthropic_client(r)
         clock = Clock()
         thinking, text = "", ""
         with client.messages.stream(
@@ -173,9 +192,8 @@ def test_anthropic_messages_stream_as_sampled(tiny_path: Path, tmp_path: Path) -
                     clock.text()
                     text += event.delta.text
             final = stream.get_final_message()
-        clock.stop()
         call = recorded(s, r["id"], sglang, REPLY)
-    clock.check_early()
+    clock.check_early(sglang)
     reply = parse_reply(call["response"]["text"], "hermes")
     assert (thinking, text) == (reply.reasoning, reply.content)
     kinds = [block.type for block in final.content]
@@ -195,7 +213,7 @@ def test_a_stop_string_split_across_tokens_never_reaches_the_harness(
     )
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = openai_client(r)
         stream = client.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=100, stop=[" END"], stream=True
         )
@@ -222,20 +240,18 @@ def test_an_engine_failure_mid_stream_ends_each_format_with_its_error(
     )
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        openai_client = openai.OpenAI(
-            base_url=r["base_url"], api_key=r["agent_token"], max_retries=0
+        chat = openai_client(r)
+        failing = chat.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=100, stream=True
         )
-        with pytest.raises(openai.APIError, match="failed the generation"):
-            for _ in openai_client.chat.completions.create(
-                model="m", messages=MESSAGES, max_tokens=100, stream=True
-            ):
+        # the stream's connection is closed however it ends
+        with pytest.raises(openai.APIError, match="failed the generation"), failing:
+            for _ in failing:
                 pass
-        with openai_client.responses.stream(model="m", input="hi", max_output_tokens=100) as stream:
+        with chat.responses.stream(model="m", input="hi", max_output_tokens=100) as stream:
             kinds = [event.type for event in stream]
         assert kinds[-1] == "response.failed"
-        claude = anthropic.Anthropic(
-            base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0
-        )
+        claude = anthropic_client(r)
         failing = claude.messages.stream(model="c", max_tokens=100, messages=MESSAGES)
         with (
             pytest.raises(anthropic.APIStatusError, match="failed the generation"),
@@ -285,7 +301,7 @@ def test_a_pause_waits_for_the_stream_in_flight_and_a_held_call_streams_once_res
     sglang = SglangStandIn(tiny_path, ["first " * 30, "second reply"], token_delay_s=DELAY_S)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = openai_client(r)
         texts: list[str] = []
         ended: list[float] = []
 
@@ -319,7 +335,7 @@ def test_several_choices_stream_each_once_all_are_recorded(tiny_path: Path, tmp_
     sglang = SglangStandIn(tiny_path, ["the first", "the second"], token_delay_s=DELAY_S)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = openai_client(r)
         stream = client.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=20, n=2, stream=True
         )
