@@ -89,6 +89,18 @@ LAST_LINE = {
         "samples_per_rollout",
     ],
 }
+# `bench.ablation --harness compacting`'s
+ABLATION2 = [
+    "ablation2_val_rollout",
+    "ablation2_val_sample",
+    "ablation2_diff_ci_low",
+    "ablation2_diff_ci_high",
+    "ablation2_entropy_ratio_rollout",
+    "ablation2_entropy_ratio_sample",
+    "seeds",
+    "samples_per_rollout_mean",
+    "samples_reward_corr",
+]
 # A number, or a fraction such as soak's `engine_fault_503s=4/4`; `nan` for an arm not run.
 VALUE = re.compile(r"-?(\d+(\.\d+)?(/\d+)?|nan)")
 
@@ -109,15 +121,29 @@ def test_every_benchmark_is_listed() -> None:
 def test_quick_run(name: str, tmp_path: Path) -> None:
     if name == "replicas" and not os.environ.get("AGL_TEST_POSTGRES_URL"):
         pytest.skip("bench.replicas needs PostgreSQL: AGL_TEST_POSTGRES_URL is not set")
-    argv = [sys.executable, "-m", f"bench.{name}", "--quick"]
+    options = []
     if name in ("demo_runs", "ablation"):
-        argv += ["--out", str(tmp_path / name)]
+        options = ["--out", str(tmp_path / name)]
+    check_quick_run(name, options, LAST_LINE[name])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_quick_run_of_the_compacting_ablation(tmp_path: Path) -> None:
+    """bench.ablation's second experiment, on the compacting agent: a last line of its own."""
+    options = ["--harness", "compacting", "--out", str(tmp_path / "ablation2")]
+    check_quick_run("ablation", options, ABLATION2)
+
+
+def check_quick_run(name: str, options: list[str], keys: list[str]) -> None:
+    """`python -m bench.NAME --quick OPTIONS` exits 0 and its last line has exactly `keys`."""
+    argv = [sys.executable, "-m", f"bench.{name}", "--quick", *options]
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"bench.{name} --quick exited {done.returncode}:\n{output[-4000:]}"
     last = done.stdout.strip().splitlines()[-1]
     pairs = [field.split("=", 1) for field in last.split()]
-    assert [key for key, _ in pairs] == LAST_LINE[name], last
+    assert [key for key, _ in pairs] == keys, last
     for key, value in pairs:
         assert VALUE.fullmatch(value), f"{key}={value} is not a figure"
