@@ -15,9 +15,9 @@ import logging
 import random
 import time
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -27,6 +27,7 @@ import orjson
 from agl.client import KEEPALIVE_S  # sglang and uvicorn keep an idle connection 5 s
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 BODY_CUT = 500  # characters of an engine's error body kept in messages and logs
 
 
@@ -241,37 +242,16 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
     ) -> tuple[_Replica, aiohttp.ClientResponse]:
         """A streamed `/generate` whose engine answered 200, on `pick(rollout_id)`'s replica, with
         `call`'s retries; the replica counts it in flight until the caller releases it."""
-        last: Exception | None = None
-        for attempt in range(self._attempts):
-            if attempt:
-                delay = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            r = self.pick(rollout_id)
+
+        async def once(r: _Replica) -> aiohttp.ClientResponse:
             r.inflight += 1
             try:
-                reply = await self._start(r, data)
-            except (_ServerError, TransportError, TimeoutError) as e:
-                r.inflight -= 1
-                last = e
-                r.down_until = time.monotonic() + self._down_s
-                log.warning(
-                    "engine %s/generate (streamed) failed (attempt %d/%d) rollout_id=%s: %r",
-                    r.url,
-                    attempt + 1,
-                    self._attempts,
-                    rollout_id,
-                    e,
-                )
-                continue
+                return await self._start(r, data)
             except BaseException:
                 r.inflight -= 1
                 raise
-            r.down_until = 0.0
-            return r, reply
-        reason = f"{type(last).__name__}: {last}"
-        raise EngineUnavailable(
-            f"/generate failed on any replica after {self._attempts} attempts: {reason}"
-        ) from last
+
+        return await self._retried("/generate", rollout_id, once)
 
     async def _start(self, r: _Replica, data: bytes) -> aiohttp.ClientResponse:
         """The engine's answer to a streamed `/generate`, once its status is 200 (its body still to
@@ -333,15 +313,30 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
     ) -> tuple[_Replica, Any]:
         """One request, on `pick(rollout_id)`'s replica, with retries: (the replica that answered,
         its reply)."""
+
+        async def once(r: _Replica) -> Any:
+            r.inflight += 1
+            try:
+                return await self._once(r, method, path, body)
+            finally:
+                r.inflight -= 1
+
+        return await self._retried(path, rollout_id, once)
+
+    async def _retried(
+        self, path: str, rollout_id: str | None, once: Callable[[_Replica], Awaitable[T]]
+    ) -> tuple[_Replica, T]:
+        """`once` on `pick(rollout_id)`'s replica, tried again with jittered backoff while a replica
+        fails (a transport error, a timeout, a 5xx: it sits out `down_s`): (the replica that
+        answered, what `once` returned)."""
         last: Exception | None = None
         for attempt in range(self._attempts):
             if attempt:
                 delay = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             r = self.pick(rollout_id)
-            r.inflight += 1
             try:
-                reply = await self._once(r, method, path, body)
+                reply = await once(r)
             except (_ServerError, TransportError, TimeoutError) as e:
                 # the replica's fault: retried
                 last = e
@@ -356,8 +351,6 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
                     e,
                 )
                 continue
-            finally:
-                r.inflight -= 1
             r.down_until = 0.0
             return r, reply
         reason = f"{type(last).__name__}: {last}"
