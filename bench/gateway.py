@@ -116,6 +116,14 @@ def answer(reply: dict, *, streamed: bool) -> dict | Any:
     return StreamingResponse(iter(events), media_type="text/event-stream")
 
 
+def gateway_argv(engine: str, port: int, tmp: str) -> list[str]:
+    """`agl gateway` in front of `engine` on `port`, with a SQLite store in the folder `tmp`."""
+    argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
+    argv += ["--port", str(port), "--admin-key", ADMIN]
+    argv += ["--db", f"sqlite:///{tmp}/bench.db"]
+    return argv
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -280,10 +288,7 @@ def main() -> None:
         gateway = f"http://127.0.0.1:{gateway_port}"
         try:
             wait(engine + "/model_info")
-            gw = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
-            gw += ["--port", str(gateway_port), "--admin-key", ADMIN]
-            gw += ["--db", f"sqlite:///{tmp}/bench.db"]
-            procs.append(subprocess.Popen(gw, env=env))
+            procs.append(subprocess.Popen(gateway_argv(engine, gateway_port, tmp), env=env))
             wait(gateway + "/healthz")
             pid = procs[1].pid
             load = run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts, pid)

@@ -34,7 +34,7 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from bench.gateway import ADMIN, ADMIN_HEADERS, cpu_s, free_port, wait
+from bench.gateway import ADMIN_HEADERS, cpu_s, free_port, gateway_argv, wait
 from bench.quick import parse_args
 
 TEXT = "def area(radius):\n    return 3.14159 * radius ** 2  # the circle's area\n"
@@ -241,10 +241,7 @@ def main() -> None:
         procs = [subprocess.Popen(stand_in_argv, env=env)]
         try:
             wait(engine + "/model_info")
-            gw = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
-            gw += ["--port", str(gateway_port), "--admin-key", ADMIN]
-            gw += ["--db", f"sqlite:///{tmp}/bench.db"]
-            procs.append(subprocess.Popen(gw, env=env))
+            procs.append(subprocess.Popen(gateway_argv(engine, gateway_port, tmp), env=env))
             wait(gateway + "/healthz")
             out = asyncio.run(measure(gateway, engine, procs[1].pid, args))
         finally:
