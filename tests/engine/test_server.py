@@ -32,13 +32,6 @@ PROMPTS = [[7, 8, 9], list(range(20, 45)), [3] * 11, list(range(100, 160, 3)), [
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_path: Path) -> Iterator[Engine]:
-    eng = Engine(tiny_path, max_batch=8)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
 def url(engine: Engine) -> Iterator[str]:
     with serve(create_app(engine)) as base:
         yield base

@@ -24,13 +24,6 @@ SCRIPT = ["THOUGHT: look around.\n```bash\nls -la\n```", "ünï 日本 🙂 done
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_path: Path) -> Iterator[Engine]:
-    eng = Engine(tiny_path, max_batch=8)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture(scope="module")
 def urls(engine: Engine) -> Iterator[dict[str, str]]:
     """One server per mode, both on the same engine."""
     with (
