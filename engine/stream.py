@@ -220,8 +220,6 @@ async def stream(
     job = engine.submit(req.input_ids, req.sampling_params.sampling(), progress.notify)
     if not await started(job, progress, request):
         return Response(status_code=499)
-    if job.future.done():
-        job.future.result()  # raises what the job failed with, before anything is sent
     req = req.model_copy(update={"rid": req.rid or uuid.uuid4().hex})
     chunks = Stream(engine, req, job, incremental, start)
     return StreamingResponse(
@@ -233,7 +231,7 @@ async def stream(
 
 async def started(job: Job, progress: Progress, request: Request) -> bool:
     """Wait until the job samples a token or ends; False if its client goes first (the job is then
-    cancelled)."""
+    cancelled). Raises what the job failed with, before anything is sent."""
     done = asyncio.wrap_future(job.future)
     while not (done.done() or progress.ticked.is_set()):
         await progress.wait(done, DISCONNECT_POLL_S)
@@ -242,6 +240,8 @@ async def started(job: Job, progress: Progress, request: Request) -> bool:
         if await request.is_disconnected():
             job.cancelled = True
             return False
+    if done.done():
+        done.result()
     return True
 
 
