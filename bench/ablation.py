@@ -69,7 +69,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
+import scipy.stats
 
 from adapters.merge import merge
 from adapters.settings import AdapterSettings
@@ -284,27 +284,19 @@ async def pilot_rollouts(gateway: str, args: argparse.Namespace) -> list[dict]:
         return found
 
 
-def ranks(values: list[float]) -> list[float]:
-    """Each value's rank (from 1), ties sharing their mean rank: Spearman's from Pearson's."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranked = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for i in order[start : end + 1]:
-            ranked[i] = (start + end) / 2 + 1
-        start = end + 1
-    return ranked
-
-
 def correlation(xs: list[float], ys: list[float]) -> float:
     """Pearson's r; NaN when either side is constant (or too short)."""
     try:
         return statistics.correlation(xs, ys)
     except statistics.StatisticsError:
         return float("nan")
+
+
+def rank_correlation(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rho (ties share their mean rank); NaN when either side is constant."""
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
+        return float("nan")
+    return float(scipy.stats.spearmanr(xs, ys).statistic)
 
 
 def record(path: Path, harness: str, figures: dict) -> None:
@@ -337,7 +329,7 @@ def pilot(args: argparse.Namespace) -> int:
         "samples_per_rollout_mean": mean_or_nan(samples),
         "reward_mean": mean_or_nan(rewards),
         "pearson": correlation(samples, rewards),
-        "spearman": correlation(ranks(samples), ranks(rewards)),
+        "spearman": rank_correlation(samples, rewards),
         "reward_mean_by_samples": {
             k: statistics.mean(r["reward"] for r in ended if r["samples"] == k)
             for k in sorted({r["samples"] for r in ended})
@@ -470,32 +462,18 @@ def experiment(args: argparse.Namespace) -> int:
     return report(args)
 
 
-def t_quantile(p: float, df: float) -> float:
-    """Student's t quantile for 0.5 <= p < 1 and df >= 1 (fractional, as Welch's is). With
-    x = sqrt(df) tan(u) the density becomes c sqrt(df) cos(u)^(df - 1) on [0, pi/2), smooth and
-    bounded, so its integral on a fine grid is exact enough (there is no scipy here)."""
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    u = np.linspace(0.0, math.pi / 2, 200_001)
-    density = math.exp(log_c) * math.sqrt(df) * np.cos(u) ** (df - 1)
-    mass = np.concatenate([[0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(u))])
-    return float(math.sqrt(df) * math.tan(np.interp(p - 0.5, mass, u)))
-
-
 def welch(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float, float]:
     """Mean of `a` minus mean of `b`, and Welch's t confidence interval for it (unequal variances);
-    NaN bounds with fewer than two values on a side."""
+    NaN bounds with fewer than two values on a side, the difference itself when neither varies."""
     nan = float("nan")
     diff = mean_or_nan(a) - mean_or_nan(b)
     if len(a) < 2 or len(b) < 2:
         return diff, nan, nan
-    var_a = statistics.variance(a) / len(a)
-    var_b = statistics.variance(b) / len(b)
-    se = math.sqrt(var_a + var_b)
-    if se == 0:
+    if statistics.variance(a) == 0 and statistics.variance(b) == 0:
         return diff, diff, diff
-    df = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-    half = t_quantile(0.5 + level / 2, df) * se
-    return diff, diff - half, diff + half
+    test = scipy.stats.ttest_ind(a, b, equal_var=False)
+    interval = test.confidence_interval(confidence_level=level)
+    return diff, float(interval.low), float(interval.high)
 
 
 def seeds_for_power(sd: float, delta: float, alpha: float = 0.05, power: float = 0.8) -> int:
@@ -506,35 +484,12 @@ def seeds_for_power(sd: float, delta: float, alpha: float = 0.05, power: float =
     n = 2
     while n < 1000:
         df = 2 * n - 2
-        needed = 2 * (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) ** 2 * sd**2 / delta**2
+        quantiles = scipy.stats.t.ppf(1 - alpha / 2, df) + scipy.stats.t.ppf(power, df)
+        needed = 2 * quantiles**2 * sd**2 / delta**2
         if n >= needed:
             break
         n += 1
     return n
-
-
-def chi2_quantile(p: float, df: int) -> float:
-    """The chi-square quantile, by bisection on its CDF: the regularized lower incomplete gamma
-    function P(df/2, x/2) by its power series (no scipy here)."""
-
-    def cdf(x: float) -> float:
-        a = df / 2
-        y = x / 2
-        term = 1 / a
-        total = term
-        for k in range(1, 1000):
-            term *= y / (a + k)
-            total += term
-        return math.exp(a * math.log(y) - y - math.lgamma(a)) * total
-
-    low, high = 1e-12, 50.0 + 10 * df
-    for _ in range(100):
-        middle = (low + high) / 2
-        if cdf(middle) < p:
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 def sd_or_nan(values: list[float]) -> float:
@@ -570,7 +525,7 @@ def power_analysis(finals: dict[str, list[float]], delta: float) -> dict:
     pooled = math.sqrt(
         sum((len(finals[arm]) - 1) * sd**2 for arm, sd in sds.items() if math.isfinite(sd)) / df
     )
-    upper = pooled * math.sqrt(df / chi2_quantile(0.10, df))
+    upper = pooled * math.sqrt(df / scipy.stats.chi2.ppf(0.10, df))
     figures["sd_pooled"] = pooled
     figures["sd_upper_90"] = upper
     figures["seeds_per_arm"] = seeds_for_power(pooled, delta)
@@ -659,7 +614,7 @@ def report(args: argparse.Namespace) -> int:
         "diff_rollout_minus_sample": diff,
         "diff_ci95_welch": [low, high],
         "samples_reward_pearson": corr,
-        "samples_reward_spearman": correlation(ranks(samples), ranks(rewards)),
+        "samples_reward_spearman": rank_correlation(samples, rewards),
         "samples_reward_source": source,
         "samples_reward_rollouts": len(samples),
         "samples_per_rollout_mean": spr_all,
