@@ -28,9 +28,10 @@ from typing import Any
 
 import aiohttp
 
-from bench.gateway import rss_mb
+from bench.gateway import ADMIN_HEADERS, rss_mb
 from bench.quick import parse_args
-from bench.soak import ADMIN_HEADERS, create, running, session, tiny_tokenizer
+from bench.soak import create, session
+from bench.stack import running, tiny_tokenizer
 
 STALL_MS = 250  # the most a probe may take beyond the baseline while an attack runs
 MB = 1 << 20
@@ -50,6 +51,13 @@ class Prober:
         self.process = ctx.Process(target=_probe, args=args, daemon=True)
         self.current: list[float] = []
         self.failures: list[str] = []
+
+    def start(self) -> None:
+        """Start probing; returns once the first probe is back (spawning the process takes seconds on
+        a busy machine, and the baseline must hold probes). That first one, which connected, is
+        dropped."""
+        self.process.start()
+        self.queue.get(timeout=120)
 
     def drain(self) -> None:
         while True:
@@ -288,7 +296,7 @@ async def main_async(baseline_s: float) -> dict[str, Any]:
         async with session() as client:
             victim = (await create(client, stack.url, 1, "hostile-victim"))[0]
             prober = Prober(stack.url, victim["agent_token"])
-            prober.process.start()
+            prober.start()
             await asyncio.sleep(baseline_s)
             prober.drain()
             baseline, prober.current = prober.current, []

@@ -28,120 +28,14 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
 import statistics
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-from bench.gateway import ADMIN_HEADERS, cpu_s, free_port
-from bench.postgres import database
+from bench.gateway import ADMIN_HEADERS, cpu_s
 from bench.quick import parse_args
-from bench.soak import Stack, Tally, call, create, harness, reconcile, session, tiny_tokenizer
-
-HAPROXY = """\
-global
-    maxconn 4000
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 300s
-    timeout server 300s
-    # a refused connection goes to another replica (nothing was sent yet)
-    retries 3
-    option redispatch
-frontend agl
-    bind 127.0.0.1:{port}
-    default_backend gateways
-backend gateways
-{balance}
-    # A replica is out after 3 failed checks a second apart (a refused connection meanwhile goes
-    # to another: `retries`); a check may take 5 s, as /healthz does under 1,000 harnesses at once.
-    option httpchk GET /healthz
-    http-check expect status 200
-    timeout check 5s
-    default-server inter 1s fall 3 rise 1
-{servers}
-"""
-
-
-class Balanced(Stack):
-    """The stand-in engine, gateway replicas on one PostgreSQL, and HAProxy in front of them."""
-
-    def __init__(self, tmp: Path, db: str) -> None:
-        super().__init__(tmp, tiny_tokenizer())
-        self.db = db
-        self.balancer_port = free_port()
-        self.url = f"http://127.0.0.1:{self.balancer_port}"
-        self.ports: list[int] = []
-
-    def replica(self, i: int) -> str:
-        """Replica `i`'s own URL (past the balancer)."""
-        return f"http://127.0.0.1:{self.ports[i]}"
-
-    @staticmethod
-    def name(i: int) -> str:
-        """Replica `i`'s process name; replica 0 is "gateway", the one bench/soak.py's phases kill."""
-        if i == 0:
-            return "gateway"
-        return f"gateway{i}"
-
-    def gateway_url(self) -> str:
-        return self.replica(0)
-
-    def kill_gateways(self) -> None:
-        for i in range(len(self.ports)):
-            if self.name(i) in self.procs:
-                self.kill(self.name(i))
-
-    def start_gateways(self) -> None:
-        for i in range(len(self.ports)):
-            self.start_replica(i)
-
-    def start_gateway(self) -> None:
-        """(Re)starts replica 0: what bench/soak.py's phases call after killing "gateway"."""
-        self.start_replica(0)
-
-    def start_replica(self, i: int) -> None:
-        """Starts replica `i` (again, on its port, after a kill)."""
-        while len(self.ports) <= i:
-            self.ports.append(free_port())
-        self.start_gateway_process(self.name(i), self.ports[i])
-
-    def start_balancer(self, replicas: int, *, sticky: bool = False) -> None:
-        """HAProxy over replicas 0 .. `replicas` - 1 (restarted if running): round-robin, or with
-        `sticky` a consistent hash of the `Authorization` header (a rollout's calls stay on one
-        replica while it is up)."""
-        if "balancer" in self.procs:
-            self.kill("balancer")
-        servers = "\n".join(
-            f"    server g{i} 127.0.0.1:{self.ports[i]} check" for i in range(replicas)
-        )
-        config = self.tmp / "haproxy.cfg"
-        balance = "    balance roundrobin"
-        if sticky:
-            balance = "    balance hdr(Authorization)\n    hash-type consistent"
-        config.write_text(HAPROXY.format(port=self.balancer_port, servers=servers, balance=balance))
-        haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
-        self._start("balancer", [haproxy, "-db", "-f", str(config)], self.url + "/healthz")
-
-
-@contextlib.contextmanager
-def balanced(server_url: str, replicas: int, *, sticky: bool = False) -> Iterator[Balanced]:
-    """The stand-in, `replicas` gateways on a fresh database, and the balancer; all killed on exit."""
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        database(server_url) as db,
-        contextlib.ExitStack() as exits,
-    ):
-        stack = Balanced(Path(tmp), db)
-        exits.callback(stack.close)
-        stack.start_engine()
-        for i in range(replicas):
-            stack.start_replica(i)
-        stack.start_balancer(replicas, sticky=sticky)
-        yield stack
+from bench.soak import Tally, call, create, harness, reconcile, session
+from bench.stack import Balanced, balanced
 
 
 def postgres_cpu_s() -> float:

@@ -5,7 +5,7 @@ instant sglang `/generate`; no GPU engine runs here), `agl gateway` over a SQLit
 `agl controller` with the local launcher. Each phase stops by itself; the tests in
 tests/gateway/test_faults.py and tests/controller/test_faults.py run the same phases, smaller.
 With `--replicas N` (`make soak SOAK="--replicas 2"`) the gateway is N replicas on a fresh
-PostgreSQL database behind HAProxy (bench/replicas.py): every phase goes through the balancer, the
+PostgreSQL database behind HAProxy (bench/stack.py): every phase goes through the balancer, the
 kills hit one replica while the others serve, and the engine faults are drilled on that replica.
 
 1. load: R rollouts x C calls, all rollouts at once; calls answered vs recorded, peak RSS.
@@ -38,132 +38,26 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import sqlalchemy as sa
 
 from agl.store import Store
-from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, rss_mb, wait
+from bench.gateway import ADMIN_HEADERS, rss_mb
 from bench.quick import parse_args
+from bench.stack import Stack, balanced, running
 from controller.launcher import process_start
 
-ROOT = Path(__file__).resolve().parents[1]
 # the gateway's engine timeout in the engine-fault phase: a hung engine fails fast
 ENGINE_TIMEOUT_S = 2.0
 RETRYABLE = (aiohttp.ClientError,)  # refused, reset, cut short: what SDKs retry
 BALANCER_RETRIES = (502, 503)  # a load balancer's: the replica it chose died (SDKs retry 5xx)
-
-
-def tiny_tokenizer() -> str:
-    from engine import models
-
-    cache = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-    return str(models.resolve("tiny", cache))
-
-
-# --------------------------------------------------------------------------- processes
-
-
-class Stack:
-    """The stand-in engine and a gateway (and later a controller), each a real process."""
-
-    def __init__(self, tmp: Path, tokenizer: str) -> None:
-        self.tmp, self.tokenizer = tmp, tokenizer
-        self.db = f"sqlite:///{tmp / 'soak.db'}"
-        self.engine_port, self.gateway_port = free_port(), free_port()
-        self.engine = f"http://127.0.0.1:{self.engine_port}"
-        self.url = f"http://127.0.0.1:{self.gateway_port}"
-        self.env = os.environ | {
-            "OMP_NUM_THREADS": "1",
-            "AGL_LOG_LEVEL": "WARNING",
-            "PYTHONPATH": str(ROOT),
-        }
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        # generous: 1,000 calls at once queue at the one-process stand-in
-        self.engine_timeout_s = 60.0
-
-    def start_engine(self) -> None:
-        argv = [sys.executable, "-m", "bench.gateway", "--stand-in", str(self.engine_port)]
-        self._start("engine", [*argv, "--tokenizer", self.tokenizer], self.engine + "/model_info")
-
-    def start_gateway(self) -> None:
-        self.start_gateway_process("gateway", self.gateway_port)
-
-    def start_gateway_process(self, name: str, port: int) -> None:
-        """An `agl gateway` on the store and the stand-in, listening on `port`, named `name`."""
-        argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", self.engine]
-        argv += ["--db", self.db, "--port", str(port), "--admin-key", ADMIN]
-        env = {"AGL_GATEWAY_ENGINE_TIMEOUT_S": str(self.engine_timeout_s)}
-        self._start(name, argv, f"http://127.0.0.1:{port}/healthz", env)
-
-    def start_controller(self, state_dir: Path, max_running: int) -> None:
-        argv = [sys.executable, "-m", "agl.cli", "controller", "--gateway", self.url]
-        argv += ["--admin-key", ADMIN, "--state-dir", str(state_dir)]
-        argv += ["--max-running", str(max_running), "--poll-s", "0.1"]
-        self._start("controller", argv, None, {"AGL_LOG_LEVEL": "INFO"})
-
-    def _start(
-        self, name: str, argv: list[str], health: str | None, env: dict[str, str] | None = None
-    ) -> None:
-        log = (self.tmp / f"{name}.log").open("ab")
-        self.procs[name] = subprocess.Popen(
-            argv, env=self.env | (env or {}), stdout=log, stderr=log, cwd=ROOT
-        )
-        log.close()
-        if health:
-            wait(health)
-
-    def gateway_url(self) -> str:
-        """The URL of the process named "gateway" itself (`url` may be a load balancer's)."""
-        return self.url
-
-    def kill_gateways(self) -> None:
-        """An outage: every gateway SIGKILLed."""
-        self.kill("gateway")
-
-    def start_gateways(self) -> None:
-        """Every gateway started again after an outage."""
-        self.start_gateway()
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.pop(name)
-        proc.send_signal(sig)
-        proc.wait()
-
-    def pid(self, name: str) -> int:
-        return self.procs[name].pid
-
-    def close(self) -> None:
-        for name in list(self.procs):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-                proc.terminate()
-            self.kill(name, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def running(tmp: Path | None = None, env: dict[str, str] | None = None) -> Iterator[Stack]:
-    """Engine stand-in and gateway up (`env` added to their environment); everything started is
-    killed on exit."""
-    with contextlib.ExitStack() as exits:
-        if tmp is None:
-            tmp = Path(exits.enter_context(tempfile.TemporaryDirectory()))
-        stack = Stack(tmp, tiny_tokenizer())
-        stack.env |= env or {}
-        exits.callback(stack.close)
-        stack.start_engine()
-        stack.start_gateway()
-        yield stack
 
 
 # --------------------------------------------------------------------------- harnesses
@@ -602,8 +496,6 @@ def stack_of(replicas: int, db: str) -> Iterator[Stack]:
         with running() as stack:
             yield stack
         return
-    from bench.replicas import balanced
-
     if not db:
         raise SystemExit("--replicas needs a PostgreSQL server: --db or AGL_TEST_POSTGRES_URL")
     with balanced(db, replicas) as stack:

@@ -36,7 +36,7 @@ import pytest
 from agl.store import Store
 from bench import replicas
 from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, wait
-from bench.replicas import Balanced
+from bench.stack import Balanced
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 SERVER = os.environ.get("AGL_TEST_POSTGRES_URL", "")
