@@ -2,15 +2,15 @@
 
 The subset it speaks is in docs/architecture.md, "Engines".
 
-Owns the wire format of requests (sglang's; the replies' is `stream.py`'s), request validation and
-the mapping of engine failures to status codes: malformed or impossible requests get 400 with
-`{"error": {"message": ...}}` and the server keeps serving; `/generate` while the memory is
-released gets 503 (a temporary state, as for an sglang server that is asleep). `"stream": true`
-answers with sglang's event stream (`stream.py`; `--incremental-streaming-output` as sglang's). A
-client that disconnects aborts its request. With `--api-key`, every route but `/health` needs
-`Authorization: Bearer <key>` (a 401 without it), as sglang's `--api-key` does. `--script FILE` (a
-JSON list of completion texts) is a test facility: see `batcher.py`. It does not batch or sample
-(that is `batcher.py`) nor know model names (that is `models.py`).
+Owns request validation (the requests' wire format, sglang's, is `requests.py`'s; the replies',
+`stream.py`'s) and the mapping of engine failures to status codes: malformed or impossible requests
+get 400 with `{"error": {"message": ...}}` and the server keeps serving; `/generate` while the
+memory is released gets 503 (a temporary state, as for an sglang server that is asleep). `"stream":
+true` answers with sglang's event stream (`stream.py`; `--incremental-streaming-output` as
+sglang's). A client that disconnects aborts its request. With `--api-key`, every route but
+`/health` needs `Authorization: Bearer <key>` (a 401 without it), as sglang's `--api-key` does.
+`--script FILE` (a JSON list of completion texts) is a test facility: see `batcher.py`. It does not
+batch or sample (that is `batcher.py`) nor know model names (that is `models.py`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from typing import Any, TypeVar
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, CliImplicitFlag, SettingsConfigDict
 
 from agl.settings import from_flags, problems, usage_error
 from engine import models
-from engine.batcher import Engine, EngineReleased, Job, Result, Sampling, ScriptExhausted
+from engine.batcher import Engine, EngineReleased, Job, Result, ScriptExhausted
+from engine.requests import GenerateRequest, UpdateWeightsRequest, WeightVersionRequest
 from engine.stream import DISCONNECT_POLL_S, reply, stream
 
 M = TypeVar("M", bound=BaseModel)
@@ -81,71 +82,6 @@ class EngineSettings(BaseSettings):
         description="Tokens of finished requests whose keys and values are kept for prompts that "
         "start with them (count; 0: off). SmolLM2-135M keeps 46 KiB per token.",
     )
-
-
-class SamplingParams(BaseModel):
-    """`/generate`'s `sampling_params`: the subset of sglang's that the engine honours."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_new_tokens: int = Field(default=128, ge=0)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = -1  # -1: no top-k
-    stop_token_ids: list[int] = []
-    ignore_eos: bool = False
-    sampling_seed: int | None = None
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, top_k: int) -> int:
-        """As sglang's `SamplingParams.verify` (sglang/srt/sampling/sampling_params.py): 0 is refused."""
-        if top_k < 1 and top_k != -1:
-            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-        return top_k
-
-    def sampling(self) -> Sampling:
-        """The batcher's sampling record of these parameters."""
-        return Sampling(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            stop_token_ids=tuple(self.stop_token_ids),
-            ignore_eos=self.ignore_eos,
-            seed=self.sampling_seed,
-        )
-
-
-class GenerateRequest(BaseModel):
-    """`/generate`'s body: token IDs in, as sglang's `GenerateReqInput` takes them."""
-
-    # sglang has many more fields; those that change sampling are in SamplingParams
-    model_config = ConfigDict(extra="ignore")
-
-    input_ids: list[int] = Field(min_length=1)
-    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
-    return_logprob: bool = False
-    stream: bool = False
-    rid: str | None = None
-
-
-class WeightVersionRequest(BaseModel):
-    """`/update_weight_version`'s body."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    new_version: str
-    abort_all_requests: bool = True
-
-
-class UpdateWeightsRequest(BaseModel):
-    """`/update_weights_from_disk`'s body."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model_path: str
-    weight_version: str | None = None
 
 
 class BadRequest(Exception):

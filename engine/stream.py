@@ -23,16 +23,14 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from engine.batcher import Engine, Job, Result, ScriptExhausted
-
-if TYPE_CHECKING:
-    from engine.server import GenerateRequest
+from engine.requests import GenerateRequest
 
 DISCONNECT_POLL_S = 0.1  # how often a waiting request checks whether its client is still there
 DONE = b"data: [DONE]\n\n"
