@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import soak
+from bench.stack import running
 from controller.launcher import Credentials, LocalLauncher, process_start
 from controller.spec import parse_spec
 from tests.controller.conftest import controller, reasons, script, wait_status
@@ -87,7 +88,7 @@ def test_controller_sigkill_mid_launch_launches_nothing_twice(tmp_path: Path) ->
     forks each ends as it should, each attempt started once, and no child outlives its run. Then
     the gateway restarts under two runs, which fail: retried as infra failures, they succeed; the
     controller restarted meanwhile started while the gateway was down, and carried on."""
-    with soak.running(tmp_path) as stack:
+    with running(tmp_path) as stack:
         out = asyncio.run(soak.controller_kill(stack, rollouts=8, kills=2, timeout_s=6))
     assert out["ended"] == out["rollouts"] == 8, out
     assert out["wrong_outcome"] == 0, out

@@ -12,17 +12,18 @@ from collections.abc import Iterator
 import pytest
 
 from bench import soak
+from bench.stack import Stack, running
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[soak.Stack]:
-    with soak.running(tmp_path_factory.mktemp("faults")) as stack:
+def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running(tmp_path_factory.mktemp("faults")) as stack:
         yield stack
 
 
-def test_gateway_sigkill_under_load_loses_no_answered_call(procs: soak.Stack) -> None:
+def test_gateway_sigkill_under_load_loses_no_answered_call(procs: Stack) -> None:
     """200 rollouts calling; the gateway is SIGKILLed under load and restarted on the same store.
     Harnesses retry refused and cut connections with the same request (as SDKs do). Every
     answered call is recorded once; a call committed just before the kill, whose reply never
@@ -39,7 +40,7 @@ def test_gateway_sigkill_under_load_loses_no_answered_call(procs: soak.Stack) ->
     assert out["recorded"] == 400
 
 
-def test_pause_resume_cycles_under_load(procs: soak.Stack) -> None:
+def test_pause_resume_cycles_under_load(procs: Stack) -> None:
     """Pause/resume cycles, each onto new engine weights, while harnesses call with no retries: no
     harness sees an error, and each call is recorded under the weights that sampled it. (Each
     pause drains every call in flight, so a cycle costs about harnesses / calls-per-second; the
@@ -52,7 +53,7 @@ def test_pause_resume_cycles_under_load(procs: soak.Stack) -> None:
 
 
 def test_a_failing_engine_gives_clear_errors_and_the_gateway_stays_healthy(
-    procs: soak.Stack,
+    procs: Stack,
 ) -> None:
     out = asyncio.run(soak.engine_faults(procs, slow=False))
     assert out["5xx_retried"] == 200  # two 5xx, then an answer: within the gateway's 3 attempts

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from bench import soak
+from bench.stack import running
 from engine.batcher import Engine
 from engine.server import create_app as engine_app
 from tests.gateway.conftest import serve
@@ -33,7 +33,7 @@ HEAD_TIMEOUT_S = 1.0
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
     env = {"AGL_GATEWAY_HEAD_TIMEOUT_S": str(HEAD_TIMEOUT_S), "AGL_GATEWAY_MAX_HEAD_BYTES": "8192"}
-    with soak.running(
+    with running(
         tmp_path_factory.mktemp("limits"), env | {"AGL_GATEWAY_MAX_CONNECTIONS": "20"}
     ) as s:
         host, port = s.url.removeprefix("http://").split(":")

@@ -36,7 +36,7 @@ import pytest
 from agl.store import Store
 from bench import replicas
 from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, wait
-from bench.stack import Balanced
+from bench.stack import Balanced, balanced
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 SERVER = os.environ.get("AGL_TEST_POSTGRES_URL", "")
@@ -49,7 +49,7 @@ def fleet() -> Iterator[Balanced]:
         pytest.skip("AGL_TEST_POSTGRES_URL is not set")
     if shutil.which("haproxy") is None and not Path("/usr/sbin/haproxy").exists():
         pytest.skip("needs HAProxy (CI installs Debian's package)")
-    with replicas.balanced(SERVER, 2) as stack:
+    with balanced(SERVER, 2) as stack:
         yield stack
 
 
