@@ -34,11 +34,12 @@ pilot_samples_reward_corr=C pilot_rollouts=N` (C: Pearson).
 
 Without `--pilot`, a compacting harness trains the arms `rollout` and `sample` (15 seeds each by
 default: the power analysis on the spread of the first 8,
-bench/figures/ablation2/power_at_8_seeds.json), interleaved by seed as above, and the experiment is resumable: each finished (arm, seed) run's figures (final
-validation reward, policy entropy at its first and last update, samples per rollout per step, its
-training rollouts' samples and rewards read from its store) are written at once to
-`--results`/ARM-SEED.json (default `bench/figures/ablation2/HARNESS/`, kept in the repository), and
-a rerun skips every run recorded there under the same settings. A run killed midway leaves no file.
+bench/figures/ablation2/power_at_8_seeds.json), interleaved by seed as above, and the experiment is
+resumable: each finished (arm, seed) run's figures (final validation reward, policy entropy at its
+first and last update, samples per rollout per step, its training rollouts' samples and rewards
+read from its store) are written at once to `--results`/ARM-SEED.json (default
+`bench/figures/ablation2/HARNESS/`, kept in the repository), and a rerun skips every run recorded
+there under the same settings. A run killed midway leaves no file.
 Then it reports on every recorded run of `--seeds` x `--arms`: final validation reward per arm
 (mean, sd), the rollout - sample difference with its 95% confidence interval (Welch's t), entropy
 at the last update over the first, samples per rollout and their Pearson correlation with reward
