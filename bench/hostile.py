@@ -78,10 +78,13 @@ def _probe(url: str, token: str, out: multiprocessing.Queue[tuple[float, str]], 
             while not stop.is_set():
                 for method, path, kw in probes:
                     t0 = time.perf_counter()
-                    async with client.request(method, url + path, headers=headers, **kw) as r:
-                        await r.read()
+                    try:
+                        async with client.request(method, url + path, headers=headers, **kw) as r:
+                            await r.read()
+                        failure = "" if r.status == 200 else f"{path}: {r.status}"
+                    except aiohttp.ClientError as e:  # a failed probe, counted as one
+                        failure = f"{path}: {e!r}"
                     latency_ms = (time.perf_counter() - t0) * 1000
-                    failure = "" if r.status == 200 else f"{path}: {r.status}"
                     out.put((latency_ms, failure))
                 await asyncio.sleep(0.01)
 
@@ -239,6 +242,15 @@ async def huge_header(client: Client, url: str, r: JSON) -> Outcome:
     return [int(line.split()[1]) if line else 0], line.startswith(b"HTTP/1.1 400")
 
 
+async def cut_off(reader: asyncio.StreamReader) -> bool:
+    """Whether the server closed the connection within 5 s: an end of stream, or a reset (a server
+    closing a socket that holds unread bytes sends one)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 5) == b""
+    except ConnectionResetError:
+        return True
+
+
 async def slowloris(client: Client, url: str, r: JSON) -> Outcome:
     """200 connections that send a head a few bytes a second, and 200 that send nothing: each is
     closed by the head timeout (`head_timeout_s`, set to 2 s here) while other harnesses' calls go
@@ -251,7 +263,7 @@ async def slowloris(client: Client, url: str, r: JSON) -> Outcome:
             if not reader.at_eof():
                 writer.write(b"x-a: b\r\n" if i else b"GET /healthz HTTP/1.1\r\n")
         await asyncio.sleep(0.5)
-    closed = [await asyncio.wait_for(reader.read(), 5) == b"" for reader, _ in conns]
+    closed = [await cut_off(reader) for reader, _ in conns]
     for _, writer in conns:
         writer.close()
     return [0], all(closed) and time.perf_counter() - started < 10
