@@ -54,10 +54,12 @@ class Prober:
 
     def start(self) -> None:
         """Start probing; returns once the first probe is back (spawning the process takes seconds on
-        a busy machine, and the baseline must hold probes). That first one, which connected, is
-        dropped."""
+        a busy machine, and the baseline must hold probes). That first one's time, which includes
+        connecting, is dropped; a failure of it is kept."""
         self.process.start()
-        self.queue.get(timeout=120)
+        _, failure = self.queue.get(timeout=120)
+        if failure:
+            self.failures.append(failure)
 
     def drain(self) -> None:
         while True:
