@@ -71,6 +71,13 @@ class StoreSettings(BaseSettings):
     max_tokens_per_array: int = Field(
         4_194_304, ge=1, description="Largest token array accepted (tokens)."
     )
+    sqlite_checkpoint_s: float = Field(
+        1.0,
+        ge=0,
+        description="How often a thread beside the writer copies SQLite's write-ahead log into the "
+        "database (seconds). 0: SQLite's own checkpoint, inside whichever commit takes the log past "
+        "1,000 pages, holding that group and every write queued behind it.",
+    )
     sqlite_synchronous: str = Field(
         "NORMAL",
         pattern="^(OFF|NORMAL|FULL|EXTRA)$",

@@ -818,6 +818,9 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         dbapi_conn.execute("PRAGMA journal_mode=WAL")
         dbapi_conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        if writer and settings.sqlite_checkpoint_s:
+            # The store's checkpoint thread copies the log (`Store._checkpoint_loop`).
+            dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
 
     if writer:  # reads run in autocommit: each statement sees the latest commit
 
@@ -908,6 +911,13 @@ class Store(contextlib.AbstractContextManager["Store"]):
             target=self._write_loop, name="agl-store-writer", daemon=True
         )
         self._writer.start()
+        self._stopping = threading.Event()  # stops the checkpoint thread
+        self._checkpointer: threading.Thread | None = None
+        if self.url.startswith("sqlite") and self.settings.sqlite_checkpoint_s:
+            self._checkpointer = threading.Thread(
+                target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True
+            )
+            self._checkpointer.start()
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, release connections."""
@@ -917,6 +927,9 @@ class Store(contextlib.AbstractContextManager["Store"]):
             self._closed = True
             self._queue.put(None)
         self._writer.join()
+        self._stopping.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
         self._write_engine.dispose()
         self._read_engine.dispose()
 
@@ -1002,6 +1015,17 @@ class Store(contextlib.AbstractContextManager["Store"]):
                 write.future.set_exception(outcome)
             else:
                 write.future.set_result(outcome)
+
+    def _checkpoint_loop(self) -> None:
+        """SQLite: copy the write-ahead log into the database every `sqlite_checkpoint_s`, beside
+        the writer rather than inside one of its commits. A passive checkpoint waits for no one;
+        the writer reuses the log from its start once a checkpoint has caught up with it."""
+        while not self._stopping.wait(self.settings.sqlite_checkpoint_s):
+            try:
+                with self._read_engine.connect() as conn:
+                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+            except Exception as e:  # noqa: BLE001 - the next one may succeed; the log grows meanwhile
+                log.warning("store: WAL checkpoint failed: %s", e)
 
     def _drop_connection(self) -> None:
         """Close the writer's connection (it may be broken); the next group opens a fresh one."""

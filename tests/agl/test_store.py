@@ -7,6 +7,7 @@ import math
 import threading
 import time
 from array import array
+from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
@@ -505,6 +506,38 @@ def test_concurrent_writers_lose_nothing(store):
     for cs in got.values():
         assert [c.seq for c in cs] == list(range(len(cs)))  # no gaps, no duplicates
     assert sum(len(kinds(store, rid, "harness")) for rid in rids) == (8 + 16) * 50
+
+
+@pytest.mark.parametrize("every_s", [0.05, 0.0])
+def test_sqlite_checkpoints_beside_the_writer(tmp_path, every_s):
+    """The write-ahead log is copied into the database by the store's checkpoint thread, not
+    inside a commit (with 0, by SQLite's own checkpoint: only once the log passes 1,000 pages),
+    and the log is reused rather than grown."""
+    db = tmp_path / "agl.db"
+    wal = tmp_path / "agl.db-wal"
+    settings = StoreSettings(sqlite_checkpoint_s=every_s)
+    wal_sizes = []
+    with Store(f"sqlite:///{db}", settings) as store:
+        rid = _drive_to(store, Status.RUNNING)
+        for round_ in range(4):
+            before = db.stat().st_size
+            for i in range(20):  # about 80 pages of log: 16 KiB of new prompt IDs each
+                start = (round_ * 20 + i) * 4096
+                call = replace(make_call(rid), prompt_ids=array("i", range(start, start + 4096)))
+                store.append_call(call).result()
+            deadline = time.monotonic() + 10
+            while every_s and db.stat().st_size == before and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert (db.stat().st_size > before) == bool(every_s)
+            wal_sizes.append(wal.stat().st_size)
+        assert len(store.calls_for([rid])[rid]) == 80
+    if every_s:
+        # Each round's calls are written over the log the checkpoint before them caught up with.
+        assert wal_sizes[-1] < 2 * wal_sizes[0]
+    else:
+        assert wal_sizes[-1] > 3 * wal_sizes[0]
+    with Store(f"sqlite:///{db}") as store:
+        assert len(store.calls_for([rid])[rid]) == 80
 
 
 def test_a_failing_write_does_not_disturb_its_group(store):
