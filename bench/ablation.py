@@ -61,6 +61,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -458,6 +459,9 @@ def experiment(args: argparse.Namespace) -> int:
             write_at_once(
                 path, {"arm": arm, "seed": seed, "settings": settings, "wall_s": wall_s} | figures
             )
+            # The last two versions' weights (about 1 GB a run) serve nothing once the run's
+            # figures are written.
+            shutil.rmtree(out / "train" / "weights", ignore_errors=True)
             print(
                 f"{arm} seed {seed}: final validation {figures['val_final']:.3f}; {wall_s:.0f} s",
                 flush=True,
