@@ -72,11 +72,12 @@ class StoreSettings(BaseSettings):
         4_194_304, ge=1, description="Largest token array accepted (tokens)."
     )
     sqlite_checkpoint_s: float = Field(
-        1.0,
+        0.25,
         ge=0,
         description="How often a thread beside the writer copies SQLite's write-ahead log into the "
-        "database (seconds). 0: SQLite's own checkpoint, inside whichever commit takes the log past "
-        "1,000 pages, holding that group and every write queued behind it.",
+        "database (seconds); sooner when the log passes 16 MiB. 0: SQLite's own checkpoint, "
+        "inside whichever commit takes the log past 1,000 pages, holding that group and every "
+        "write queued behind it.",
     )
     sqlite_synchronous: str = Field(
         "NORMAL",

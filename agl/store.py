@@ -193,6 +193,9 @@ fleet = sa.Table(
 MIGRATIONS = Path(__file__).parent / "migrations"
 # Rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each).
 MAX_CHAINS = 4096
+# SQLite: the write-ahead log's size past which the writer checkpoints it itself (bytes), when the
+# checkpoint thread falls behind a burst of writes; the thread keeps it smaller in steady traffic.
+SQLITE_WAL_BOUND = 64 * 2**20
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(
     rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt
@@ -801,6 +804,14 @@ def _set_fleet(conn: Connection, state: Fleet) -> Fleet:
 # --------------------------------------------------------------------------- engines and migrations
 
 
+def _file_bytes(path: Path) -> int:
+    """The size of the file at `path`; 0 when there is none."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
     """An engine for the writer (one connection) or the readers; SQLite in WAL mode, its writer's
     transactions taking the write lock at BEGIN."""
@@ -819,8 +830,12 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         dbapi_conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
         if writer and settings.sqlite_checkpoint_s:
-            # The store's checkpoint thread copies the log (`Store._checkpoint_loop`).
-            dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
+            # The store's checkpoint thread copies the log (`Store._checkpoint_loop`). The writer
+            # checkpoints inside a commit only when a burst takes the log past its bound before
+            # the thread's next turn, and a log grown past the bound is cut back to it once reused.
+            page_bytes = dbapi_conn.execute("PRAGMA page_size").fetchone()[0]
+            dbapi_conn.execute(f"PRAGMA wal_autocheckpoint={SQLITE_WAL_BOUND // page_bytes}")
+            dbapi_conn.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_BOUND}")
 
     if writer:  # reads run in autocommit: each statement sees the latest commit
 
@@ -912,8 +927,11 @@ class Store(contextlib.AbstractContextManager["Store"]):
         )
         self._writer.start()
         self._stopping = threading.Event()  # stops the checkpoint thread
+        self._checkpoint_now = threading.Event()  # the log is long: the thread's turn comes early
         self._checkpointer: threading.Thread | None = None
+        self._wal: Path | None = None  # SQLite's write-ahead log, when the thread checkpoints it
         if self.url.startswith("sqlite") and self.settings.sqlite_checkpoint_s:
+            self._wal = Path(f"{sa.make_url(self.url).database}-wal")
             self._checkpointer = threading.Thread(
                 target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True
             )
@@ -928,6 +946,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
             self._queue.put(None)
         self._writer.join()
         self._stopping.set()
+        self._checkpoint_now.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
         self._write_engine.dispose()
@@ -963,6 +982,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
                     if not write.future.done():
                         write.future.set_exception(StoreError(f"write failed: {e}"))
             expected = max(len(group), (expected + len(group)) // 2)  # decays after a burst
+            if self._wal is not None and _file_bytes(self._wal) > SQLITE_WAL_BOUND // 4:
+                self._checkpoint_now.set()
         if self._conn is not None:
             self._conn.close()
 
@@ -1017,10 +1038,15 @@ class Store(contextlib.AbstractContextManager["Store"]):
                 write.future.set_result(outcome)
 
     def _checkpoint_loop(self) -> None:
-        """SQLite: copy the write-ahead log into the database every `sqlite_checkpoint_s`, beside
-        the writer rather than inside one of its commits. A passive checkpoint waits for no one;
-        the writer reuses the log from its start once a checkpoint has caught up with it."""
-        while not self._stopping.wait(self.settings.sqlite_checkpoint_s):
+        """SQLite: copy the write-ahead log into the database every `sqlite_checkpoint_s`, or at
+        once when the writer finds the log past a quarter of its bound, beside the writer rather
+        than inside one of its commits. A passive checkpoint waits for no one; the writer reuses
+        the log from its start once a checkpoint has caught up with it."""
+        while True:
+            self._checkpoint_now.wait(self.settings.sqlite_checkpoint_s)
+            self._checkpoint_now.clear()
+            if self._stopping.is_set():
+                return
             try:
                 with self._read_engine.connect() as conn:
                     conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")

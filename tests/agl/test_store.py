@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from agl.settings import StoreSettings
 from agl.store import (
+    SQLITE_WAL_BOUND,
     IllegalTransition,
     InvalidData,
     NotFound,
@@ -538,6 +539,27 @@ def test_sqlite_checkpoints_beside_the_writer(tmp_path, every_s):
         assert wal_sizes[-1] > 3 * wal_sizes[0]
     with Store(f"sqlite:///{db}") as store:
         assert len(store.calls_for([rid])[rid]) == 80
+
+
+def test_a_burst_between_the_checkpoint_threads_turns_keeps_the_log_bounded(tmp_path):
+    """160 MiB written in a burst while the checkpoint thread's turn is an hour away: the log is
+    checkpointed as it grows (the thread called early, or the writer past SQLITE_WAL_BOUND), so it
+    stays near the bound and the database grows during the burst. Unchecked, the log would hold
+    the whole burst."""
+    db = tmp_path / "agl.db"
+    wal = tmp_path / "agl.db-wal"
+    settings = StoreSettings(sqlite_checkpoint_s=3600)
+    tokens = 1_048_576  # 4 MiB of prompt IDs a call
+    wal_sizes = []
+    with Store(f"sqlite:///{db}", settings) as store:
+        rid = _drive_to(store, Status.RUNNING)
+        for i in range(40):
+            ids = array("i", range(i * tokens, (i + 1) * tokens))  # unrelated prompts: stored whole
+            store.append_call(replace(make_call(rid), prompt_ids=ids)).result()
+            wal_sizes.append(wal.stat().st_size)
+        assert db.stat().st_size > 20 * 4 * tokens
+        assert len(store.calls_for([rid])[rid]) == 40
+    assert max(wal_sizes) < 1.5 * SQLITE_WAL_BOUND < 40 * 4 * tokens
 
 
 def test_a_failing_write_does_not_disturb_its_group(store):
