@@ -387,10 +387,10 @@ def _chain(
     if link is None or link.attempt != call.attempt:
         return {"prompt_ids": prompt.tobytes(), "request": call.request}, None
     n = min(len(prompt), len(link.ids))
-    differ = np.flatnonzero(prompt[:n] != link.ids[:n])
+    differ = prompt[:n] != link.ids[:n]
     start = n
-    if len(differ):
-        start = int(differ[0])
+    if differ.any():
+        start = int(differ.argmax())  # the first True
     base: JSON = {"seq": link.seq, "prompt_from": start, "same": [], "from": {}}
     request = dict(call.request)
     for key, value in call.request.items():
@@ -651,8 +651,13 @@ def _op_append_calls(conn: Connection, run: list[_Append], chains: _Chains) -> l
         keys = _request_keys(call.request)
         stored, base = _chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains, keys)
         values = {name: getattr(recorded, name) for name in _CALL_COLUMNS}
-        values |= {"base": base, "request_hash": request_fingerprint(call.request, keys)}
-        inserts.append(values | {name: a.tobytes() for name, a in arrays.items()} | stored)
+        values |= {
+            "base": base,
+            "request_hash": request_fingerprint(call.request, keys),
+            "response_ids": arrays["response_ids"].tobytes(),
+            "logprobs": arrays["logprobs"].tobytes(),
+        }
+        inserts.append(values | stored)  # `stored`: its prompt IDs and request, as chained
         outcomes.append(recorded)
     if inserts:
         conn.execute(_INSERT_CALLS, inserts)
@@ -830,11 +835,9 @@ def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         dbapi_conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
         if writer and settings.sqlite_checkpoint_s:
-            # The store's checkpoint thread copies the log (`Store._checkpoint_loop`). The writer
-            # checkpoints inside a commit only when a burst takes the log past its bound before
-            # the thread's next turn, and a log grown past the bound is cut back to it once reused.
-            page_bytes = dbapi_conn.execute("PRAGMA page_size").fetchone()[0]
-            dbapi_conn.execute(f"PRAGMA wal_autocheckpoint={SQLITE_WAL_BOUND // page_bytes}")
+            # The store checkpoints the log itself (`Store._checkpoint`), never inside a commit;
+            # a log grown past its bound is cut back to it once reused.
+            dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
             dbapi_conn.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_BOUND}")
 
     if writer:  # reads run in autocommit: each statement sees the latest commit
@@ -928,6 +931,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         self._writer.start()
         self._stopping = threading.Event()  # stops the checkpoint thread
         self._checkpoint_now = threading.Event()  # the log is long: the thread's turn comes early
+        self._checkpointing = threading.Lock()  # one checkpoint at a time (SQLite refuses two)
         self._checkpointer: threading.Thread | None = None
         self._wal: Path | None = None  # SQLite's write-ahead log, when the thread checkpoints it
         if self.url.startswith("sqlite") and self.settings.sqlite_checkpoint_s:
@@ -982,8 +986,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
                     if not write.future.done():
                         write.future.set_exception(StoreError(f"write failed: {e}"))
             expected = max(len(group), (expected + len(group)) // 2)  # decays after a burst
-            if self._wal is not None and _file_bytes(self._wal) > SQLITE_WAL_BOUND // 4:
-                self._checkpoint_now.set()
+            if self._wal is not None:
+                self._bound_log(_file_bytes(self._wal))
         if self._conn is not None:
             self._conn.close()
 
@@ -1037,21 +1041,35 @@ class Store(contextlib.AbstractContextManager["Store"]):
             else:
                 write.future.set_result(outcome)
 
+    def _bound_log(self, size: int) -> None:
+        """SQLite, after a commit: with the log (`size` bytes) past a quarter of its bound, call the
+        checkpoint thread at once; past the bound (the thread fallen behind a burst), checkpoint
+        here, once the thread's checkpoint is done, so that the next write reuses the log."""
+        if size > SQLITE_WAL_BOUND:
+            self._checkpoint()
+        elif size > SQLITE_WAL_BOUND // 4:
+            self._checkpoint_now.set()
+
     def _checkpoint_loop(self) -> None:
         """SQLite: copy the write-ahead log into the database every `sqlite_checkpoint_s`, or at
-        once when the writer finds the log past a quarter of its bound, beside the writer rather
-        than inside one of its commits. A passive checkpoint waits for no one; the writer reuses
-        the log from its start once a checkpoint has caught up with it."""
+        once when the writer finds the log long (`_bound_log`), beside the writer rather than
+        inside one of its commits."""
         while True:
             self._checkpoint_now.wait(self.settings.sqlite_checkpoint_s)
             self._checkpoint_now.clear()
             if self._stopping.is_set():
                 return
-            try:
-                with self._read_engine.connect() as conn:
-                    conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-            except Exception as e:  # noqa: BLE001 - the next one may succeed; the log grows meanwhile
-                log.warning("store: WAL checkpoint failed: %s", e)
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """A passive checkpoint: it waits for no reader or writer; the writer reuses the log from
+        its start once a checkpoint has caught up with it. One at a time: SQLite skips a second
+        checkpoint while one runs."""
+        try:
+            with self._checkpointing, self._read_engine.connect() as conn:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
+        except Exception as e:  # noqa: BLE001 - the next one may succeed; the log grows meanwhile
+            log.warning("store: WAL checkpoint failed: %s", e)
 
     def _drop_connection(self) -> None:
         """Close the writer's connection (it may be broken); the next group opens a fresh one."""
