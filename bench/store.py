@@ -1,8 +1,9 @@
 """Store write throughput: calls of 4,096 prompt + 512 response tokens from 32 concurrent writers.
 
 Baseline, in the same run: the same bytes written with plain `sqlite3` `executemany` in
-transactions of 256 rows, with the same pragmas (WAL, synchronous=FULL). Prints both rates;
-the last line is `store_calls_per_s=N baseline_ratio=R`. Targets: N >= 1000, R >= 0.5.
+transactions of 256 rows, with the store's pragmas (WAL, AGL_STORE_SQLITE_SYNCHRONOUS). Prints
+both rates; the last line is `store_calls_per_s=N baseline_ratio=R`. Targets: N >= 1000,
+R >= 0.5.
 
 With `--postgres URL` (a server; default AGL_TEST_POSTGRES_URL), the same on a fresh PostgreSQL
 database first, against psycopg's `executemany` into a table of the same database, printed as
