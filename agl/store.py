@@ -925,13 +925,9 @@ class Store(contextlib.AbstractContextManager["Store"]):
         self._chains = _Chains(MAX_CHAINS)  # the writer thread's only
         self._closed = False
         self._closing = threading.Lock()  # no write is queued behind the stop signal
-        self._writer = threading.Thread(
-            target=self._write_loop, name="agl-store-writer", daemon=True
-        )
-        self._writer.start()
         self._stopping = threading.Event()  # stops the checkpoint thread
         self._checkpoint_now = threading.Event()  # the log is long: the thread's turn comes early
-        self._checkpointing = threading.Lock()  # one checkpoint at a time (SQLite refuses two)
+        self._checkpointing = threading.Lock()  # one checkpoint at a time (SQLite skips a second)
         self._checkpointer: threading.Thread | None = None
         self._wal: Path | None = None  # SQLite's write-ahead log, when the thread checkpoints it
         if self.url.startswith("sqlite") and self.settings.sqlite_checkpoint_s:
@@ -940,6 +936,11 @@ class Store(contextlib.AbstractContextManager["Store"]):
                 target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True
             )
             self._checkpointer.start()
+        # Last: the writer uses all of the above.
+        self._writer = threading.Thread(
+            target=self._write_loop, name="agl-store-writer", daemon=True
+        )
+        self._writer.start()
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, release connections."""
