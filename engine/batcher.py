@@ -15,6 +15,8 @@ Control commands (release, resume, weight reload, flush) run only when no reques
 and no request is admitted while one waits, so a request sees one set of weights from start to
 end, like sglang's model-update lock.
 
+`load` counts the requests running and waiting from any thread, as sglang's `/v1/loads`.
+
 Which distribution the logprobs come from (the trainer must recompute them): with T the request's
 temperature, or 1 when it is 0 (greedy), a token's logprob is `log_softmax(logits / T)` at its
 position, taken before top-k/top-p filtering, as sglang returns it. The token is the argmax when
@@ -89,6 +91,23 @@ class Result:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class Load:
+    """The requests in the engine at one moment, counted from any thread.
+
+    - `running`: requests in the batch, being decoded;
+    - `waiting`: requests submitted and not yet in the batch (queued, waiting or being prefilled);
+      while any request is submitted and has not ended, `running + waiting` is at least 1;
+    - `used_tokens`: the prompt and sampled tokens of the running requests (their keys and values);
+    - `waiting_tokens`: the prompt tokens of the waiting requests.
+    """
+
+    running: int
+    waiting: int
+    used_tokens: int
+    waiting_tokens: int
+
+
 @dataclass(eq=False)
 class Job:
     """A request inside the engine: what it asks, what it has sampled so far, and the future its
@@ -102,6 +121,7 @@ class Job:
     cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
     future: Future[Result] = field(default_factory=Future)
     cancelled: bool = False  # set from another thread when the client went away
+    decoding: bool = False  # in the batch (set by the model thread)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
@@ -190,9 +210,21 @@ class Engine:
         self.script: deque[str] | None = None
         if script is not None:
             self.script = deque(script)
-        self.stats = {"peak_batch": 0, "joins": 0, "completed": 0, "aborted": 0}
+        self.stats = {
+            "peak_batch": 0,
+            "joins": 0,
+            "completed": 0,
+            "aborted": 0,
+            "prefilled_tokens": 0,  # prompt tokens of the requests admitted
+            "cached_tokens": 0,  # of those, the ones the prefix cache held
+        }
         self.prefixes = PrefixCache(prefix_cache_tokens)
-        self._max_batch = max_batch
+        self.max_batch = max_batch
+        # The most tokens the engine holds at once (sglang's `max_total_num_tokens`): a CPU engine
+        # has no KV pool sized from memory; each of its `max_batch` rows may grow to the context.
+        self.max_total_tokens = max_batch * self.max_context
+        self._live: set[Job] = set()  # submitted, not yet answered
+        self._live_lock = threading.Lock()
         self._threads = threads
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._waiting: deque[Job] = deque()
@@ -215,8 +247,24 @@ class Engine:
         job = Job(input_ids=list(input_ids), sampling=sampling, on_token=on_token)
         if sampling.seed is not None:
             job.generator = torch.Generator().manual_seed(sampling.seed)
+        with self._live_lock:
+            self._live.add(job)
+        job.future.add_done_callback(lambda _: self._ended(job))
         self._queue.put(job)
         return job
+
+    def load(self) -> Load:
+        """The requests running and waiting now (`Load`); safe from any thread."""
+        with self._live_lock:
+            jobs = list(self._live)
+        running = [job for job in jobs if job.decoding]
+        waiting = [job for job in jobs if not job.decoding]
+        return Load(
+            running=len(running),
+            waiting=len(waiting),
+            used_tokens=sum(len(job.input_ids) + len(job.output_ids) for job in running),
+            waiting_tokens=sum(len(job.input_ids) for job in waiting),
+        )
 
     def command(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run `fn` on the model thread once no request is in flight."""
@@ -273,6 +321,11 @@ class Engine:
         """Stop the model thread; requests still queued or running are aborted."""
         self._queue.put(_STOP)
         self._thread.join()
+
+    def _ended(self, job: Job) -> None:
+        """A request was answered (or failed), on whichever thread answered it."""
+        with self._live_lock:
+            self._live.discard(job)
 
     # ------------------------------------------------------------------ model thread
 
@@ -336,7 +389,7 @@ class Engine:
     def _admit(self) -> None:
         """Take waiting requests into the batch, up to `max_batch` rows, and prefill them."""
         new: list[Job] = []
-        while self._waiting and len(self._rows) + len(new) < self._max_batch:
+        while self._waiting and len(self._rows) + len(new) < self.max_batch:
             job = self._waiting.popleft()
             if not self._answered_at_once(job):
                 new.append(job)
@@ -373,6 +426,8 @@ class Engine:
         for job, (_, n) in zip(jobs, hits, strict=True):
             job.cached = n
         past = max(job.cached for job in jobs)
+        self.stats["prefilled_tokens"] += sum(len(job.input_ids) for job in jobs)
+        self.stats["cached_tokens"] += sum(job.cached for job in jobs)
         ids, mask, positions = _prompt_rows(jobs, past)
         cache = self._prefix_cache([kv for kv, _ in hits], jobs, past)
         out = self.model(
@@ -389,6 +444,8 @@ class Engine:
             self._cache = cache
             self._mask = mask
         self._rows += jobs
+        for job in jobs:
+            job.decoding = True
         self.stats["peak_batch"] = max(self.stats["peak_batch"], len(self._rows))
         self._prune()
 

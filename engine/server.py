@@ -7,8 +7,9 @@ Owns request validation (the requests' wire format, sglang's, is `requests.py`'s
 get 400 with `{"error": {"message": ...}}` and the server keeps serving; `/generate` while the
 memory is released gets 503 (a temporary state, as for an sglang server that is asleep). `"stream":
 true` answers with sglang's event stream (`stream.py`; `--incremental-streaming-output` as
-sglang's). A client that disconnects aborts its request. With `--api-key`, every route but
-`/health` needs `Authorization: Bearer <key>` (a 401 without it), as sglang's `--api-key` does.
+sglang's). A client that disconnects aborts its request. `/v1/loads` counts the requests running
+and waiting, as sglang's. With `--api-key`, every route but `/health` needs `Authorization: Bearer
+<key>` (a 401 without it), as sglang's `--api-key` does.
 `--script FILE` (a JSON list of completion texts) is a test facility: see `batcher.py`. It does not
 batch or sample (that is `batcher.py`) nor know model names (that is `models.py`).
 """
@@ -20,6 +21,8 @@ import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +39,7 @@ from engine.requests import GenerateRequest, UpdateWeightsRequest, WeightVersion
 from engine.stream import DISCONNECT_POLL_S, reply, stream
 
 M = TypeVar("M", bound=BaseModel)
+VERSION = version("agl")  # what `/v1/loads` reports, where sglang reports its own version
 
 
 class EngineSettings(BaseSettings):
@@ -210,8 +214,42 @@ def memory_routes(engine: Engine) -> APIRouter:
     return router
 
 
+def load(engine: Engine) -> dict[str, Any]:
+    """The engine's entry of sglang's `/v1/loads` (`LoadSnapshot.to_dict` with `include=core`).
+
+    - `num_running_reqs` and `num_waiting_reqs` are never both 0 while a request is in flight
+      (`Engine.load`), so a trainer may poll them for an idle engine;
+    - `num_used_tokens`: the running requests' prompt and sampled tokens; `num_total_tokens` adds the
+      waiting prompts; `num_waiting_uncached_tokens`: the waiting prompts (the engine looks for
+      cached prefixes only when it admits a request, as sglang without its waiting-queue match);
+    - `max_total_num_tokens`: `max_batch` rows of the whole context; `token_usage` the used share;
+    - `cache_hit_rate`: prompt tokens found in the prefix cache, of all admitted since the start
+      (sglang's is over its recent prefills);
+    - `gen_throughput` and `utilization` are 0.0: the engine measures neither (sglang 0.5.13's
+      `utilization` is 0 too unless `max_running_requests_under_SLO` is set).
+    """
+    now = engine.load()
+    used = now.used_tokens
+    prefilled = engine.stats["prefilled_tokens"]
+    return {
+        "dp_rank": 0,
+        "num_running_reqs": now.running,
+        "num_waiting_reqs": now.waiting,
+        "num_waiting_uncached_tokens": now.waiting_tokens,
+        "num_used_tokens": used,
+        "num_total_tokens": used + now.waiting_tokens,
+        "max_total_num_tokens": engine.max_total_tokens,
+        "max_running_requests": engine.max_batch,
+        "token_usage": round(used / engine.max_total_tokens, 4),
+        "gen_throughput": 0.0,
+        "cache_hit_rate": round(engine.stats["cached_tokens"] / max(prefilled, 1), 4),
+        "utilization": 0.0,
+    }
+
+
 def info_routes(engine: Engine) -> APIRouter:
-    """What the engine serves: `/model_info` and the OpenAI-style `/v1/models`."""
+    """What the engine serves and how busy it is: `/model_info`, the OpenAI-style `/v1/models` and
+    sglang's `/v1/loads`."""
     router = APIRouter()
 
     @router.get("/model_info")
@@ -241,6 +279,12 @@ def info_routes(engine: Engine) -> APIRouter:
             "max_model_len": engine.max_context,
         }
         return {"object": "list", "data": [card]}
+
+    @router.get("/v1/loads")
+    async def loads() -> dict[str, Any]:
+        """As sglang's, for its one data-parallel rank (no `include`, `dp_rank` or `format`)."""
+        timestamp = datetime.now(UTC).isoformat()
+        return {"timestamp": timestamp, "version": VERSION, "loads": [load(engine)]}
 
     return router
 

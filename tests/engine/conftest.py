@@ -1,10 +1,15 @@
-"""The engine's tests share one embedded engine per module: the tiny model, batching up to 8."""
+"""The engine's tests share one embedded engine per module (the tiny model, batching up to 8), and
+poll `/v1/loads`."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from engine.batcher import Engine
@@ -15,3 +20,16 @@ def engine(tiny_path: Path) -> Iterator[Engine]:
     eng = Engine(tiny_path, max_batch=8)
     yield eng
     eng.close()
+
+
+async def loads_until(
+    http: httpx.AsyncClient, running: int, waiting: int, timeout_s: float = 20
+) -> dict[str, Any]:
+    """Poll `/v1/loads` until its one entry counts `running` and `waiting` requests; that entry."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        entry = (await http.get("/v1/loads")).json()["loads"][0]
+        if (entry["num_running_reqs"], entry["num_waiting_reqs"]) == (running, waiting):
+            return dict(entry)
+        assert time.monotonic() < deadline, entry
+        await asyncio.sleep(0.01)

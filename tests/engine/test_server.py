@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ import torch
 
 from engine import models
 from engine.batcher import Engine
-from engine.server import EngineSettings, create_app
+from engine.server import VERSION, EngineSettings, create_app
 from gateway.engines import EngineClient, EngineRejected, EngineUnavailable
+from tests.engine.conftest import loads_until
 from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn
 
@@ -254,6 +256,7 @@ async def test_with_an_api_key_every_route_but_health_needs_it(engine: Engine) -
         ("POST", "/flush_cache"),
         ("GET", "/model_info"),
         ("GET", "/v1/models"),
+        ("GET", "/v1/loads"),
     ]
     with serve(create_app(engine, api_key="k")) as base:
         async with httpx.AsyncClient(base_url=base) as http:
@@ -418,3 +421,27 @@ def test_script_file_must_be_a_list_of_strings(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"not": "a list"}))
     with pytest.raises(SystemExit):
         main(["--script", str(bad)])
+
+
+async def test_v1_loads_counts_a_running_request_until_it_ends(url: str, engine: Engine) -> None:
+    """sglang's `/v1/loads` (core fields): a request decoding is running; once it ended, 0 and 0."""
+    body = {
+        "input_ids": PROMPTS[1],
+        "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
+    }
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        await loads_until(http, running=0, waiting=0)
+        generation = asyncio.create_task(http.post("/generate", json=body))
+        busy = await loads_until(http, running=1, waiting=0)
+        whole = (await http.get("/v1/loads")).json()
+        assert len((await generation).json()["output_ids"]) == 2000
+        idle = await loads_until(http, running=0, waiting=0)
+    assert set(whole) == {"timestamp", "version", "loads"} and whole["version"] == VERSION
+    assert datetime.fromisoformat(whole["timestamp"]).utcoffset() is not None
+    assert busy["dp_rank"] == 0 and busy["max_running_requests"] == 8
+    assert busy["max_total_num_tokens"] == 8 * engine.max_context
+    assert len(PROMPTS[1]) < busy["num_used_tokens"] <= len(PROMPTS[1]) + 2000
+    assert busy["token_usage"] == round(busy["num_used_tokens"] / (8 * engine.max_context), 4)
+    assert idle["num_used_tokens"] == idle["num_total_tokens"] == 0
+    for key in ("gen_throughput", "cache_hit_rate", "utilization"):
+        assert isinstance(busy[key], float)
