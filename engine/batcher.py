@@ -15,6 +15,9 @@ Control commands (release, resume, weight reload, flush) run only when no reques
 and no request is admitted while one waits, so a request sees one set of weights from start to
 end, like sglang's model-update lock.
 
+Aborts (`abort`, sglang's `/abort_request`) travel the same queue as the requests, so each one
+sees every request submitted before it, and act as sglang's scheduler does: a waiting request ends
+at once ("Abort in waiting queue"), a running one at its next decoding step, with what it sampled.
 `load` counts the requests running and waiting from any thread, as sglang's `/v1/loads`.
 
 Which distribution the logprobs come from (the trainer must recompute them): with T the request's
@@ -54,6 +57,10 @@ log = logging.getLogger(__name__)
 _STOP = object()
 # Per layer, the keys and values of one sequence ([heads, tokens, dim] each).
 KV = list[tuple[torch.Tensor, torch.Tensor]]
+# sglang's `FINISH_ABORT().to_json()` (managers/schedule_batch.py): a request aborted while running
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+# sglang's `_handle_abort_req` (managers/tokenizer_manager.py): one aborted before it ran
+ABORTED_WAITING = {"type": "abort", "message": "Abort in waiting queue"}
 # The config fields new weights must share with the served ones to be loaded in their place.
 ARCHITECTURE = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
 
@@ -82,13 +89,24 @@ class Sampling:
 @dataclass(frozen=True)
 class Result:
     """A finished request: its tokens, their logprobs, why it ended (sglang's `finish_reason`),
-    the weights that sampled it and how many prompt tokens came from the prefix cache."""
+    the weights that sampled it and how many prompt tokens came from the prefix cache.
+    `aborted_waiting`: aborted before it was decoded, which sglang answers in another shape."""
 
     output_ids: list[int]
     logprobs: list[float]
     finish: dict[str, Any] | None  # None: not finished (a streamed chunk)
     weight_version: str
     cached_tokens: int = 0
+    aborted_waiting: bool = False
+
+
+@dataclass(frozen=True)
+class Abort:
+    """An abort, as sglang's `AbortReq`: every request with `abort_all`; else, if a request in
+    flight has exactly `rid`, every one whose rid starts with it."""
+
+    rid: str
+    abort_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,10 +136,13 @@ class Job:
     input_ids: list[int]
     sampling: Sampling
     on_token: Callable[[int], None] | None = None
+    rid: str = ""  # the request's id, which `/abort_request` names
     cached: int = 0  # prompt tokens whose keys and values came from the prefix cache
     future: Future[Result] = field(default_factory=Future)
     cancelled: bool = False  # set from another thread when the client went away
     decoding: bool = False  # in the batch (set by the model thread)
+    aborting: bool = False  # aborted while running: ends at its next step
+    aborted_waiting: bool = False  # aborted before it was decoded
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: dict[str, Any] | None = None
@@ -242,9 +263,11 @@ class Engine:
         input_ids: list[int],
         sampling: Sampling,
         on_token: Callable[[int], None] | None = None,
+        rid: str = "",
     ) -> Job:
-        """Queue a request; its `future` gives the `Result` (`Job` says when `on_token` is called)."""
-        job = Job(input_ids=list(input_ids), sampling=sampling, on_token=on_token)
+        """Queue a request named `rid`; its `future` gives the `Result` (`Job` says when `on_token`
+        is called)."""
+        job = Job(input_ids=list(input_ids), sampling=sampling, on_token=on_token, rid=rid)
         if sampling.seed is not None:
             job.generator = torch.Generator().manual_seed(sampling.seed)
         with self._live_lock:
@@ -252,6 +275,15 @@ class Engine:
         job.future.add_done_callback(lambda _: self._ended(job))
         self._queue.put(job)
         return job
+
+    def abort(self, rid: str, abort_all: bool = False) -> None:
+        """Abort requests, as sglang's `/abort_request`: every one with `abort_all`; else, when a
+        request in flight is named `rid`, every one whose rid starts with it (sglang's tokenizer
+        manager drops an rid it does not know; its scheduler matches by prefix). An empty `rid`
+        without `abort_all` is ignored. Waiting requests end at once, running ones at their next
+        step."""
+        if abort_all or rid:
+            self._queue.put(Abort(rid=rid, abort_all=abort_all))
 
     def load(self) -> Load:
         """The requests running and waiting now (`Load`); safe from any thread."""
@@ -376,9 +408,27 @@ class Engine:
                 return False
             if isinstance(item, Job):
                 self._waiting.append(item)
+            elif isinstance(item, Abort):
+                self._abort(item)
             else:
                 self._commands.append(item)
         return True
+
+    def _abort(self, abort: Abort) -> None:
+        """End the waiting requests that `abort` names at once; mark the running ones to end at
+        their next step (as sglang's scheduler `abort_request`)."""
+        jobs = [*self._waiting, *self._rows]
+        if not abort.abort_all and all(job.rid != abort.rid for job in jobs):
+            return
+        hit = [job for job in jobs if abort.abort_all or job.rid.startswith(abort.rid)]
+        for job in hit:
+            if job.decoding:
+                job.aborting = True
+                continue
+            job.finish = dict(ABORTED_WAITING)
+            job.aborted_waiting = True
+            self._resolve(job)
+        self._waiting = deque(job for job in self._waiting if job.finish is None)
 
     def _run_command(self, fn: Callable[[], Any], fut: Future[Any]) -> None:
         try:
@@ -498,7 +548,9 @@ class Engine:
             job.output_ids.append(tok)
             job.logprobs.append(float(logp[i, tok]))
             s = job.sampling
-            if tok in s.stop_token_ids or (tok in self.eos_ids and not s.ignore_eos):
+            if job.aborting:
+                job.finish = dict(ABORTED)
+            elif tok in s.stop_token_ids or (tok in self.eos_ids and not s.ignore_eos):
                 job.finish = {"type": "stop", "matched": tok}
             elif (
                 len(job.output_ids) >= s.max_new_tokens
@@ -587,6 +639,7 @@ class Engine:
                 finish=job.finish or {},
                 weight_version=self.weight_version,
                 cached_tokens=job.cached,
+                aborted_waiting=job.aborted_waiting,
             )
             job.future.set_result(result)
 

@@ -5,6 +5,8 @@ dataclasses ignore them; an unknown sampling parameter is refused, as sglang's
 
 from __future__ import annotations
 
+import uuid
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.batcher import Sampling
@@ -54,7 +56,24 @@ class GenerateRequest(BaseModel):
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     return_logprob: bool = False
     stream: bool = False
-    rid: str | None = None
+    rid: str = Field(default_factory=lambda: uuid.uuid4().hex)  # what `/abort_request` names
+
+    @field_validator("rid", mode="before")
+    @classmethod
+    def _rid(cls, rid: str | None) -> str:
+        """An absent rid is a fresh one, as sglang's `GenerateReqInput` gives."""
+        if not rid:
+            return uuid.uuid4().hex
+        return rid
+
+
+class AbortRequest(BaseModel):
+    """`/abort_request`'s body, as sglang's `AbortReq`: an rid, or `abort_all`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: str | None = None  # sglang reads None as ""
+    abort_all: bool = False
 
 
 class WeightVersionRequest(BaseModel):

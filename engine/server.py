@@ -7,9 +7,10 @@ Owns request validation (the requests' wire format, sglang's, is `requests.py`'s
 get 400 with `{"error": {"message": ...}}` and the server keeps serving; `/generate` while the
 memory is released gets 503 (a temporary state, as for an sglang server that is asleep). `"stream":
 true` answers with sglang's event stream (`stream.py`; `--incremental-streaming-output` as
-sglang's). A client that disconnects aborts its request. `/v1/loads` counts the requests running
-and waiting, as sglang's. With `--api-key`, every route but `/health` needs `Authorization: Bearer
-<key>` (a 401 without it), as sglang's `--api-key` does.
+sglang's). A client that disconnects aborts its request, and so does `/abort_request` (by rid, as
+sglang's). `/v1/loads` counts the requests running and waiting, as sglang's. With `--api-key`,
+every route but `/health` needs `Authorization: Bearer <key>` (a 401 without it), as sglang's
+`--api-key` does.
 `--script FILE` (a JSON list of completion texts) is a test facility: see `batcher.py`. It does not
 batch or sample (that is `batcher.py`) nor know model names (that is `models.py`).
 """
@@ -35,7 +36,12 @@ from pydantic_settings import BaseSettings, CliImplicitFlag, SettingsConfigDict
 from agl.settings import from_flags, problems, usage_error
 from engine import models
 from engine.batcher import Engine, EngineReleased, Job, Result, ScriptExhausted
-from engine.requests import GenerateRequest, UpdateWeightsRequest, WeightVersionRequest
+from engine.requests import (
+    AbortRequest,
+    GenerateRequest,
+    UpdateWeightsRequest,
+    WeightVersionRequest,
+)
 from engine.stream import DISCONNECT_POLL_S, reply, stream
 
 M = TypeVar("M", bound=BaseModel)
@@ -143,7 +149,7 @@ async def outcome(job: Job, request: Request) -> Result | None:
 async def answer(engine: Engine, req: GenerateRequest, request: Request) -> Response:
     """The whole reply once the job ends (499 if the client goes first)."""
     start = time.monotonic()
-    job = engine.submit(req.input_ids, req.sampling_params.sampling())
+    job = engine.submit(req.input_ids, req.sampling_params.sampling(), rid=req.rid)
     result = await outcome(job, request)
     if result is None:
         return Response(status_code=499)
@@ -152,7 +158,8 @@ async def answer(engine: Engine, req: GenerateRequest, request: Request) -> Resp
 
 def generation_routes(engine: Engine, incremental: bool = False) -> APIRouter:
     """`/generate`: a request checked, queued for the model thread and answered when it ends, or
-    streamed as it is sampled (`stream.py`; only the new tokens in each chunk when `incremental`)."""
+    streamed as it is sampled (`stream.py`; only the new tokens in each chunk when `incremental`);
+    `/abort_request`: requests ended early, as sglang's."""
     router = APIRouter()
 
     @router.post("/generate")
@@ -168,6 +175,14 @@ def generation_routes(engine: Engine, incremental: bool = False) -> APIRouter:
             return error(503, str(e))
         except ScriptExhausted as e:
             return error(400, str(e))
+
+    @router.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        """As sglang's: a 200 with an empty body, whether or not a request had the rid (`Engine.abort`
+        says which requests end, and how)."""
+        req = await parse(request, AbortRequest)
+        engine.abort(req.rid or "", req.abort_all)
+        return Response()
 
     return router
 

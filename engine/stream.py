@@ -11,6 +11,10 @@ each chunk carries everything so far. Incremental (sglang's `--incremental-strea
 stays the total so far. A failure sglang reports as a ValueError is sent as its error chunk, then
 `[DONE]`. A client that disconnects cancels its job.
 
+Aborts, as sglang answers them: a request aborted while running ends with its output so far and
+`finish_reason` `{"type": "abort", "message": "Aborted", ...}`, in the usual shape; one aborted while
+waiting gets `_handle_abort_req`'s shape (`aborted_waiting`).
+
 It does not validate requests or map failures before the stream starts to status codes (that is
 `server.py`), nor sample (that is `batcher.py`).
 """
@@ -21,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,7 +44,7 @@ def meta_info(
 ) -> dict[str, Any]:
     """sglang's `meta_info` of `result` (all of a reply, or the tokens of one chunk)."""
     meta: dict[str, Any] = {
-        "id": req.rid or uuid.uuid4().hex,
+        "id": req.rid,
         "finish_reason": result.finish,
         "prompt_tokens": len(req.input_ids),
         "completion_tokens": completion_tokens,
@@ -57,9 +60,34 @@ def meta_info(
 
 def reply(engine: Engine, req: GenerateRequest, result: Result, latency: float) -> dict[str, Any]:
     """`/generate`'s answer in sglang's shape: the text, its token IDs and `meta_info`."""
+    if result.aborted_waiting:
+        return aborted_waiting(engine, req, result, latency, streamed=False)
     meta = meta_info(req, result, latency, len(result.output_ids))
     text = engine.tokenizer.decode(result.output_ids, skip_special_tokens=True)
     return {"text": text, "output_ids": result.output_ids, "meta_info": meta}
+
+
+def aborted_waiting(
+    engine: Engine, req: GenerateRequest, result: Result, latency: float, streamed: bool
+) -> dict[str, Any]:
+    """sglang's answer for a request aborted before it was decoded (`_handle_abort_req` in
+    managers/tokenizer_manager.py): all its text, no prompt or cache counts, `completion_tokens`
+    the count of all its output; streamed, `output_ids` is only the last one (or none)."""
+    meta: dict[str, Any] = {
+        "id": req.rid,
+        "finish_reason": result.finish,
+        "weight_version": result.weight_version,
+        "e2e_latency": latency,
+    }
+    if req.return_logprob:
+        pairs = zip(result.logprobs, result.output_ids, strict=True)
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in pairs]
+    meta["completion_tokens"] = len(result.output_ids)
+    output_ids = result.output_ids
+    if streamed:
+        output_ids = result.output_ids[-1:]
+    text = engine.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+    return {"text": text, "output_ids": output_ids, "meta_info": meta}
 
 
 class Progress:
@@ -166,7 +194,11 @@ class Stream:
             async for count in self.counts(progress):
                 yield self.chunk(self.so_far(), count)
             result = await asyncio.wrap_future(self.job.future)
-            yield self.chunk(result, len(result.output_ids))
+            if result.aborted_waiting:
+                latency = time.monotonic() - self.start
+                yield event(aborted_waiting(self.engine, self.req, result, latency, streamed=True))
+            else:
+                yield self.chunk(result, len(result.output_ids))
         except (ValueError, ScriptExhausted) as e:
             yield error_event(str(e))
         yield DONE
@@ -215,10 +247,9 @@ async def stream(
     499 if the client goes first."""
     start = time.monotonic()
     progress = Progress()
-    job = engine.submit(req.input_ids, req.sampling_params.sampling(), progress.notify)
+    job = engine.submit(req.input_ids, req.sampling_params.sampling(), progress.notify, req.rid)
     if not await started(job, progress, request):
         return Response(status_code=499)
-    req = req.model_copy(update={"rid": req.rid or uuid.uuid4().hex})
     chunks = Stream(engine, req, job, incremental, start)
     return StreamingResponse(
         chunks.events(progress),

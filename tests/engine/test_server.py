@@ -31,6 +31,9 @@ from tests.sglang import SglangStandIn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 PROMPTS = [[7, 8, 9], list(range(20, 45)), [3] * 11, list(range(100, 160, 3)), [5]]
+# sglang's `FINISH_ABORT().to_json()`: the finish reason of a request aborted while running
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+LONG = {"max_new_tokens": 30000, "ignore_eos": True}  # runs until it is aborted
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +260,7 @@ async def test_with_an_api_key_every_route_but_health_needs_it(engine: Engine) -
         ("GET", "/model_info"),
         ("GET", "/v1/models"),
         ("GET", "/v1/loads"),
+        ("POST", "/abort_request"),
     ]
     with serve(create_app(engine, api_key="k")) as base:
         async with httpx.AsyncClient(base_url=base) as http:
@@ -445,3 +449,100 @@ async def test_v1_loads_counts_a_running_request_until_it_ends(url: str, engine:
     assert idle["num_used_tokens"] == idle["num_total_tokens"] == 0
     for key in ("gen_throughput", "cache_hit_rate", "utilization"):
         assert isinstance(busy[key], float)
+
+
+async def test_abort_request_ends_a_running_request_with_its_partial_output(url: str) -> None:
+    """As sglang: a 200 with an empty body; the request answers 200 with what it sampled so far and
+    sglang's abort finish reason."""
+    body = {"input_ids": PROMPTS[0], "sampling_params": LONG, "rid": "abort-me"}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        await loads_until(http, running=0, waiting=0)
+        generation = asyncio.create_task(http.post("/generate", json=body))
+        await loads_until(http, running=1, waiting=0)
+        aborted = await http.post("/abort_request", json={"rid": "abort-me"})
+        assert aborted.status_code == 200 and aborted.content == b""
+        reply = await generation
+    assert reply.status_code == 200
+    out = reply.json()
+    assert out["meta_info"]["finish_reason"] == ABORTED and out["meta_info"]["id"] == "abort-me"
+    assert 0 < len(out["output_ids"]) < LONG["max_new_tokens"]
+    assert out["meta_info"]["completion_tokens"] == len(out["output_ids"])
+
+
+async def test_abort_request_names_requests_as_sglang_does(url: str) -> None:
+    """An rid no request has, an empty one, or a mere prefix of one is a no-op (sglang's tokenizer
+    manager drops an rid it does not know); an rid a request has also aborts the requests whose
+    rids start with it (its scheduler matches by prefix). Every answer is a 200 with no body."""
+    bodies = [
+        {"input_ids": PROMPTS[0], "sampling_params": LONG, "rid": rid} for rid in ("j-1", "j-10")
+    ]
+    noops = [{"rid": "nobody"}, {"rid": ""}, {}, {"rid": "j-"}]
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        await loads_until(http, running=0, waiting=0)
+        generations = [asyncio.create_task(http.post("/generate", json=b)) for b in bodies]
+        await loads_until(http, running=2, waiting=0)
+        answers = [await http.post("/abort_request", json=body) for body in noops]
+        # two requests asking for no tokens: once the second is answered, the aborts were read and
+        # the running requests decoded a step since
+        for _ in range(2):
+            await http.post("/generate", json={"input_ids": [1], "sampling_params": greedy(0)})
+        still = (await http.get("/v1/loads")).json()["loads"][0]
+        answers.append(await http.post("/abort_request", json={"rid": "j-1"}))
+        replies = [(await g).json() for g in generations]
+    assert all(a.status_code == 200 and a.content == b"" for a in answers)
+    assert still["num_running_reqs"] == 2
+    assert [r["meta_info"]["finish_reason"] for r in replies] == [ABORTED, ABORTED]
+
+
+@pytest.fixture
+def narrow(tiny_path: Path) -> Iterator[str]:
+    """A server whose engine decodes one request at a time, so a second one waits."""
+    eng = Engine(tiny_path, max_batch=1)
+    try:
+        with serve(create_app(eng)) as base:
+            yield base
+    finally:
+        eng.close()
+
+
+async def test_a_request_aborted_while_waiting_gets_sglangs_waiting_queue_answer(
+    narrow: str,
+) -> None:
+    """sglang's `_handle_abort_req` shape: a 200, no prompt or cache counts, nothing sampled."""
+    first = {"input_ids": PROMPTS[0], "sampling_params": LONG, "rid": "first"}
+    second = {**first, "rid": "second", "return_logprob": True}
+    async with httpx.AsyncClient(base_url=narrow, timeout=60) as http:
+        running = asyncio.create_task(http.post("/generate", json=first))
+        waiting = asyncio.create_task(http.post("/generate", json=second))
+        await loads_until(http, running=1, waiting=1)
+        await http.post("/abort_request", json={"rid": "second"})
+        reply = await waiting
+        await loads_until(http, running=1, waiting=0)
+        await http.post("/abort_request", json={"rid": "first"})
+        assert (await running).json()["meta_info"]["finish_reason"] == ABORTED
+    assert reply.status_code == 200
+    out = reply.json()
+    meta = out.pop("meta_info")
+    assert out == {"text": "", "output_ids": []}
+    assert meta.pop("e2e_latency") >= 0
+    assert meta == {
+        "id": "second",
+        "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+        "weight_version": "0",
+        "output_token_logprobs": [],
+        "completion_tokens": 0,
+    }
+
+
+async def test_abort_all_ends_running_and_waiting_requests(narrow: str) -> None:
+    body = {"input_ids": PROMPTS[0], "sampling_params": LONG}
+    async with httpx.AsyncClient(base_url=narrow, timeout=60) as http:
+        generations = [asyncio.create_task(http.post("/generate", json=body)) for _ in range(3)]
+        await loads_until(http, running=1, waiting=2)
+        aborted = await http.post("/abort_request", json={"abort_all": True})
+        replies = [(await g).json() for g in generations]
+        await loads_until(http, running=0, waiting=0)
+    reasons = sorted(json.dumps(r["meta_info"]["finish_reason"]) for r in replies)
+    waiting = {"type": "abort", "message": "Abort in waiting queue"}
+    assert aborted.status_code == 200 and aborted.content == b""
+    assert reasons == sorted(json.dumps(r) for r in [ABORTED, waiting, waiting])

@@ -15,12 +15,16 @@ import pytest
 from agl.settings import from_flags
 from engine.batcher import Engine
 from engine.server import EngineSettings, create_app
+from tests.engine.conftest import loads_until
 from tests.gateway.conftest import serve
 from tests.sglang import assemble, read_stream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 MODES = {"cumulative": False, "incremental": True}
 SCRIPT = ["THOUGHT: look around.\n```bash\nls -la\n```", "ünï 日本 🙂 done."]
+# sglang's `FINISH_ABORT().to_json()`: the finish reason of a request aborted while running
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+LONG = {"max_new_tokens": 30000, "ignore_eos": True}  # runs until it is aborted
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +141,58 @@ def test_incremental_streaming_output_is_a_flag_as_sglangs() -> None:
     on = from_flags(EngineSettings, ["--incremental-streaming-output"], "agl engine")
     off = from_flags(EngineSettings, [], "agl engine")
     assert on.incremental_streaming_output is True and off.incremental_streaming_output is False
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_stream_aborted_by_rid_ends_with_the_abort_chunk_then_done(
+    urls: dict[str, str], mode: str
+) -> None:
+    """`/abort_request` ends a running stream at its next step: the last chunk carries sglang's
+    abort finish reason and the tokens as the mode sends them (all so far, or the new ones)."""
+    body = {"input_ids": [1, 2], "sampling_params": LONG, "rid": f"stream-{mode}"}
+    async with httpx.AsyncClient(base_url=urls[mode], timeout=60) as http:
+        await loads_until(http, running=0, waiting=0)
+        reading = asyncio.create_task(read_stream(http, body))
+        await loads_until(http, running=1, waiting=0)
+        await http.post("/abort_request", json={"rid": f"stream-{mode}"})
+        chunks, _ = await reading
+    streamed = assemble(chunks, MODES[mode])
+    assert streamed["meta_info"]["finish_reason"] == ABORTED
+    assert 0 < len(streamed["output_ids"]) < LONG["max_new_tokens"]
+    assert chunks[-1]["meta_info"]["id"] == f"stream-{mode}"
+
+
+@pytest.fixture(params=list(MODES))
+def narrow(tiny_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A server (in each mode) whose engine decodes one request at a time, so a second waits."""
+    eng = Engine(tiny_path, max_batch=1)
+    try:
+        with serve(create_app(eng, incremental=MODES[request.param])) as base:
+            yield base
+    finally:
+        eng.close()
+
+
+async def test_a_stream_aborted_while_waiting_gets_sglangs_waiting_queue_chunk(narrow: str) -> None:
+    """sglang's `_handle_abort_req` chunk: `output_ids` is the last token (none here), and
+    `completion_tokens` counts them all; no prompt or cache counts."""
+    first = {"input_ids": [1, 2], "sampling_params": LONG, "rid": "first", "stream": True}
+    second = {**first, "rid": "second"}
+    async with httpx.AsyncClient(base_url=narrow, timeout=60) as http:
+        running = asyncio.create_task(http.post("/generate", json=first))
+        reading = asyncio.create_task(read_stream(http, second))
+        await loads_until(http, running=1, waiting=1)
+        await http.post("/abort_request", json={"rid": "second"})
+        chunks, _ = await reading
+        await http.post("/abort_request", json={"rid": "first"})
+        await running
+    assert len(chunks) == 1
+    meta = chunks[0].pop("meta_info")
+    assert chunks[0] == {"text": "", "output_ids": []}
+    assert meta.pop("e2e_latency") >= 0
+    assert meta == {
+        "id": "second",
+        "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+        "weight_version": "0",
+        "completion_tokens": 0,
+    }
