@@ -244,6 +244,8 @@ class Engine:
         # The most tokens the engine holds at once (sglang's `max_total_num_tokens`): a CPU engine
         # has no KV pool sized from memory; each of its `max_batch` rows may grow to the context.
         self.max_total_tokens = max_batch * self.max_context
+        # sglang's `max_req_input_len` (managers/tp_worker.py): longer prompts are refused
+        self.max_input_tokens = min(self.max_context - 1, self.max_total_tokens - 1) - 5
         self._live: set[Job] = set()  # submitted, not yet answered
         self._live_lock = threading.Lock()
         self._threads = threads

@@ -8,9 +8,10 @@ get 400 with `{"error": {"message": ...}}` and the server keeps serving; `/gener
 memory is released gets 503 (a temporary state, as for an sglang server that is asleep). `"stream":
 true` answers with sglang's event stream (`stream.py`; `--incremental-streaming-output` as
 sglang's). A client that disconnects aborts its request, and so does `/abort_request` (by rid, as
-sglang's). `/v1/loads` counts the requests running and waiting, as sglang's. With `--api-key`,
-every route but `/health` needs `Authorization: Bearer <key>` (a 401 without it), as sglang's
-`--api-key` does.
+sglang's). A prompt sglang's scheduler would refuse (`max_req_input_len` tokens or more) is refused
+as sglang refuses it: a 400, or streamed, a 200 whose one chunk is a 400 abort. `/v1/loads` counts
+the requests running and waiting, as sglang's. With `--api-key`, every route but `/health` needs
+`Authorization: Bearer <key>` (a 401 without it), as sglang's `--api-key` does.
 `--script FILE` (a JSON list of completion texts) is a test facility: see `batcher.py`. It does not
 batch or sample (that is `batcher.py`) nor know model names (that is `models.py`).
 """
@@ -42,7 +43,7 @@ from engine.requests import (
     UpdateWeightsRequest,
     WeightVersionRequest,
 )
-from engine.stream import DISCONNECT_POLL_S, reply, stream
+from engine.stream import DISCONNECT_POLL_S, refusal, reply, stream
 
 M = TypeVar("M", bound=BaseModel)
 VERSION = version("agl")  # what `/v1/loads` reports, where sglang reports its own version
@@ -134,6 +135,18 @@ def check_context(req: GenerateRequest, max_context: int) -> None:
         )
 
 
+def too_long(req: GenerateRequest, max_input_tokens: int) -> str | None:
+    """sglang's refusal of a prompt of `max_req_input_len` tokens or more (managers/utils.py
+    `validate_input_length`, without --allow-auto-truncate), or None if the prompt is shorter."""
+    n = len(req.input_ids)
+    if n < max_input_tokens:
+        return None
+    return (
+        f"Input length ({n} tokens) exceeds the maximum allowed length ({max_input_tokens} "
+        "tokens). Use a shorter input or enable --allow-auto-truncate."
+    )
+
+
 async def outcome(job: Job, request: Request) -> Result | None:
     """The job's result once it finishes, or None if its client goes first (the job is then
     cancelled). Raises what the job failed with."""
@@ -167,6 +180,11 @@ def generation_routes(engine: Engine, incremental: bool = False) -> APIRouter:
         req = await parse(request, GenerateRequest)
         check_vocabulary(req, engine.vocab_size)
         check_context(req, engine.max_context)
+        refused = too_long(req, engine.max_input_tokens)
+        if refused is not None and req.stream:
+            return refusal(engine, req, refused)
+        if refused is not None:
+            return error(400, refused)
         try:
             if req.stream:
                 return await stream(engine, req, request, incremental)

@@ -13,7 +13,8 @@ stays the total so far. A failure sglang reports as a ValueError is sent as its 
 
 Aborts, as sglang answers them: a request aborted while running ends with its output so far and
 `finish_reason` `{"type": "abort", "message": "Aborted", ...}`, in the usual shape; one aborted while
-waiting gets `_handle_abort_req`'s shape (`aborted_waiting`).
+waiting gets `_handle_abort_req`'s shape (`aborted_waiting`); one whose prompt sglang's scheduler
+refuses (`set_finish_with_abort`) a single chunk with no tokens and a 400 abort (`refusal`).
 
 It does not validate requests or map failures before the stream starts to status codes (that is
 `server.py`), nor sample (that is `batcher.py`).
@@ -88,6 +89,20 @@ def aborted_waiting(
         output_ids = result.output_ids[-1:]
     text = engine.tokenizer.decode(result.output_ids, skip_special_tokens=True)
     return {"text": text, "output_ids": output_ids, "meta_info": meta}
+
+
+def refusal(engine: Engine, req: GenerateRequest, message: str) -> StreamingResponse:
+    """sglang's stream for a prompt its scheduler refuses (`set_finish_with_abort`): one chunk
+    without tokens whose finish reason is a 400 abort, then `[DONE]`."""
+    finish = {
+        "type": "abort",
+        "message": message,
+        "status_code": 400,
+        "err_type": "BadRequestError",
+    }
+    result = Result(output_ids=[], logprobs=[], finish=finish, weight_version=engine.weight_version)
+    body = {"text": "", "output_ids": [], "meta_info": meta_info(req, result, 0.0, 0)}
+    return StreamingResponse(iter([event(body), DONE]), media_type="text/event-stream")
 
 
 class Progress:

@@ -1,9 +1,11 @@
 """The engine's tests share one embedded engine per module (the tiny model, batching up to 8), and
-poll `/v1/loads`."""
+a few helpers: a short-context copy of the tiny model and polls of `/v1/loads`."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,12 +16,25 @@ import pytest
 
 from engine.batcher import Engine
 
+SHORT_CONTEXT = 64  # tokens: prompts at the context's edge cost nothing to prefill
+
 
 @pytest.fixture(scope="module")
 def engine(tiny_path: Path) -> Iterator[Engine]:
     eng = Engine(tiny_path, max_batch=8)
     yield eng
     eng.close()
+
+
+@pytest.fixture(scope="session")
+def short_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a context of `SHORT_CONTEXT` tokens."""
+    path = tmp_path_factory.mktemp("short") / "tiny-short"
+    shutil.copytree(tiny_path, path)
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = SHORT_CONTEXT
+    (path / "config.json").write_text(json.dumps(config))
+    return path
 
 
 async def loads_until(

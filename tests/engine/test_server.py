@@ -25,7 +25,7 @@ from engine import models
 from engine.batcher import Engine
 from engine.server import VERSION, EngineSettings, create_app
 from gateway.engines import EngineClient, EngineRejected, EngineUnavailable
-from tests.engine.conftest import loads_until
+from tests.engine.conftest import SHORT_CONTEXT, loads_until
 from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn
 
@@ -546,3 +546,37 @@ async def test_abort_all_ends_running_and_waiting_requests(narrow: str) -> None:
     waiting = {"type": "abort", "message": "Abort in waiting queue"}
     assert aborted.status_code == 200 and aborted.content == b""
     assert reasons == sorted(json.dumps(r) for r in [ABORTED, waiting, waiting])
+
+
+@pytest.fixture(scope="module")
+def short_url(short_path: Path) -> Iterator[str]:
+    """A server of the tiny model with a context of `SHORT_CONTEXT` tokens."""
+    eng = Engine(short_path, max_batch=2)
+    try:
+        with serve(create_app(eng)) as base:
+            yield base
+    finally:
+        eng.close()
+
+
+async def test_a_prompt_at_sglangs_input_limit_is_refused_as_sglang_refuses_it(
+    short_url: str,
+) -> None:
+    """sglang's scheduler refuses `max_req_input_len = min(C - 1, P - 1) - 5` prompt tokens or
+    more: a 400 `{"error": {"message"}}`; one token fewer is served."""
+    limit = SHORT_CONTEXT - 6
+    message = (
+        f"Input length ({limit} tokens) exceeds the maximum allowed length ({limit} tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
+    async with httpx.AsyncClient(base_url=short_url, timeout=60) as http:
+        refused = await http.post(
+            "/generate", json={"input_ids": [5] * limit, "sampling_params": greedy(2)}
+        )
+        served = await http.post(
+            "/generate", json={"input_ids": [5] * (limit - 1), "sampling_params": greedy(2)}
+        )
+        card = (await http.get("/v1/models")).json()["data"][0]
+    assert refused.status_code == 400 and refused.json() == {"error": {"message": message}}
+    assert served.status_code == 200 and len(served.json()["output_ids"]) == 2
+    assert card["max_model_len"] == SHORT_CONTEXT

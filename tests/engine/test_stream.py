@@ -15,7 +15,7 @@ import pytest
 from agl.settings import from_flags
 from engine.batcher import Engine
 from engine.server import EngineSettings, create_app
-from tests.engine.conftest import loads_until
+from tests.engine.conftest import SHORT_CONTEXT, loads_until
 from tests.gateway.conftest import serve
 from tests.sglang import assemble, read_stream
 
@@ -196,3 +196,40 @@ async def test_a_stream_aborted_while_waiting_gets_sglangs_waiting_queue_chunk(n
         "weight_version": "0",
         "completion_tokens": 0,
     }
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_prompt_at_sglangs_input_limit_streams_one_400_abort_chunk(
+    short_path: Path, mode: str
+) -> None:
+    """sglang's scheduler refuses `max_req_input_len` prompt tokens or more; streamed, that is a
+    200 stream of one chunk without tokens whose finish reason is a 400 abort, then `[DONE]`. One
+    token fewer streams as usual."""
+    limit = SHORT_CONTEXT - 6
+    message = (
+        f"Input length ({limit} tokens) exceeds the maximum allowed length ({limit} tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
+    eng = Engine(short_path, max_batch=2)
+    try:
+        with serve(create_app(eng, incremental=MODES[mode])) as base:
+            async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+                refused, _ = await read_stream(
+                    http, {"input_ids": [5] * limit, "sampling_params": greedy(2), "rid": "edge"}
+                )
+                served, _ = await read_stream(
+                    http, {"input_ids": [5] * (limit - 1), "sampling_params": greedy(2)}
+                )
+    finally:
+        eng.close()
+    assert len(refused) == 1
+    meta = refused[0]["meta_info"]
+    assert refused[0]["output_ids"] == [] and meta["completion_tokens"] == 0
+    assert meta["id"] == "edge"
+    assert meta["finish_reason"] == {
+        "type": "abort",
+        "message": message,
+        "status_code": 400,
+        "err_type": "BadRequestError",
+    }
+    assert len(assemble(served, MODES[mode])["output_ids"]) == 2
