@@ -34,6 +34,7 @@ from gateway.engines import (
     EngineClient,
     EngineError,
     EngineInfo,
+    Room,
 )
 from gateway.fleet import Replicas
 from gateway.proxy import Proxy
@@ -223,7 +224,8 @@ def make_app(
     if honours_seed is None:
         # the embedded engine; sglang only with settings it cannot report
         honours_seed = info.owned_by == "agl"
-    proxy = Proxy(store, engines, renderer, settings, honours_seed=honours_seed)
+    room = Room(context_length=context_length, pool_tokens=info.pool_tokens)
+    proxy = Proxy(store, engines, renderer, settings, room=room, honours_seed=honours_seed)
     proxy.parse_request = partial(wire.parse_recorded, thinking_switch=renderer.thinking_switch)
     replicas = Replicas(store, proxy, address=f"{settings.host}:{settings.port}")
 

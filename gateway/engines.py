@@ -2,10 +2,17 @@
 
 What it relies on, and what sglang does differently, is in docs/architecture.md, "Engines".
 
-Owns replica choice, retries and the engine's wire format (the embedded engine speaks it too). A
-rollout sticks to one replica (a hash of its id, for sglang's prefix cache) unless it is down,
-then goes to the least-loaded one up. Transport errors, timeouts and 5xx replies mark a replica
-down for `down_s` and are retried with jittered backoff; a 4xx raises `EngineRejected` at once.
+Owns replica choice, retries, the engine's wire format (the embedded engine speaks it too) and
+how much a request may ask of it:
+- a rollout sticks to one replica (a hash of its id, for sglang's prefix cache) unless it is
+  down, then goes to the least-loaded one up;
+- transport errors, timeouts and 5xx replies mark a replica down for `down_s` and are retried with
+  jittered backoff; a 4xx, or an abort with status 400, raises `EngineRejected` at once;
+- every `/generate` carries a `rid`; one the gateway stops reading early (a stop string, a harness
+  gone, a time-out) is aborted by it, and its stream read to the end, so no generation runs on
+  behind a call that has left (sglang would abort it only 2 s later, and asserts it is idle before
+  a weight update);
+- `Room` sizes a request as sglang does.
 It does not tokenize, render, store calls or map errors to HTTP statuses, and imports no torch.
 """
 
@@ -14,8 +21,9 @@ import contextlib
 import logging
 import random
 import time
+import uuid
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -29,6 +37,8 @@ from agl.client import KEEPALIVE_S  # sglang and uvicorn keep an idle connection
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 BODY_CUT = 500  # characters of an engine's error body kept in messages and logs
+RESERVED_TOKENS = 5  # sglang's managers/tp_worker.py: max_req_input_len = max_req_len - 5
+UNTIMED = aiohttp.ClientTimeout()  # a stream's body is read within a deadline of its own
 
 
 class EngineError(Exception):
@@ -45,8 +55,8 @@ class EngineRejected(EngineError):
 
 class EngineAborted(EngineUnavailable):
     """The engine aborted the generation (sglang: a 200 whose finish reason is `abort`, with the
-    partial output, as when a request is aborted to update weights): nothing to record; the harness
-    may retry the call."""
+    partial output, as when a request is aborted to update weights, or waited too long): nothing
+    to record; the harness may retry the call."""
 
 
 class _ServerError(Exception):
@@ -60,6 +70,37 @@ class TransportError(Exception):
 class _Unanswered(TransportError):
     """The engine closed a kept connection without replying (its keep-alive ran out): resent at
     once, free."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """How long a request the engine takes, sized as sglang sizes it: its longest request is
+    `min(context - 1, pool - 1)` tokens (managers/tp_worker.py); a prompt must be shorter than that
+    less 5 (managers/utils.py `validate_input_length`, else an abort with status 400); the new
+    tokens fit the context and the longest request less one (managers/tokenizer_manager.py
+    `_validate_one_request`, managers/scheduler.py `init_req_max_new_tokens`)."""
+
+    context_length: int
+    pool_tokens: int | None = None  # the KV cache's tokens (`/v1/loads`), if the engine says
+
+    @property
+    def longest(self) -> int:
+        """sglang's `max_req_len`: the most tokens of one request, prompt and output."""
+        if self.pool_tokens is None:
+            return self.context_length - 1
+        return min(self.context_length - 1, self.pool_tokens - 1)
+
+    @property
+    def max_prompt(self) -> int:
+        """The longest prompt the engine takes."""
+        return self.longest - RESERVED_TOKENS - 1
+
+    def completion(self, prompt_tokens: int) -> int:
+        """The most new tokens a prompt of `prompt_tokens` leaves room for (page size 1)."""
+        room = min(self.context_length, self.longest - 1) - prompt_tokens
+        if self.pool_tokens is not None:
+            room = min(room, self.pool_tokens - 2 - prompt_tokens)
+        return room
 
 
 @dataclass(frozen=True)
@@ -92,6 +133,7 @@ class EngineInfo:
     weight_version: str
     context_length: int | None  # the card's `max_model_len`; sglang's `/model_info` has none
     owned_by: str  # the card's `owned_by`: "sglang", or "agl" for the embedded engine
+    pool_tokens: int | None = None  # `/v1/loads`' `max_total_num_tokens`: the KV cache's tokens
 
 
 @dataclass
@@ -119,10 +161,12 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         down_s: float = 10.0,
+        abort_s: float = 10.0,
         api_key: str = "",
     ) -> None:
         """Seconds: `timeout_s` bounds a request (a whole generation); a failing replica sits out
-        `down_s`; retry k waits `min(max_backoff_s, backoff_s * 2**(k-1))`, jittered by x0.5-1.
+        `down_s`; retry k waits `min(max_backoff_s, backoff_s * 2**(k-1))`, jittered by x0.5-1;
+        an aborted generation's stream may take `abort_s` to end (then its connection is closed).
         `attempts`: tries in all. `api_key`: the engines' own key (sglang's --api-key), if they
         have one."""
         if not urls or attempts < 1:
@@ -133,6 +177,7 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         self._max_backoff_s = max_backoff_s
         self._down_s = down_s
         self._timeout_s = timeout_s
+        self._abort_s = abort_s
         self._auth: dict[str, str] = {}
         if api_key:
             self._auth = {"Authorization": f"Bearer {api_key}"}
@@ -163,20 +208,34 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         *,
         rollout_id: str | None = None,
     ) -> Generation:
-        """Sample a continuation of `input_ids`, on the rollout's replica when it is up."""
+        """Sample a continuation of `input_ids`, on the rollout's replica when it is up. A try that
+        times out or is cancelled is aborted on its engine before it is retried or given up."""
         # a rendered prompt (an int32 `array`) is viewed, not copied
         ids = np.asarray(input_ids, np.int32)
-        body = {"input_ids": ids, "sampling_params": sampling_params, "return_logprob": True}
-        replica, reply = await self.call("POST", "/generate", body, rollout_id=rollout_id)
+
+        async def once(r: _Replica) -> Any:
+            rid = uuid.uuid4().hex
+            body = {
+                "input_ids": ids,
+                "sampling_params": sampling_params,
+                "return_logprob": True,
+                "rid": rid,
+            }
+            r.inflight += 1
+            try:
+                return await self._once(r, "POST", "/generate", body)
+            except (TimeoutError, asyncio.CancelledError):
+                await _uncancelled(self._abort(r, rid))
+                raise
+            finally:
+                r.inflight -= 1
+
+        replica, reply = await self._retried("/generate", rollout_id, once)
         try:
             meta = reply["meta_info"]
-            reason = meta["finish_reason"]  # sglang: {"type": "stop" | "length" | "abort", ...}
-            if not isinstance(reason, dict):
-                reason = {"type": reason}
-            finish = str(reason["type"])
-            if finish == "abort":
-                message = str(reason.get("message", ""))[:BODY_CUT]
-                raise EngineAborted(f"{replica.url} aborted the generation: {message}")
+            reason = _finish_reason(meta, replica.url)
+            if reason is None:
+                raise ValueError("a reply without a finish reason")
             output_ids = [int(t) for t in reply["output_ids"]]
             pairs = meta["output_token_logprobs"]
             logprobs = [float(p[0]) for p in pairs]
@@ -187,7 +246,7 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
                 f"malformed /generate reply from {replica.url}: {str(reply)[:BODY_CUT]}"
             ) from e
         return Generation(
-            output_ids=output_ids, logprobs=logprobs, finish_reason=finish, replica=replica.url
+            output_ids=output_ids, logprobs=logprobs, finish_reason=reason, replica=replica.url
         )
 
     async def stream(
@@ -198,44 +257,88 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         rollout_id: str | None = None,
     ) -> AsyncGenerator[Piece, None]:
         """Sample a continuation of `input_ids` as `generate` does, a `Piece` at a time as the
-        engine streams it; the last piece has a finish reason. Tried again on another replica only
-        until the engine answers; a failure after that raises `EngineUnavailable` (or
-        `EngineRejected`, `EngineAborted`) mid-stream. Leaving the loop early closes the connection,
-        and the engine aborts the generation."""
-        ids = np.asarray(input_ids, np.int32)
+        engine streams it; the last piece has a finish reason.
+        - Tried again on another replica only until the engine answers; a failure after that
+          raises `EngineUnavailable` (or `EngineRejected`, `EngineAborted`) mid-stream.
+        - Left early (the loop broken, the task cancelled, `timeout_s` passed, a failure), the
+          generation is aborted by its `rid` and its stream read to its end before the generator
+          closes: the engine no longer runs it once the caller goes on."""
+        rid = uuid.uuid4().hex
         body = {
-            "input_ids": ids,
+            "input_ids": np.asarray(input_ids, np.int32),
             "sampling_params": sampling_params,
             "return_logprob": True,
             "stream": True,
+            "rid": rid,
         }
         data = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
         replica, reply = await self._open_stream(data, rollout_id)
+        events = _Events(reply.content)
         seen = 0  # tokens received so far
-        done = False
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
         try:
-            async for event in _server_events(reply.content):
-                if event == b"[DONE]":
-                    done = True
-                    return
-                chunk = orjson.loads(event)
+            while (event := await self._next_event(events, deadline, replica)) != b"[DONE]":
+                chunk = _chunk(event, replica.url)
+                events.finished = _ends(chunk)
                 piece = _piece(chunk, seen, replica.url)
                 whole = len(chunk["output_ids"]) > len(piece.output_ids)
                 if whole and not replica.streams_whole:
                     _say_streams_whole(replica)
                 seen += len(piece.output_ids)
                 yield piece
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            raise EngineUnavailable(f"{replica.url}/generate: the stream broke: {e!r}") from e
-        except orjson.JSONDecodeError as e:
-            raise EngineError(f"{replica.url}/generate streamed invalid JSON: {e}") from e
+            events.done = True
         finally:
-            replica.inflight -= 1
-            if done:
-                reply.release()  # the connection is kept for the next request
-            else:
-                reply.close()  # the engine sees its client go, and aborts the generation
-        raise EngineUnavailable(f"{replica.url}/generate: the stream ended without [DONE]")
+            await _uncancelled(self._close_stream(replica, reply, events, rid))
+
+    async def _next_event(self, events: "_Events", deadline: float, replica: _Replica) -> bytes:
+        """The stream's next event, by `deadline` (the event loop's clock)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                event = await events.next()
+        except TimeoutError as e:
+            raise EngineUnavailable(
+                f"{replica.url}/generate: no whole generation within {self._timeout_s:g} s"
+            ) from e
+        except (aiohttp.ClientError, OSError) as e:
+            raise EngineUnavailable(f"{replica.url}/generate: the stream broke: {e!r}") from e
+        if event is None:
+            raise EngineUnavailable(f"{replica.url}/generate: the stream ended without [DONE]")
+        return event
+
+    async def _close_stream(
+        self, r: _Replica, reply: aiohttp.ClientResponse, events: "_Events", rid: str
+    ) -> None:
+        """A stream's end: read to `[DONE]`, its connection is kept for the next request; left
+        early, its generation is aborted (unless its last chunk came) and the stream read to its
+        end, within `abort_s`, else its connection is closed."""
+        try:
+            if events.done:
+                reply.release()
+                return
+            if not events.finished:
+                await self._abort(r, rid)
+            try:
+                async with asyncio.timeout(self._abort_s):
+                    while await events.next() is not None:
+                        pass
+                reply.release()
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                log.warning("engine %s: generation %s did not end once aborted: %r", r.url, rid, e)
+                reply.close()
+        finally:
+            r.inflight -= 1
+
+    async def _abort(self, r: _Replica, rid: str) -> None:
+        """`/abort_request` of the generation `rid` on replica `r`; a failure is logged."""
+        data = orjson.dumps({"rid": rid})
+        try:
+            async with asyncio.timeout(self._abort_s):
+                status, _, raw = await self._exchange(r, "POST", "/abort_request", data)
+        except (TransportError, TimeoutError) as e:
+            log.warning("engine %s: could not abort generation %s: %r", r.url, rid, e)
+            return
+        if status != 200:
+            log.warning("engine %s: abort of %s answered %d: %r", r.url, rid, status, raw[:200])
 
     async def _open_stream(
         self, data: bytes, rollout_id: str | None
@@ -246,7 +349,10 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
         async def once(r: _Replica) -> aiohttp.ClientResponse:
             r.inflight += 1
             try:
-                return await self._start(r, data)
+                try:
+                    return await self._start(r, data)
+                except _Unanswered:
+                    return await self._start(r, data)
             except BaseException:
                 r.inflight -= 1
                 raise
@@ -255,11 +361,13 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
 
     async def _start(self, r: _Replica, data: bytes) -> aiohttp.ClientResponse:
         """The engine's answer to a streamed `/generate`, once its status is 200 (its body still to
-        read); raises as `_once` does for an error status."""
+        read, with no time limit of the session's: `stream` keeps its own); raises as `_once`
+        does for an error status."""
         try:
-            reply = await self.http.post(r.url + "/generate", data=data)
+            async with asyncio.timeout(self._timeout_s):
+                reply = await self.http.post(r.url + "/generate", data=data, timeout=UNTIMED)
         except aiohttp.ServerDisconnectedError as e:
-            raise TransportError(f"{r.url}/generate: {e!r}") from e
+            raise _Unanswered(f"{r.url}/generate: {e!r}") from e
         except aiohttp.ClientConnectorError as e:
             raise TransportError(f"cannot connect to {r.url}: {e!r}") from e
         except (aiohttp.ClientError, OSError) as e:
@@ -275,7 +383,8 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
 
     async def model_info(self) -> EngineInfo:
         """What the first replica that answers says of itself. The context length comes from `/v1/models`:
-        sglang's `/model_info` has none, and its `/server_info` answers 500 on every server verl launches."""
+        sglang's `/model_info` has none, and its `/server_info` answers 500 on every server verl launches.
+        The KV cache's size comes from `/v1/loads`, where the engine serves it."""
         _, info = await self.call("GET", "/model_info")
         _, models = await self.call("GET", "/v1/models")
         try:
@@ -287,11 +396,21 @@ class EngineClient(contextlib.AbstractAsyncContextManager["EngineClient"]):
                 weight_version=str(info.get("weight_version")),
                 context_length=int(context) if context else None,
                 owned_by=str(card.get("owned_by", "")),
+                pool_tokens=await self.pool_tokens(),
             )
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise EngineError(
                 f"malformed /model_info or /v1/models reply: {info!r:.200} {models!r:.200}"
             ) from e
+
+    async def pool_tokens(self) -> int | None:
+        """The fewest tokens a data-parallel rank's KV cache holds (`/v1/loads`'
+        `max_total_num_tokens`), or None where the engine does not serve `/v1/loads`."""
+        try:
+            _, loads = await self.call("GET", "/v1/loads")
+        except EngineRejected:
+            return None
+        return min(int(load["max_total_num_tokens"]) for load in loads["loads"])
 
     # ------------------------------------------------------------------ plumbing
 
@@ -407,34 +526,100 @@ def _say_streams_whole(replica: _Replica) -> None:
     )
 
 
-async def _server_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The data of each server-sent event of a stream, as the engine sends them (`data: ...`
-    then a blank line). A cumulative chunk can pass aiohttp's line limit, so the stream is split
-    here, each byte looked at once."""
-    buffer = bytearray()
-    async for data in content.iter_any():
-        start = max(len(buffer) - 1, 0)  # a separator may straddle two reads
-        buffer += data
-        end = buffer.find(b"\n\n", start)
-        while end != -1:
-            event = bytes(buffer[:end])
-            del buffer[: end + 2]
+class _Events:
+    """The server-sent events of a streamed reply (`data: ...` then a blank line), one at a time,
+    and how far the stream got. A cumulative chunk can pass aiohttp's line limit, so the stream is
+    split here, each byte looked at once; a read cancelled midway loses nothing."""
+
+    def __init__(self, content: aiohttp.StreamReader) -> None:
+        self.content = content
+        self.buffer = bytearray()
+        self.scanned = 0  # no separator starts before this offset of `buffer`
+        self.finished = False  # a chunk that ends the generation came
+        self.done = False  # `[DONE]` came
+
+    async def next(self) -> bytes | None:
+        """The next event's data; None at the end of the body."""
+        while True:
+            end = self.buffer.find(b"\n\n", self.scanned)
+            if end == -1:
+                self.scanned = max(len(self.buffer) - 1, 0)  # a separator may straddle two reads
+                data = await self.content.readany()
+                if not data:
+                    return None
+                self.buffer += data
+                continue
+            event = bytes(self.buffer[:end])
+            del self.buffer[: end + 2]
+            self.scanned = 0
             if event.startswith(b"data: "):
-                yield event[len(b"data: ") :]
-            end = buffer.find(b"\n\n")
+                return event[len(b"data: ") :]
+
+
+async def _uncancelled(work: Awaitable[None]) -> None:
+    """`work` run to its end even if the task awaiting it is cancelled meanwhile (the cancellation
+    is raised once it has ended): what cleans up after a call must not be cut short by it."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    task.result()
+
+
+def _chunk(event: bytes, url: str) -> Any:
+    """A streamed event's JSON."""
+    try:
+        return orjson.loads(event)
+    except orjson.JSONDecodeError as e:
+        raise EngineError(f"{url}/generate streamed invalid JSON: {e}") from e
+
+
+def _ends(chunk: Any) -> bool:
+    """Whether a streamed chunk ends the generation: an error, or a finish reason."""
+    if not isinstance(chunk, dict):
+        return False
+    if "error" in chunk:
+        return True
+    meta = chunk.get("meta_info")
+    return isinstance(meta, dict) and meta.get("finish_reason") is not None
+
+
+def _finish_reason(meta: Any, url: str) -> str | None:
+    """The finish reason of a reply's or chunk's `meta_info`: "stop" | "length", or None while a
+    stream goes on; an abort raises (sglang: `{"type": "abort", "message", "status_code"}`): with
+    status 400 the engine refused the request (`EngineRejected`: never retried), else it gave up
+    the generation (`EngineAborted`)."""
+    reason = meta["finish_reason"]
+    if reason is None:
+        return None
+    if not isinstance(reason, dict):
+        reason = {"type": reason}
+    if reason.get("type") != "abort":
+        return str(reason["type"])
+    message = str(reason.get("message", ""))[:BODY_CUT]
+    if reason.get("status_code") == 400:
+        raise EngineRejected(f"engine rejected the request: {message}")
+    raise EngineAborted(f"{url} aborted the generation: {message}")
 
 
 def _piece(chunk: Any, seen: int, url: str) -> Piece:
     """What a streamed chunk adds to the `seen` tokens before it. sglang sends each chunk whole
     so far by default and only the new tokens with `--incremental-streaming-output`; either way
     `meta_info.completion_tokens` counts all so far, so the new tokens are the chunk's last
-    `completion_tokens - seen`, whichever mode the engine runs in."""
+    `completion_tokens - seen`, whichever mode the engine runs in. An abort is read before the
+    tokens: one from the waiting queue carries only the last output id."""
     if isinstance(chunk, dict) and "error" in chunk:
         error = chunk["error"]
         message = str(error.get("message", error) if isinstance(error, dict) else error)
         raise EngineRejected(f"the engine failed the generation mid-stream: {message[:BODY_CUT]}")
     try:
         meta = chunk["meta_info"]
+        finish = _finish_reason(meta, url)
         new = int(meta["completion_tokens"]) - seen
         output_ids = chunk["output_ids"]
         pairs = meta["output_token_logprobs"]
@@ -445,17 +630,8 @@ def _piece(chunk: Any, seen: int, url: str) -> Piece:
         if [int(p[1]) for p in pairs] != ids:
             raise ValueError("output_token_logprobs do not match output_ids")
         logprobs = [float(p[0]) for p in pairs]
-        reason = meta["finish_reason"]
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         raise EngineError(f"malformed /generate chunk from {url}: {str(chunk)[:BODY_CUT]}") from e
-    if reason is None:
-        return Piece(output_ids=ids, logprobs=logprobs, replica=url)
-    if not isinstance(reason, dict):
-        reason = {"type": reason}
-    if reason.get("type") == "abort":
-        message = str(reason.get("message", ""))[:BODY_CUT]
-        raise EngineAborted(f"{url} aborted the generation: {message}")
-    finish = str(reason.get("type"))
     return Piece(output_ids=ids, logprobs=logprobs, replica=url, finish_reason=finish)
 
 

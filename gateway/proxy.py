@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agl.store import RecentCall, Store, request_fingerprint
 from agl.types import JSON, Call, Charge, Rollout, Status
-from gateway.engines import EngineClient, EngineError, Generation
+from gateway.engines import EngineClient, EngineError, Generation, Room
 from gateway.render import TOOL_MARKERS, Prompt, Renderer, parse_reply
 from gateway.rollouts import RolloutState, RolloutStates
 from gateway.settings import GatewaySettings
@@ -163,11 +163,13 @@ class Proxy:
         renderer: Renderer,
         settings: GatewaySettings,
         *,
+        room: Room,
         honours_seed: bool,
     ) -> None:
         self.store = store
         self.engines = engines
         self.renderer = renderer
+        self.room = room  # what the engine takes of one request
         self.settings = settings
         # the engines use a request's seed (sglang: only in deterministic mode)
         self.honours_seed = honours_seed
@@ -533,22 +535,29 @@ class Proxy:
         return Generation(output_ids=ids, logprobs=logprobs, finish_reason=finish, replica=replica)
 
     def _max_tokens(self, ask: Ask, prompt_tokens: int, params: Params) -> int:
-        """The completion's budget: the request's, else the default as far as the context has
-        room. One past the room is lowered to it where `fit_max_tokens` allows (an event says so),
-        else refused."""
-        room = self.renderer.context_length - prompt_tokens
+        """The completion's budget: the request's, else the default as far as the engine has room
+        (`Room`: sglang's sizes). One past the room is lowered to it where `fit_max_tokens`
+        allows (an event says so), else refused; so is a prompt longer than the engine takes."""
+        room = self.room
+        if prompt_tokens > room.max_prompt:
+            raise ContextOverflow(
+                f"This model's maximum context length is {room.context_length} tokens, and a "
+                f"prompt may have at most {room.max_prompt} of them. However, your messages "
+                f"resulted in {prompt_tokens} tokens."
+            )
+        left = room.completion(prompt_tokens)
         max_tokens = params.max_tokens
         if max_tokens is None:
-            max_tokens = min(self.settings.default_max_tokens, room)
-        if max_tokens > room and 0 < self.settings.fit_max_tokens <= room:
-            lowered = {"asked": max_tokens, "to": room}
+            max_tokens = min(self.settings.default_max_tokens, left)
+        if max_tokens > left and 0 < self.settings.fit_max_tokens <= left:
+            lowered = {"asked": max_tokens, "to": left}
             self.store.append_event(ask.rollout.id, "max_tokens_lowered", lowered)
-            max_tokens = room
-        if max_tokens > room or room <= 0:
+            max_tokens = left
+        if max_tokens > left:
             raise ContextOverflow(
-                f"This model's maximum context length is {self.renderer.context_length} tokens. "
-                f"However, you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in "
-                f"the messages, {max_tokens} in the completion)."
+                f"This model's maximum context length is {room.context_length} tokens. However, "
+                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                f"messages, {max_tokens} in the completion); the messages leave room for {left}."
             )
         return max_tokens
 

@@ -1,21 +1,34 @@
 """A scripted stand-in for an sglang 0.5.13 server as verl 0.9.1 launches it (`skip_tokenizer_init`).
 
 sglang needs a GPU, so it cannot run here. This server answers the routes agl uses the way sglang's own
-code does, read from its released wheel (`pip download --no-deps sglang==0.5.13`); each behaviour names
-the file it comes from, under `sglang/srt/`. What it samples is scripted (completion texts, tokenized with
-the model's tokenizer and closed by the end-of-turn token), and its logprobs are made-up but distinct
-values: agl must record what the engine sent, whatever it is.
+code does, read from its released wheel (`pip download --no-deps sglang==0.5.13`) and checked against
+the replies of a real server on an H200 (`shared/evidence/sglang-0.5.13/probe-h200.json`); each
+behaviour names the file it comes from, under `sglang/srt/`. What it samples is scripted (completion
+texts, tokenized with the model's tokenizer and closed by the end-of-turn token), and its logprobs are
+made-up but distinct values: agl must record what the engine sent, whatever it is.
 
 It is deliberately unkind where sglang is:
 - `/server_info` and `/get_server_info` answer 500, as on every server verl launches (verl's
   `async_sglang_server.py` stores sglang's `PortArgs` as `scheduler_info`, and `entrypoints/http_server.py`
   then fails to build `{**asdict(server_args), **scheduler_info}`);
+- a generation decodes in the scheduler, apart from its HTTP request: a streamed request whose client
+  left keeps decoding for 2 s, until `create_abort_task` aborts it, unless `/abort_request` names its
+  `rid` first;
+- `/release_memory_occupation` or a weight update while a request runs or waits kills the scheduler
+  (`scheduler_components/weight_updater.py` asserts the server is idle): the server stops, and every
+  later connection is refused;
 - `/release_memory_occupation` and `/resume_memory_occupation` answer 200 with the body `null`;
-- `/update_weights_from_disk` loads at once, even while the memory is released;
-- sampling parameters sglang refuses are refused with its 400 and message;
-- an aborted request is a 200 whose `finish_reason` is `{"type": "abort"}`, with the partial output;
-- `"stream": true` answers with sglang's event stream, cumulative unless `incremental` (sglang's
-  `--incremental-streaming-output`); a client that leaves mid-stream aborts its request.
+  `/update_weights_from_disk` loads at once, even while the memory is released;
+- sampling parameters sglang refuses are refused with its 400 and message; a prompt of
+  `min(C - 1, pool - 1) - 5` tokens or more is aborted with status 400 (in a stream: a 200 whose chunk
+  says so);
+- an aborted request is a 200 whose `finish_reason` is `{"type": "abort", ...}`, with the partial
+  output; one aborted in the waiting queue has sglang's `_handle_abort_req` chunk (`output_ids` only
+  the last id);
+- `"stream": true` answers with sglang's event stream: a chunk when the output reaches 1, 1 +
+  `stream_interval`, 1 + 2 x `stream_interval` ... tokens (every token at 1), and the last; cumulative
+  unless `incremental` (`--incremental-streaming-output`).
+It does not batch, cache prefixes or coalesce chunks a slow client has not read.
 """
 
 from __future__ import annotations
@@ -25,40 +38,58 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import AutoTokenizer
 
+from tests.gateway.conftest import serve_server
+
 VERSION = "0.5.13"
+ABORT_GRACE_S = 2.0  # managers/tokenizer_manager.py `create_abort_task`: asyncio.sleep(2)
+RESERVED_TOKENS = 5  # managers/tp_worker.py: max_req_input_len = max_req_len - 5
+IDLE = "release_memory_occupation should be called only when server is idle."
+FLUSH = "Cache flush failed after updating weights"  # weight_updater.py, after a weight update
 
 
 @dataclasses.dataclass
 class Reply:
-    """One scripted completion: its text, after how many tokens it is aborted, and after how many
-    a ValueError stops it (None: never)."""
+    """One scripted completion: its text; after how many tokens it is aborted (as by a weight
+    update's `abort_all_requests`), a ValueError stops it, or it is retracted to the waiting queue
+    (as when the KV cache runs out; it waits there until aborted). None: never."""
 
     text: str
     abort_after: int | None = None
     fail_after: int | None = None
+    retract_after: int | None = None
 
 
 @dataclasses.dataclass
 class Call:
-    """One `/generate` in flight: who asked, and what is sampled so far."""
+    """One `/generate` in the scheduler: who asked, what is sampled so far, and the outputs the
+    scheduler sent for its stream (managers/scheduler_components/output_streamer.py)."""
 
     rid: str
     prompt_tokens: int
     logprobs: bool  # return_logprob
     started: float  # time.monotonic()
+    stream_interval: int
     output_ids: list[int] = dataclasses.field(default_factory=list)
     finish: dict[str, Any] | None = None
+    error: str | None = None  # a ValueError's message: sent as the stream's error chunk
+    to_abort: bool = False  # scheduler.py `abort_request`: ends at the next step
+    ended_waiting: bool = False  # aborted in the waiting queue: answered by `_handle_abort_req`
+    outputs: asyncio.Queue[int | None] = dataclasses.field(default_factory=asyncio.Queue)
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 @dataclasses.dataclass
@@ -76,7 +107,7 @@ class Log:
 
 
 class SglangStandIn:
-    """The state of one scripted sglang server; `app()` is its HTTP face."""
+    """The state of one scripted sglang server; `served()` serves it, `app()` is its HTTP face."""
 
     def __init__(
         self,
@@ -84,26 +115,50 @@ class SglangStandIn:
         script: list[str | Reply] | None = None,
         *,
         context_len: int = 2048,
+        pool_tokens: int | None = None,
         token_delay_s: float = 0.0,
         launched_by_verl: bool = True,
         incremental: bool = False,
+        stream_interval: int = 1,
+        waiting_timeout_s: float | None = None,
     ) -> None:
+        """`pool_tokens`: the KV cache's tokens (default 64 contexts); `stream_interval`,
+        `incremental`: sglang's flags; `waiting_timeout_s`: SGLANG_REQ_WAITING_TIMEOUT (off)."""
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.end_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.script = [r if isinstance(r, Reply) else Reply(r) for r in script or []]
         self.context_len = context_len
+        self.pool_tokens = pool_tokens or 64 * context_len
         self.vocab_size = len(self.tokenizer)
         self.token_delay_s = token_delay_s
         self.launched_by_verl = launched_by_verl
         self.incremental = incremental  # server_args.py: incremental_streaming_output
+        self.stream_interval = stream_interval
+        self.waiting_timeout_s = waiting_timeout_s
         self.weight_version = "default"  # server_args.py: ServerArgs.weight_version
         self.released = False
-        self.aborted: set[str] = set()  # rids, by /abort_request or a stream whose client left
-        self.streaming: set[str] = set()  # rids of streams not yet finished
+        self.running: dict[str, Call] = {}  # rid -> a call decoding
+        self.waiting: dict[str, Call] = {}  # rid -> a call retracted to the waiting queue
+        self.aborted: set[str] = set()  # rids aborted by /abort_request or a client that left
+        self.died: str | None = None  # the assertion that killed the scheduler
+        self.on_death: Callable[[], None] = lambda: None  # `served()` stops the server
         self.log = Log()
 
-    # ------------------------------------------------------------------ validation
+    @contextmanager
+    def served(self) -> Iterator[str]:
+        """The stand-in on 127.0.0.1 (its base URL); a scheduler's death stops the server, as
+        sglang's `kill_process_tree` does, so later connections are refused."""
+        with serve_server(self.app()) as (url, server):
+            self.on_death = lambda: _kill(server)
+            yield url
+
+    # ------------------------------------------------------------------ limits
+
+    @property
+    def max_req_len(self) -> int:
+        """managers/tp_worker.py: the longest request, prompt and output."""
+        return min(self.context_len - 1, self.pool_tokens - 1)
 
     def check(self, input_ids: list[int], params: dict[str, Any]) -> str | None:
         """The message sglang's 400 carries for this request, or None: `sampling/sampling_params.py`
@@ -140,9 +195,28 @@ class SglangStandIn:
             )
         return None
 
+    def too_long(self, prompt_tokens: int) -> str | None:
+        """The scheduler's refusal of a prompt at the edge of the context or the KV pool
+        (managers/utils.py `validate_input_length`), or None."""
+        limit = self.max_req_len - RESERVED_TOKENS
+        if prompt_tokens < limit:
+            return None
+        return (
+            f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length ({limit} "
+            "tokens). Use a shorter input or enable --allow-auto-truncate."
+        )
+
+    def new_tokens(self, prompt_tokens: int, asked: int | None) -> int:
+        """managers/scheduler.py `init_req_max_new_tokens`: what is asked, within the room left."""
+        if asked is None:
+            asked = 1 << 30
+        room = self.max_req_len - prompt_tokens - 1
+        pool_room = self.pool_tokens - prompt_tokens - 2  # page_size 1
+        return max(0, min(asked, room, pool_room))
+
     # ------------------------------------------------------------------ generation
 
-    async def generate(self, body: dict[str, Any]) -> Response:
+    async def generate(self, body: dict[str, Any], request: Request) -> Response:
         """`entrypoints/http_server.py` `generate_request`: 400 with `{"error": {"message"}}` for a
         refused request; else `{"output_ids", "meta_info"}` (no `text`: the tokenizer is skipped),
         or its event stream when `stream` is true. A streamed request is checked inside its
@@ -158,102 +232,228 @@ class SglangStandIn:
             return JSONResponse({"error": {"message": problem}}, status_code=400)
         if self.released:
             self.log.generated_while_released += 1
-        rid = body.get("rid") or uuid.uuid4().hex
-        reply = self.script.pop(0) if self.script else Reply("")
-        max_new_tokens = params.get("max_new_tokens", 128)
         call = Call(
-            rid=rid,
+            rid=body.get("rid") or uuid.uuid4().hex,
             prompt_tokens=len(input_ids),
             logprobs=bool(body.get("return_logprob")),
             started=time.monotonic(),
+            stream_interval=params.get("stream_interval") or self.stream_interval,
         )
-        steps = self.sample(call, reply, max_new_tokens)
+        self.start(call, params)
         if body.get("stream"):
-            self.streaming.add(rid)
             return StreamingResponse(
-                self.stream(call, steps),
+                self.stream(call),
                 media_type="text/event-stream",
-                background=BackgroundTask(self.abandon, rid),
+                background=BackgroundTask(self.abandon, call.rid),
             )
-        try:
-            async for _ in steps:
-                pass
-        except ValueError as e:
-            # entrypoints/http_server.py `_create_error_response`
-            return JSONResponse({"error": {"message": str(e)}}, status_code=400)
-        meta = self.meta_info(call, 0, call.finish)
-        return JSONResponse({"output_ids": call.output_ids, "meta_info": meta})
+        return await self.answer(call, request)
 
-    async def sample(self, call: Call, reply: Reply, max_new_tokens: int) -> AsyncIterator[None]:
-        """Append the reply's tokens to `call.output_ids`, one per `token_delay_s`, and yield once
-        each token is known not to be the last; `call.finish` is set at the end
-        (managers/schedule_batch.py FINISH_*)."""
+    def start(self, call: Call, params: dict[str, Any]) -> None:
+        """The call into the scheduler: aborted at once (400) if its prompt is too long, else
+        decoded by a task of its own."""
+        max_new_tokens = params.get("max_new_tokens", 128)
+        self.running[call.rid] = call
+        refusal = self.too_long(call.prompt_tokens)
+        if refusal is not None:
+            # managers/schedule_batch.py `set_finish_with_abort`: FINISH_ABORT with status 400
+            finish = {"type": "abort", "status_code": 400, "err_type": "BadRequestError"}
+            self.end(call, {**finish, "message": refusal})
+            return
+        reply = self.script.pop(0) if self.script else Reply("")
+        limit = self.new_tokens(call.prompt_tokens, max_new_tokens)
+        decoding = self.decode(call, reply, limit, ignore_eos=params.get("ignore_eos", False))
+        asyncio.get_running_loop().create_task(decoding)
+
+    async def decode(
+        self, call: Call, reply: Reply, max_new_tokens: int, *, ignore_eos: bool = False
+    ) -> None:
+        """The scheduler's work on one call: the reply's tokens, one per `token_delay_s`, each
+        streamed as the output streamer would (the last token's output is the finished one); ends
+        by stop, length, abort or a ValueError (managers/schedule_batch.py FINISH_*). With
+        `ignore_eos` the end-of-turn token ends nothing: the reply is sampled again after it."""
         wanted = [*self.tokenizer.encode(reply.text, add_special_tokens=False), self.end_id]
+        if ignore_eos:
+            wanted = wanted * (max_new_tokens // len(wanted) + 1)
         for token in wanted:
-            if len(call.output_ids) == max_new_tokens:
-                call.finish = {"type": "length", "length": max_new_tokens}
-                self.log.finished_at.append(time.monotonic())
+            made = len(call.output_ids)
+            if made == max_new_tokens:
+                self.end(call, {"type": "length", "length": max_new_tokens})
                 return
-            if call.rid in self.aborted or reply.abort_after == len(call.output_ids):
-                # managers/tokenizer_manager.py `_handle_abort_req`: the partial output, a 200
-                call.finish = {"type": "abort", "message": "Abort in waiting queue"}
+            if call.to_abort or reply.abort_after == made:
+                self.end(call, _aborted("Aborted"))  # FINISH_ABORT(): one more step, no token
                 return
-            if reply.fail_after == len(call.output_ids):
-                raise ValueError(f"scripted failure after {reply.fail_after} tokens")
-            if call.output_ids:
-                yield
+            if reply.fail_after == made:
+                call.error = f"scripted failure after {reply.fail_after} tokens"
+                self.end(call, None)
+                return
+            if reply.retract_after == made:
+                self.retract(call)
+                return
             await asyncio.sleep(self.token_delay_s)
             call.output_ids.append(token)
-        call.finish = {"type": "stop", "matched": self.end_id}
-        self.log.finished_at.append(time.monotonic())
+            if token == self.end_id and not ignore_eos:
+                self.end(call, {"type": "stop", "matched": self.end_id})
+                return
+            if len(call.output_ids) < max_new_tokens and _streams_at(
+                len(call.output_ids), call.stream_interval
+            ):
+                call.outputs.put_nowait(len(call.output_ids))
 
-    async def stream(self, call: Call, steps: AsyncIterator[None]) -> AsyncIterator[bytes]:
-        """`entrypoints/http_server.py` `generate_request` (streamed): a chunk per token, the last
-        with the finish reason, then `[DONE]`; a ValueError is sent as its error chunk
-        (managers/tokenizer_manager.py `_handle_batch_output` builds the chunks)."""
+    def end(self, call: Call, finish: dict[str, Any] | None) -> None:
+        """The call leaves the scheduler with `finish` (None: failed); its stream's last output."""
+        call.finish = finish
+        self.running.pop(call.rid, None)
+        self.waiting.pop(call.rid, None)
+        if finish is not None and finish["type"] in ("stop", "length"):
+            self.log.finished_at.append(time.monotonic())
+        call.outputs.put_nowait(None)
+        call.done.set()
+
+    def retract(self, call: Call) -> None:
+        """The call back to the waiting queue, its output kept (managers/scheduler.py retracts
+        decoding requests when the KV cache runs out); it waits there until aborted, or until
+        `waiting_timeout_s` aborts it with a 503 (`_abort_on_waiting_timeout`)."""
+        self.running.pop(call.rid, None)
+        self.waiting[call.rid] = call
+        if self.waiting_timeout_s is not None:
+            message = "Request waiting timeout reached."
+            timeout = {"type": "abort", "status_code": 503, "message": message}
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.waiting_timeout_s, self.abort_waiting, call, timeout)
+
+    def abort_waiting(self, call: Call, finish: dict[str, Any]) -> None:
+        """A waiting call aborted: the tokenizer manager answers it as `_handle_abort_req` does."""
+        if self.waiting.get(call.rid) is call:
+            call.ended_waiting = True
+            self.end(call, finish)
+
+    def abort(self, rid: str) -> None:
+        """`/abort_request`: managers/tokenizer_manager.py drops an rid no request in flight has;
+        managers/scheduler.py `abort_request` then ends every call whose rid starts with it, a
+        waiting one now, a running one at its next step."""
+        if rid not in self.running and rid not in self.waiting:
+            return
+        self.aborted.add(rid)
+        for call in list(self.waiting.values()):
+            if call.rid.startswith(rid):
+                self.abort_waiting(call, {"type": "abort", "message": "Abort in waiting queue"})
+        for call in self.running.values():
+            if call.rid.startswith(rid):
+                call.to_abort = True
+
+    async def answer(self, call: Call, request: Request) -> Response:
+        """The unstreamed reply once the call ends; a client that leaves first gets its call
+        aborted (managers/tokenizer_manager.py `_wait_one_response`, types 1 and 3)."""
+        while not call.done.is_set():
+            try:
+                await asyncio.wait_for(call.done.wait(), 0.05)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    self.abort(call.rid)
+        if call.error is not None:
+            # entrypoints/http_server.py `_create_error_response`
+            return JSONResponse({"error": {"message": call.error}}, status_code=400)
+        finish = call.finish or {}
+        if finish.get("status_code") == 400:  # `_handle_abort_finish_reason` raises a ValueError
+            return JSONResponse({"error": {"message": finish["message"]}}, status_code=400)
+        if finish.get("status_code") == 503:  # ... and an HTTPException for 503
+            return JSONResponse({"detail": finish["message"]}, status_code=503)
+        meta = self.meta_info(call, 0, len(call.output_ids), call.finish)
+        return JSONResponse({"output_ids": call.output_ids, "meta_info": meta})
+
+    async def stream(self, call: Call) -> AsyncIterator[bytes]:
+        """`entrypoints/http_server.py` `generate_request` (streamed): a chunk per output the
+        scheduler sent, the last with the finish reason, then `[DONE]`; a ValueError is sent as its
+        error chunk (managers/tokenizer_manager.py `_handle_batch_output` builds the chunks)."""
         sent = 0
-        try:
-            async for _ in steps:
-                yield self.chunk(call, sent, None)
-                if self.incremental:
-                    sent = len(call.output_ids)
-            yield self.chunk(call, sent, call.finish)
-        except ValueError as e:
-            yield _event({"error": _error_chunk(str(e))})
-        self.streaming.discard(call.rid)
+        while (count := await call.outputs.get()) is not None:
+            yield self.chunk(call, sent, count, None)
+            if self.incremental:
+                sent = count
+        if call.error is not None:
+            yield _event({"error": _error_chunk(call.error)})
+        elif call.ended_waiting:
+            yield self.waiting_chunk(call)
+        else:
+            yield self.chunk(call, sent, len(call.output_ids), call.finish)
         yield b"data: [DONE]\n\n"
 
-    def chunk(self, call: Call, sent: int, finish: dict[str, Any] | None) -> bytes:
-        """One chunk: the output from token `sent` on (0 unless incremental); `completion_tokens`
-        stays the total (`_slice_streaming_output_meta_info` slices only the per-token lists)."""
-        meta = self.meta_info(call, sent, finish)
-        return _event({"output_ids": call.output_ids[sent:], "meta_info": meta})
+    def chunk(self, call: Call, sent: int, count: int, finish: dict[str, Any] | None) -> bytes:
+        """One chunk: the output from token `sent` to `count` (`sent` is 0 unless incremental);
+        `completion_tokens` is the total (`_slice_streaming_output_meta_info` slices only the
+        per-token lists)."""
+        meta = self.meta_info(call, sent, count, finish)
+        return _event({"output_ids": call.output_ids[sent:count], "meta_info": meta})
 
-    def meta_info(self, call: Call, sent: int, finish: dict[str, Any] | None) -> dict[str, Any]:
-        """sglang's `meta_info` of the call so far, its logprobs from token `sent` on."""
+    def waiting_chunk(self, call: Call) -> bytes:
+        """managers/tokenizer_manager.py `_handle_abort_req`, streamed: only the last output id,
+        with `completion_tokens` and the logprobs of all of them."""
+        meta = self.meta_info(call, 0, len(call.output_ids), call.finish)
+        return _event({"output_ids": call.output_ids[-1:], "meta_info": meta})
+
+    def meta_info(
+        self, call: Call, sent: int, count: int, finish: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """sglang's `meta_info` of the call's first `count` tokens, their logprobs from `sent` on."""
         meta: dict[str, Any] = {
             "id": call.rid,
             "finish_reason": finish,
             "prompt_tokens": call.prompt_tokens,
             "weight_version": self.weight_version,
-            "completion_tokens": len(call.output_ids),
+            "completion_tokens": count,
             "cached_tokens": 0,
-            "e2e_latency": time.monotonic() - call.started,
         }
+        if finish is not None:  # only the reply or its stream's last chunk has it
+            meta["e2e_latency"] = time.monotonic() - call.started
         if call.logprobs:
             # sglang returns [logprob, token id, None] per output token when it skips the tokenizer
             meta["output_token_logprobs"] = [
-                [fake_logprob(i), call.output_ids[i], None]
-                for i in range(sent, len(call.output_ids))
+                [fake_logprob(i), call.output_ids[i], None] for i in range(sent, count)
             ]
         return meta
 
-    def abandon(self, rid: str) -> None:
-        """managers/tokenizer_manager.py `create_abort_task`: after the stream, a request not
-        finished is aborted (sglang waits 2 s first; the stand-in does not)."""
-        if rid in self.streaming:
-            self.streaming.discard(rid)
-            self.aborted.add(rid)
+    async def abandon(self, rid: str) -> None:
+        """managers/tokenizer_manager.py `create_abort_task`, run after every stream: 2 s later,
+        the request is aborted if it still runs (its client left). One that ended needs no
+        abort: the stand-in does not wait then (sglang's wait changes nothing it answers)."""
+        if rid not in self.running and rid not in self.waiting:
+            return
+        await asyncio.sleep(ABORT_GRACE_S)
+        self.abort(rid)
+
+    # ------------------------------------------------------------------ the scheduler's state
+
+    def idle(self) -> bool:
+        """scheduler.py `is_fully_idle`: nothing running, nothing waiting."""
+        return not self.running and not self.waiting
+
+    async def die_unless_idle(self, assertion: str) -> None:
+        """A command that asserts the server is idle: if it is not, the scheduler dies and the
+        server with it: this request and every open connection are dropped, later ones refused."""
+        if self.idle():
+            return
+        self.died = assertion
+        self.on_death()
+        await asyncio.Event().wait()  # cancelled when the server stops
+
+    def loads(self) -> dict[str, Any]:
+        """entrypoints/v1_loads.py: one load per data-parallel rank (managers/load_snapshot.py
+        `to_dict`); the figures agl does not read are zero."""
+        load = {
+            "dp_rank": 0,
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting),
+            "num_waiting_uncached_tokens": 0,
+            "num_used_tokens": 0,
+            "num_total_tokens": 0,
+            "max_total_num_tokens": self.pool_tokens,
+            "max_running_requests": 4096,
+            "token_usage": 0.0,
+            "gen_throughput": 0.0,
+            "cache_hit_rate": 0.0,
+            "utilization": 0.0,
+        }
+        return {"timestamp": datetime.now(UTC).isoformat(), "version": VERSION, "loads": [load]}
 
     # ------------------------------------------------------------------ the HTTP face
 
@@ -269,13 +469,17 @@ class SglangStandIn:
     def generation_routes(self, app: FastAPI) -> None:
         @app.post("/generate")
         async def generate(request: Request) -> Response:
-            return await self.generate(_json(await request.body()) or {})
+            return await self.generate(_json(await request.body()) or {}, request)
 
         @app.post("/abort_request")
         async def abort_request(request: Request) -> Response:
-            """entrypoints/http_server.py: a 200 with an empty body."""
+            """entrypoints/http_server.py: a 200 with an empty body, whatever the rid."""
             body = _json(await request.body()) or {}
-            self.aborted.add(str(body.get("rid")))
+            if body.get("abort_all"):
+                for rid in [*self.running, *self.waiting]:
+                    self.abort(rid)
+            else:
+                self.abort(str(body.get("rid") or ""))
             return Response(status_code=200)
 
     def info_routes(self, app: FastAPI) -> None:
@@ -309,6 +513,10 @@ class SglangStandIn:
             }
             return {"object": "list", "data": [card]}
 
+        @app.get("/v1/loads")
+        async def loads() -> dict[str, Any]:
+            return self.loads()
+
         @app.get("/server_info")
         @app.get("/get_server_info")
         async def server_info() -> Response:
@@ -326,6 +534,7 @@ class SglangStandIn:
         @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
         async def release() -> None:
             """entrypoints/http_server.py: the route returns nothing, so FastAPI answers `null`."""
+            await self.die_unless_idle(IDLE)
             self.released = True
 
         @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
@@ -335,13 +544,14 @@ class SglangStandIn:
         @app.post("/update_weights_from_disk")
         async def update_weights_from_disk(request: Request) -> Response:
             """entrypoints/http_server.py and managers/tokenizer_manager.py: loaded at once,
-            asleep or not."""
+            asleep or not; then the cache is flushed, which asserts the server is idle."""
             body = _json(await request.body()) or {}
             path = str(body.get("model_path"))
             if not Path(path).is_dir():
                 message = f"Failed to get weights iterator: {path} (repository not found)."
                 content = {"success": False, "message": message, "num_paused_requests": 0}
                 return JSONResponse(content, status_code=400)
+            await self.die_unless_idle(FLUSH)
             if self.released:
                 self.log.loaded_while_released.append(path)
             self.model_path = path
@@ -367,6 +577,9 @@ class SglangStandIn:
 
         @app.api_route("/flush_cache", methods=["GET", "POST"])
         async def flush_cache() -> Response:
+            """scheduler.py `flush_cache`: refused (400) while a request runs or waits."""
+            if not self.idle():
+                return Response("Flush cache failed.\n", status_code=400)
             return Response("Cache flushed.\n")
 
 
@@ -399,6 +612,28 @@ class Recorder:
             return {"type": "http.request", "body": raw, "more_body": False}
 
         await self.app(scope, replay, send)
+
+
+def _kill(server: uvicorn.Server) -> None:
+    """What sglang's `kill_process_tree` does to its HTTP server, from inside its event loop: no
+    more connections accepted, every open one dropped."""
+    for listening in server.servers:
+        listening.close()
+    for connection in list(server.server_state.connections):
+        connection.transport.abort()  # type: ignore[attr-defined]
+    server.should_exit = True
+
+
+def _streams_at(count: int, interval: int) -> bool:
+    """output_streamer.py: whether a stream gets a chunk once the output has `count` tokens."""
+    if interval > 1:
+        return count % interval == 1
+    return True
+
+
+def _aborted(message: str) -> dict[str, Any]:
+    """managers/schedule_batch.py `FINISH_ABORT(message).to_json()`, with no status code."""
+    return {"type": "abort", "message": message, "status_code": None, "err_type": None}
 
 
 def _error_chunk(message: str) -> dict[str, Any]:

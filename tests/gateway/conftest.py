@@ -17,8 +17,9 @@ from tests.conftest import tiny_path  # noqa: F401
 
 
 @contextmanager
-def serve(app: object, port: int = 0) -> Iterator[str]:
-    """Run an ASGI app with uvicorn in a thread on `port` (default: a free one); yield its base URL."""
+def serve_server(app: object, port: int = 0) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Run an ASGI app with uvicorn in a thread on `port` (default: a free one); yield its base URL
+    and the server (setting its `should_exit` stops it early)."""
     sock = socket.socket()
     # a port a server just left can be served again
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -33,8 +34,15 @@ def serve(app: object, port: int = 0) -> Iterator[str]:
         while not server.started:
             assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
             time.sleep(0.01)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", server
     finally:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+@contextmanager
+def serve(app: object, port: int = 0) -> Iterator[str]:
+    """Run an ASGI app with uvicorn in a thread on `port` (default: a free one); yield its base URL."""
+    with serve_server(app, port) as (url, _):
+        yield url

@@ -103,5 +103,5 @@ def stack(
 @contextmanager
 def sglang_stack(sglang: SglangStandIn, tmp: Path, **settings: object) -> Iterator[Stack]:
     """The scripted sglang stand-in (tests/sglang.py) behind a gateway; the Stack's `engine` is not set."""
-    with serve(sglang.app()) as engine_url, gateway(engine_url, tmp, **settings) as s:
+    with sglang.served() as engine_url, gateway(engine_url, tmp, **settings) as s:
         yield s

@@ -178,6 +178,8 @@ async def test_generate_parses_sglang_reply(stand_ins: list[tuple[str, StandIn]]
     assert (g.finish_reason, g.replica) == ("length", url)
     (method, path, body) = s.requests[0]
     assert (method, path) == ("POST", "/generate")
+    rid = body.pop("rid")  # each generation's own, to abort it by
+    assert len(rid) == 32 and int(rid, 16) >= 0
     assert body == {
         "input_ids": [5, 6],
         "sampling_params": {"max_new_tokens": 3, "temperature": 0.5},
@@ -276,14 +278,21 @@ async def test_attempts_are_bounded_and_the_error_is_typed(
 
 
 async def test_timeouts_are_retried_and_bounded(stand_ins: list[tuple[str, StandIn]]) -> None:
+    """Each try that times out is aborted by its own rid before the next: no generation runs on
+    behind a call that gave it up."""
     url, s = stand_ins[0]
-    s.script = [(200, None, 1.5)] * 2
+    slow = (200, None, 1.5)
+    aborted = (200, "", 0.0)  # sglang's `/abort_request`: a 200 with an empty body
+    s.script = [slow, aborted, slow, aborted]
     start = time.monotonic()
     async with client([url], attempts=2, timeout_s=0.2) as engines:
         with pytest.raises(EngineUnavailable) as e:
             await engines.generate([1], {})
     assert time.monotonic() - start < 1.2
-    assert isinstance(e.value.__cause__, TimeoutError) and len(s.requests) == 2
+    assert isinstance(e.value.__cause__, TimeoutError)
+    assert s.paths() == ["/generate", "/abort_request"] * 2
+    rids = [body["rid"] for _, _, body in s.requests]
+    assert rids[0] == rids[1] != rids[2] == rids[3]
 
 
 async def test_a_malformed_reply_is_a_protocol_error(stand_ins: list[tuple[str, StandIn]]) -> None:
@@ -349,20 +358,23 @@ async def test_model_info_fails_over(stand_ins: list[tuple[str, StandIn]]) -> No
     (url, s) = stand_ins[0]
     s.script = [(200, {"model_path": "/m", "tokenizer_path": "/t", "weight_version": "2"}, 0.0)]
     s.script.append((200, {"object": "list", "data": [{"id": "/m", "owned_by": "sglang"}]}, 0.0))
+    s.script.append((404, {"detail": "Not Found"}, 0.0))  # an engine without `/v1/loads`
     async with client([dead_url(), url], attempts=2) as engines:
         info = await engines.model_info()
     assert info.tokenizer_path == "/t" and info.weight_version == "2"
     assert info.context_length is None and info.owned_by == "sglang"
+    assert info.pool_tokens is None
 
 
 async def test_the_context_length_comes_from_v1_models_not_server_info(tiny_path: Path) -> None:
     """On servers verl launches, sglang's `/server_info` answers 500 (tests/sglang.py says why); its
     `/v1/models` card carries `max_model_len`. The gateway starts in front of such a server."""
     sglang = SglangStandIn(tiny_path, context_len=4096)
-    with serve(sglang.app()) as url:
+    with sglang.served() as url:
         assert httpx.get(url + "/server_info").status_code == 500
         async with client([url], attempts=1) as engines:
             info = await engines.model_info()
+    assert info.pool_tokens == sglang.pool_tokens  # `/v1/loads`' max_total_num_tokens
     assert (
         info.context_length == 4096
         and info.owned_by == "sglang"
@@ -374,8 +386,129 @@ async def test_the_context_length_comes_from_v1_models_not_server_info(tiny_path
 async def test_an_aborted_generation_raises_and_returns_nothing(tiny_path: Path) -> None:
     """sglang answers an abort with a 200, `finish_reason {"type": "abort"}` and the partial output."""
     sglang = SglangStandIn(tiny_path, [Reply("one two three four", abort_after=2)])
-    with serve(sglang.app()) as url:
+    with sglang.served() as url:
         async with client([url], attempts=1) as engines:
             with pytest.raises(EngineAborted, match="aborted"):
                 await engines.generate([1, 2, 3], {"max_new_tokens": 16})
     assert sglang.log.paths() == ["/generate"]  # not retried: the harness retries the call
+
+
+# ---------------------------------------------------------------------------- streams left early
+
+LONG = "word " * 1000  # about 600 tokens: 6 s at 10 ms a token
+
+
+def generated(sglang: SglangStandIn) -> list[dict[str, Any]]:
+    """The bodies of the `/generate` requests the stand-in received."""
+    return [body for path, body in sglang.log.requests if path == "/generate"]
+
+
+def aborts(sglang: SglangStandIn) -> list[str]:
+    """The rids the stand-in was asked to abort."""
+    return [body["rid"] for path, body in sglang.log.requests if path == "/abort_request"]
+
+
+async def read_pieces(engines: EngineClient, count: int) -> None:
+    """A stream read for `count` pieces, then left (the loop broken: a stop string, a harness)."""
+    pieces = engines.stream([1, 2, 3], {"max_new_tokens": 1500})
+    async with contextlib.aclosing(pieces):
+        async for _ in pieces:
+            count -= 1
+            if count == 0:
+                break
+
+
+@pytest.mark.parametrize("how", ["broken", "cancelled"])
+async def test_a_stream_left_early_is_aborted_by_its_rid_and_read_to_its_end(
+    tiny_path: Path, how: str
+) -> None:
+    """Left after 3 pieces (its loop broken, or its task cancelled as when a harness goes), the
+    stream's generation is aborted by its rid, and the engine no longer runs it once the stream has
+    closed: sglang would abort it only 2 s later, and dies on a weight update before that. The
+    connection then serves the next request."""
+    sglang = SglangStandIn(tiny_path, [LONG, "Hi."], token_delay_s=0.01)
+    with sglang.served() as url:
+        async with client([url], attempts=1) as engines:
+            if how == "broken":
+                await read_pieces(engines, 3)
+            else:
+                reading = asyncio.create_task(read_pieces(engines, 1000))
+                while not sglang.running:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.05)
+                reading.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await reading
+            idle_at_close = sglang.idle()
+            after = await engines.generate([1, 2, 3], {"max_new_tokens": 16})
+            inflight = engines.replicas[0].inflight
+    (first, _) = generated(sglang)
+    assert idle_at_close and aborts(sglang) == [first["rid"]]
+    assert after.finish_reason == "stop" and inflight == 0
+    assert sglang.died is None
+
+
+async def test_a_stream_past_its_time_limit_is_aborted_and_unavailable(tiny_path: Path) -> None:
+    """`timeout_s` bounds a whole generation: past it the stream fails as unavailable, and its
+    generation is aborted first."""
+    sglang = SglangStandIn(tiny_path, [LONG], token_delay_s=0.01)
+    with sglang.served() as url:
+        async with client([url], attempts=1, timeout_s=0.3) as engines:
+            with pytest.raises(EngineUnavailable, match=r"no whole generation within 0\.3 s"):
+                await read_pieces(engines, 1000)
+            idle = sglang.idle()
+    assert idle and aborts(sglang) == [generated(sglang)[0]["rid"]]
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+async def test_a_prompt_at_the_context_edge_is_rejected_and_not_retried(
+    tiny_path: Path, streamed: bool
+) -> None:
+    """sglang aborts a prompt of `min(C - 1, pool - 1) - 5` tokens or more with status 400 (in a
+    stream, a 200 whose chunk says so): a rejection, not a generation to retry."""
+    sglang = SglangStandIn(tiny_path, context_len=64)
+    prompt = [5] * (63 - 5)
+    with sglang.served() as url:
+        async with client([url], attempts=3) as engines:
+            with pytest.raises(EngineRejected, match="exceeds the maximum allowed length"):
+                if streamed:
+                    async for _ in engines.stream(prompt, {"max_new_tokens": 1}):
+                        pass
+                else:
+                    await engines.generate(prompt, {"max_new_tokens": 1})
+    assert len(generated(sglang)) == 1 and aborts(sglang) == []
+
+
+async def test_an_abort_in_the_waiting_queue_is_an_abort_not_a_malformed_chunk(
+    tiny_path: Path,
+) -> None:
+    """A request retracted to the waiting queue after 5 tokens and aborted there (sglang's waiting
+    time-out) ends with a chunk of only its last id while the client has seen 1 (`--stream-interval
+    8`): an abort the harness may retry."""
+    script = [Reply(LONG, retract_after=5)]
+    sglang = SglangStandIn(
+        tiny_path, script, incremental=True, stream_interval=8, waiting_timeout_s=0.1
+    )
+    with sglang.served() as url:
+        async with client([url], attempts=1) as engines:
+            with pytest.raises(EngineAborted, match="Request waiting timeout reached"):
+                await read_pieces(engines, 1000)
+    assert aborts(sglang) == []  # its last chunk came: nothing runs to abort
+
+
+async def test_a_kept_connection_closed_unanswered_is_resent_for_a_stream_too() -> None:
+    """A streamed `/generate` on a kept connection the engine closed without a word (its keep-alive
+    ran out) is sent again at once on a new one, and the replica is not taken for down."""
+    chunk = {**sglang_reply([1]), "output_ids": [1, 2, 3]}
+    body = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    stream = head + b"content-length: %d\r\n\r\n" % len(body) + body
+    async with (
+        raw_replica([stream, b"", stream]) as (url, connections),
+        client([url], attempts=1) as engines,
+    ):
+        for _ in range(2):
+            pieces = [p async for p in engines.stream([1], {})]
+            assert [p.output_ids for p in pieces] == [[1, 2, 3]]
+        down = engines.replicas[0].down_until
+    assert down == 0.0 and len(connections) == 2

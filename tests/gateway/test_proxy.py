@@ -13,6 +13,7 @@ import pytest
 
 from agl.store import Store
 from agl.types import Charge, Status
+from gateway.engines import Room
 from gateway.proxy import Gate, Proxy
 from gateway.rollouts import RolloutStates
 from gateway.settings import GatewaySettings
@@ -26,7 +27,8 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def proxy_on(store: Store) -> Proxy:
     unused: Any = None  # the engines and the renderer: no call is sampled
-    return Proxy(store, unused, unused, GatewaySettings(), honours_seed=True)
+    room = Room(context_length=2048)
+    return Proxy(store, unused, unused, GatewaySettings(), room=room, honours_seed=True)
 
 
 def test_a_rollout_s_state_is_forgotten_when_it_ends_or_goes_back_to_the_queue(store: Store):

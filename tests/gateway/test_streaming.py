@@ -18,10 +18,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from transformers import AutoModelForCausalLM
 
 from gateway.render import parse_reply
 from tests.gateway.stack import Stack, sglang_stack
 from tests.sglang import Reply, SglangStandIn, fake_logprob
+from trainer.engines import DiskEngine
 
 DELAY_S = 0.03  # between two sampled tokens
 TOOL = {"command": "ls -la"}
@@ -206,8 +208,8 @@ def test_anthropic_messages_stream_as_sampled(tiny_path: Path, tmp_path: Path) -
 def test_a_stop_string_split_across_tokens_never_reaches_the_harness(
     tiny_path: Path, tmp_path: Path
 ) -> None:
-    """The stop string is held back while it may be forming; once sampled, the engine is told to
-    stop (the client goes: sglang aborts) and the reply is cut before it, as recorded."""
+    """The stop string is held back while it may be forming; once sampled, the gateway aborts the
+    generation by its rid, and the reply is cut before it, as recorded."""
     sglang = SglangStandIn(
         tiny_path, ["Count: 1, 2, 3 END and then much more text"], token_delay_s=DELAY_S
     )
@@ -227,6 +229,43 @@ def test_a_stop_string_split_across_tokens_never_reaches_the_harness(
     assert call["finish_reason"] == "stop_sequence"
     assert call["response"]["text"] == "Count: 1, 2, 3"
     assert sglang.aborted  # the rest was never sampled
+
+
+@pytest.mark.parametrize("ending", ["a stop string", "the harness leaves"])
+def test_a_stream_ended_early_then_pause_and_sleep_leave_sglang_alive(
+    tiny_path: Path, tmp_path: Path, ending: str
+) -> None:
+    """The H200's crash (shared/evidence/sglang-0.5.13/): a stream the gateway stopped reading
+    early (a stop string, or a harness that left after 5 chunks), the pause, then the trainer's
+    sleep. sglang aborts a gone client only 2 s later and dies if its memory is released before: the
+    gateway aborts the generation by its rid, and the pause returns once the engine runs nothing.
+    The engine then sleeps, loads a version, and the next call is answered under it."""
+    sglang = SglangStandIn(tiny_path, ["word " * 1000, "Hi."], token_delay_s=0.01)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with sglang_stack(sglang, tmp_path) as s:
+        r = s.rollout()
+        client = openai_client(r)
+        stops = [" word word"] if ending == "a stop string" else None
+        stream = client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=1000, stop=stops, stream=True
+        )
+        for chunks, _ in enumerate(stream, start=1):
+            if chunks == 5:
+                stream.close()  # the harness leaves (a stop string has ended it before)
+                break
+        s.admin.post("/api/pause", timeout=60).raise_for_status()
+        idle_once_paused = sglang.idle()
+        disk = DiskEngine(s.engine_url, tmp_path / "weights", model.save_pretrained)
+        disk.sleep()
+        disk.push(None, 1)
+        disk.wake()
+        disk.close()
+        s.admin.post("/api/resume", json={"version": 1}).raise_for_status()
+        after = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=16)
+        calls = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
+    assert idle_once_paused and sglang.died is None
+    assert after.choices[0].message.content == "Hi." and calls[-1]["model_version"] == 1
+    assert len(sglang.aborted) == 1
 
 
 def test_an_engine_failure_mid_stream_ends_each_format_with_its_error(
