@@ -216,9 +216,11 @@ class Backend:
         weights = Path(cfg.trainer.default_local_dir) / "weights"
         self.engine: DiskEngine | Collocated
         if on_cpu:
-            self.engine = DiskEngine(agl.engine, weights, lambda p: self.wg.save_weights(str(p)))
+            self.engine = DiskEngine(
+                agl.engine, weights, lambda p: self.wg.save_weights(str(p)), idle_s=agl.idle_s
+            )
         else:
-            self.engine = Collocated(cfg, self.wg, pool)
+            self.engine = Collocated(cfg, self.wg, pool, idle_s=agl.idle_s)
         log.info("engines for the gateway: %s", self.engine.endpoints())
 
     def update(self, batch: Batch) -> dict[str, float]:

@@ -80,6 +80,12 @@ class AglConfig(Strict):
         "stop", description="stop, or restore the best-validated weights."
     )
     poll_s: float = Field(0.5, gt=0, description="How often rollout progress is read (seconds).")
+    idle_s: float = Field(
+        30.0,
+        gt=0,
+        description="Before sleep or a weight push: how long an engine may take to end its "
+        "requests (seconds).",
+    )
     seed: int = 0
 
     def adapter(self, dp_size: int = 1, minibatch_rollouts: int | None = None) -> AdapterSettings:

@@ -1,12 +1,18 @@
 """`agl doctor CONFIG [key=value ...]`: a preflight of the training stack, before a long GPU run.
 
-It takes the config and overrides `agl train` takes and runs six checks in order, each relying on
-the ones before: the installed versions against agl's pins (the `gpu` extra on `trainer.device:
-cuda`, `train` on `cpu`); CUDA sees the GPUs the config asks for; the backend starts (Ray, verl's
-worker group and, on cuda, verl's sglang servers); each engine answers `/v1/models` with the
-context the config names; one `/generate` with logprobs comes back as the gateway records it; one
-weight push through the trainer's own path (sleep, push, wake) reaches every engine. It prints a
-table and, for the first failure, what to do; it stops there.
+It takes the config and overrides `agl train` takes and runs eight checks in order, each relying
+on the ones before, prints a table and, for the first failure, what to do; it stops there:
+- versions: the installed versions against agl's pins (the `gpu` extra on `trainer.device: cuda`,
+  `train` on `cpu`);
+- cuda: CUDA sees the GPUs the config asks for;
+- backend: it starts (Ray, verl's worker group and, on cuda, verl's sglang servers);
+- v1/models: each engine serves the context the config names;
+- generate: one `/generate` with logprobs comes back as the gateway records it;
+- stream: a streamed `/generate` chunks at the cadence the config gives sglang (on cuda), and
+  `/abort_request` ends another by its rid, as the gateway ends a stream it leaves;
+- left stream: a stream left without an abort (a harness gone behind a gateway that
+  crashed), then the trainer's sleep and wake: the sequence that killed sglang on an H200;
+- weight push: one push through the trainer's own path (sleep, push, wake) reaches every engine.
 
 The checks are about the stack, not the model's size: a small model of the same architecture
 family (`actor_rollout_ref.model.path=...`) checks a large run's stack in minutes. It never reads
@@ -18,6 +24,7 @@ end, and on `cpu` the engine at `agl.engine` is given back the weights and versi
 import argparse
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import shutil
@@ -26,13 +33,14 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from uuid import uuid4
 
 import httpx
 from omegaconf import DictConfig
 from packaging.requirements import Requirement
 
 from trainer.config import AglConfig, ConfigError, load_config
-from trainer.engines import base_model_path, engine_http
+from trainer.engines import base_model_path, engine_http, wait_idle
 
 if TYPE_CHECKING:
     from trainer.backend import Backend
@@ -43,7 +51,16 @@ OK = "ok"
 FAIL = "FAIL"
 SKIPPED = "skipped"
 NOT_RUN = "not run"
-CHECKS = ("versions", "cuda", "backend", "v1/models", "generate", "weight push")
+CHECKS = (
+    "versions",
+    "cuda",
+    "backend",
+    "v1/models",
+    "generate",
+    "stream",
+    "left stream",
+    "weight push",
+)
 SMALL_MODEL = (
     "The checks are about the stack, not the model's size: for a large model pass a small one of "
     "the same architecture family, e.g. actor_rollout_ref.model.path=Qwen/Qwen3.5-0.8B for "
@@ -51,6 +68,9 @@ SMALL_MODEL = (
 )
 PROMPT = [{"role": "user", "content": "Say hello in three words."}]
 SAMPLING = {"max_new_tokens": 16, "temperature": 1.0, "top_k": -1, "top_p": 1.0}
+STREAMED = {"max_new_tokens": 20, "temperature": 1.0, "ignore_eos": True}
+LONG_TOKENS = 4096  # a stream that outlasts sglang's 2 s before it aborts a gone client
+LEFT_AFTER = 5  # chunks a harness reads before it leaves (the H200's crash)
 PUSHED_VERSION = 1
 FIXES = {  # for what a check did not foresee (its traceback is in the log) or an HTTP error
     "versions": "Reinstall agl with its extra, as the README's Install section does.",
@@ -60,6 +80,10 @@ FIXES = {  # for what a check did not foresee (its traceback is in the log) or a
     "nothing else may hold the GPUs (nvidia-smi), and the model must load. " + SMALL_MODEL,
     "v1/models": "An engine did not answer /v1/models: read its log (on cuda, Ray's worker logs).",
     "generate": "An engine's /generate failed: read its log; check 1 names the sglang it needs.",
+    "stream": "An engine's streamed /generate or /abort_request failed: read its log; check 1 "
+    "names the sglang it needs.",
+    "left stream": "The engine did not survive a stream left before the trainer's sleep: "
+    "read its log (sglang: 'should be called only when server is idle' means it slept busy).",
     "weight push": "The trainer's weights did not reach the engines: read the traceback above (on "
     "cpu the engine loads them from trainer.default_local_dir, which it must be able to read).",
 }
@@ -238,6 +262,55 @@ def parse_generation(reply: Any) -> Sampled:
     return Sampled(output_ids=output_ids, logprobs=logprobs, finish=str(finish))
 
 
+def stream_cadence(total: int, interval: int) -> list[int]:
+    """The token counts at which sglang sends a stream's chunks under `--stream-interval`: at 1,
+    1 + interval, 1 + 2 x interval ... (every token at 1), and at the end (sglang's
+    scheduler_components/output_streamer.py; on an H200, 20 tokens at 8 came as 1, 9, 17, 20)."""
+    if interval > 1:
+        counts = [c for c in range(1, total) if c % interval == 1]
+    else:
+        counts = list(range(1, total))
+    return [*counts, total]
+
+
+def parse_stream(chunks: list[Any]) -> tuple[list[int], str]:
+    """A streamed `/generate`'s chunks as the gateway reads them: each chunk's
+    `meta_info.completion_tokens` (the tokens so far, in either of sglang's streaming modes) and
+    the last chunk's finish reason; each chunk's logprob pairs name its output ids. Raises
+    `MalformedReply` saying what is wrong."""
+    counts = []
+    finish: Any = None
+    for chunk in chunks:
+        try:
+            meta = chunk["meta_info"]
+            ids = [int(t) for t in chunk["output_ids"]]
+            pairs = [int(p[1]) for p in meta["output_token_logprobs"]]
+            counts.append(int(meta["completion_tokens"]))
+            finish = meta["finish_reason"]
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise MalformedReply(f"not a chunk with logprobs ({e!r}): {str(chunk)[:200]}") from e
+        if ids and pairs[-len(ids) :] != ids:
+            raise MalformedReply(f"a chunk's logprob ids {pairs[:8]} differ from {ids[:8]}")
+    if not counts or counts != sorted(counts):
+        raise MalformedReply(f"completion_tokens do not grow chunk by chunk: {counts[:12]}")
+    if isinstance(finish, dict):
+        finish = finish.get("type")
+    return counts, str(finish)
+
+
+def check_cadence(counts: list[int], interval: int) -> str:
+    """A stream's chunks came at sglang's cadence for `stream_interval` = `interval`."""
+    wanted = stream_cadence(counts[-1], interval)
+    if counts != wanted:
+        raise CheckFailed(
+            f"chunks at {counts} tokens; stream_interval {interval} sends them at {wanted}",
+            "verl passes actor_rollout_ref.rollout.engine_kwargs.sglang to sglang's server: set "
+            "stream_interval there (and incremental_streaming_output), as "
+            "examples/gpu/qwen3.5-9b-8gpu.yaml does.",
+        )
+    return f"chunks at {counts} tokens (stream_interval {interval})"
+
+
 def prompt_ids(tokenizer: Any) -> list[int]:
     """A short chat prompt as the gateway sends one: the chat template's text, tokenized."""
     text = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
@@ -261,12 +334,23 @@ class Doctor:
         self.http = engine_http(120)
         self.backend: Backend | None = None
         self.ray_started = False
-        self.asleep = False  # between the push's sleep and its wake
+        self.prompt_ids: list[int] | None = None  # `prompt()`'s
+        self.context = 0  # the shortest context an engine serves (check 4)
+        self.asleep = False  # between a check's sleep and its wake
         self.served: dict[str, Any] | None = None  # cpu: what agl.engine served before the push
 
     def run(self) -> list[Result]:
         """Each check's row, in order; after a failure, the rest are not run."""
-        checks = [self.versions, self.cuda, self.start, self.models, self.generate, self.push]
+        checks = [
+            self.versions,
+            self.cuda,
+            self.start,
+            self.models,
+            self.generate,
+            self.stream,
+            self.leave_then_sleep,
+            self.push,
+        ]
         results: list[Result] = []
         try:
             for name, check in zip(CHECKS, checks, strict=True):
@@ -349,26 +433,29 @@ class Doctor:
         served = {}
         for url in self.endpoints():
             served[url] = served_context(self.get(url, "/v1/models", "v1/models"))
+        self.context = min(served.values())
         configured = self.cfg.actor_rollout_ref.rollout.get("max_model_len")
         if configured is not None:
             configured = int(configured)
         return check_context(served, configured, self.device)
 
+    def prompt(self) -> list[int]:
+        """A chat prompt the model's tokenizer made, as the gateway sends one (made once)."""
+        if self.prompt_ids is None:
+            from transformers import AutoTokenizer
+
+            model = self.cfg.actor_rollout_ref.model
+            tokenizer = AutoTokenizer.from_pretrained(
+                model.get("tokenizer_path") or model.path,
+                trust_remote_code=bool(model.get("trust_remote_code", False)),
+            )
+            self.prompt_ids = prompt_ids(tokenizer)
+        return self.prompt_ids
+
     def generate(self) -> str:
         """Check 5: one `/generate` with logprobs on each engine, of a chat prompt the model's
         tokenizer made."""
-        from transformers import AutoTokenizer
-
-        model = self.cfg.actor_rollout_ref.model
-        tokenizer = AutoTokenizer.from_pretrained(
-            model.get("tokenizer_path") or model.path,
-            trust_remote_code=bool(model.get("trust_remote_code", False)),
-        )
-        body = {
-            "input_ids": prompt_ids(tokenizer),
-            "sampling_params": SAMPLING,
-            "return_logprob": True,
-        }
+        body = {"input_ids": self.prompt(), "sampling_params": SAMPLING, "return_logprob": True}
         sampled = [self.generate_one(url, body) for url in self.endpoints()]
         tokens = "/".join(sorted({str(len(s.output_ids)) for s in sampled}))
         finishes = "/".join(sorted({s.finish for s in sampled}))
@@ -377,6 +464,106 @@ class Doctor:
             f"{len(sampled)} engine(s): {tokens} tokens, logprobs {min(logprobs):.2f} to "
             f"{max(logprobs):.2f}, finish {finishes}"
         )
+
+    def streamed(self, max_new_tokens: int, rid: str) -> dict[str, Any]:
+        """A streamed `/generate` body of the doctor's prompt, named `rid`."""
+        sampling = {**STREAMED, "max_new_tokens": max_new_tokens}
+        return {
+            "input_ids": self.prompt(),
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "stream": True,
+            "rid": rid,
+        }
+
+    def stream(self) -> str:
+        """Check 6: on each engine, a streamed `/generate` of 20 tokens whose chunks add up, at
+        the cadence the config gives sglang (`engine_kwargs.sglang.stream_interval`; on cpu the
+        engine's own); then `/abort_request` ends a long stream by its rid, and the engine is idle
+        at once, as when the gateway leaves a stream."""
+        interval = int(self.engine_kwargs().get("stream_interval") or 1)
+        details = []
+        for url in self.endpoints():
+            counts, finish = parse_stream(self.read_stream(url, self.streamed(20, uuid4().hex)))
+            if finish != "length" or counts[-1] != 20:
+                raise CheckFailed(f"{url}: {counts[-1]} tokens, finish {finish}", FIXES["stream"])
+            detail = f"chunks at {counts} tokens"
+            if self.device != "cpu":
+                detail = check_cadence(counts, interval)
+            details.append(detail)
+            self.abort_one(url)
+        return f"{'; '.join(sorted(set(details)))}; an abort by rid ended a stream at once"
+
+    def abort_one(self, url: str) -> None:
+        """A long stream on `url`, aborted by its rid after its first chunk and read to its end:
+        its last chunk says it was aborted, and the engine runs nothing after it."""
+        rid = uuid4().hex
+        chunks = self.read_stream(url, self.streamed(self.long_tokens(), rid), abort_after=1)
+        _, finish = parse_stream(chunks)
+        if finish != "abort":
+            detail = f"{url}: a stream aborted by its rid ended with finish {finish!r}"
+            raise CheckFailed(detail, FIXES["stream"])
+        wait_idle(self.http, [url], timeout_s=5)
+
+    def read_stream(
+        self, url: str, body: dict[str, Any], abort_after: int | None = None
+    ) -> list[Any]:
+        """A streamed `/generate`'s chunks, read to `[DONE]`; after `abort_after` chunks,
+        `/abort_request` names its rid (the stream still read to its end)."""
+        chunks: list[Any] = []
+        with self.http.stream("POST", url + "/generate", json=body) as reply:
+            if reply.status_code != 200:
+                reply.read()
+                detail = f"{url}/generate: {reply.status_code} {reply.text[:200]}"
+                raise CheckFailed(detail, FIXES["stream"])
+            for line in reply.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunks.append(json.loads(line.removeprefix("data: ")))
+                if len(chunks) == abort_after:
+                    self.http.post(url + "/abort_request", json={"rid": body["rid"]})
+        return chunks
+
+    def leave(self, url: str) -> None:
+        """A long stream on `url` left after `LEFT_AFTER` chunks, without an abort."""
+        body = self.streamed(self.long_tokens(), uuid4().hex)
+        seen = 0
+        with self.http.stream("POST", url + "/generate", json=body) as reply:
+            for line in reply.iter_lines():
+                seen += line.startswith("data: ")
+                if seen == LEFT_AFTER:
+                    break
+
+    def leave_then_sleep(self) -> str:
+        """Check 7: the sequence that killed sglang on an H200: a stream left without an abort,
+        then the trainer's sleep. The sleep waits until every engine is idle (sglang aborts a
+        gone client 2 s later, and dies if its memory is released before); then the wake, and
+        `/generate` still answers."""
+        assert self.backend is not None
+        engine = self.backend.engine
+        for url in self.endpoints():
+            self.leave(url)
+        started = time.monotonic()
+        self.asleep = True
+        engine.sleep()
+        waited = time.monotonic() - started
+        engine.wake()
+        self.asleep = False
+        self.generate()
+        return (
+            f"streams left after {LEFT_AFTER} chunks; the sleep waited {waited:.1f} s for the "
+            "engines to be idle; awake, /generate works"
+        )
+
+    def long_tokens(self) -> int:
+        """A long stream's `max_new_tokens`: `LONG_TOKENS`, as far as the context has room."""
+        return min(LONG_TOKENS, self.context - len(self.prompt()) - 8)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """What the config passes to sglang's server (`engine_kwargs.sglang`)."""
+        rollout = self.cfg.actor_rollout_ref.rollout
+        kwargs = rollout.get("engine_kwargs") or {}
+        return dict(kwargs.get("sglang") or {})
 
     def generate_one(self, url: str, body: dict[str, Any]) -> Sampled:
         """One engine's `/generate` reply, as the gateway would record it."""

@@ -264,7 +264,7 @@ class Trainer:
         if update:
             await self.gw.pause()
             drained = time.monotonic()
-            self.backend.engine.sleep()
+            await asyncio.to_thread(self.backend.engine.sleep)
             if batch.n_samples:
                 metrics = await asyncio.to_thread(self.backend.update, batch)
             state.version += 1
@@ -469,7 +469,7 @@ class Trainer:
             self.stopped = True
             return
         await self.gw.pause()
-        self.backend.engine.sleep()
+        await asyncio.to_thread(self.backend.engine.sleep)
         await asyncio.to_thread(self.backend.load, self.dir / "best")
         state.version += 1
         await self.publish(self.dir / "best")
@@ -479,7 +479,7 @@ class Trainer:
         engines awake, registered."""
         version = self.state.version
         await asyncio.to_thread(self.backend.engine.push, path, version)
-        self.backend.engine.wake()
+        await asyncio.to_thread(self.backend.engine.wake)
         await self.gw.register_model(
             version, path=str(path or ""), endpoints=self.backend.engine.endpoints()
         )
@@ -522,9 +522,9 @@ class Trainer:
 
     async def restore(self) -> None:
         """Continue from the latest checkpoint, adopting groups launched after it. Whenever a
-        version was served before, the engines get the trainer's weights again, as a new version if
-        updates after the checkpoint (or with no checkpoint, every update) were lost: what they
-        serve is then what the trainer holds."""
+        version was served before, the engines get the trainer's weights again (the gateway paused
+        meanwhile), as a new version if updates after the checkpoint (or with no checkpoint, every
+        update) were lost: what they serve is then what the trainer holds."""
         # only this trainer registers versions
         registered = (await self.wait_for_gateway()).get("latest_model")
         latest = self.dir / "latest"
@@ -539,12 +539,15 @@ class Trainer:
         if registered and registered["version"] > state.version:
             state.version = registered["version"] + 1
         if checkpoint is not None or registered:
-            # first: sglang holds its share of the GPUs' memory until it sleeps
-            self.backend.engine.sleep()
+            # harnesses may still call (their runs outlive a trainer): the gateway holds their
+            # calls, and the engines sleep once the calls in flight have ended; then the weights
+            # load: sglang holds its share of the GPUs' memory until it sleeps
+            await self.gw.pause()
+            await asyncio.to_thread(self.backend.engine.sleep)
             if checkpoint is not None:
                 await asyncio.to_thread(self.backend.load, checkpoint)
             await asyncio.to_thread(self.backend.engine.push, checkpoint, state.version)
-            self.backend.engine.wake()
+            await asyncio.to_thread(self.backend.engine.wake)
             log.info(
                 "resumed from %s: step %d, version %d",
                 checkpoint or "the base weights",

@@ -8,6 +8,7 @@ stopping at that check. On cuda, this GPU-less machine must be told so before Ra
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -16,9 +17,9 @@ from typing import Any
 
 import pytest
 import torch
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn
 from trainer import doctor
 from trainer.config import load_config
@@ -26,6 +27,7 @@ from trainer.doctor import (
     CheckFailed,
     MalformedReply,
     Result,
+    check_cadence,
     check_context,
     check_cuda,
     check_versions,
@@ -151,6 +153,53 @@ def test_a_broken_generate_reply_says_what_is_wrong(broken: Any, problem: str) -
         parse_generation(broken)
 
 
+EVIDENCE = json.loads((ROOT / "tests" / "evidence" / "sglang-0.5.13.json").read_text())
+
+
+@pytest.mark.parametrize("mode", ["cumulative", "incremental"])
+def test_the_cadence_is_the_one_sglang_streamed_on_an_h200(mode: str) -> None:
+    """20 tokens: a chunk per token at `stream_interval` 1; 1, 8, 8 and 3 at 8."""
+    real = EVIDENCE[mode]
+    lengths = real["stream_output_ids_lens"]
+    interval = real["server_args"]["stream_interval"]
+    counts = lengths if mode == "cumulative" else list(itertools.accumulate(lengths))
+    assert doctor.stream_cadence(20, interval) == counts
+    assert check_cadence(counts, interval).startswith(f"chunks at {counts} tokens")
+
+
+def test_another_cadence_fails_with_where_verl_takes_it() -> None:
+    with pytest.raises(CheckFailed) as e:
+        check_cadence(list(range(1, 21)), 8)
+    assert "stream_interval 8 sends them at [1, 9, 17, 20]" in e.value.detail
+    assert "engine_kwargs.sglang" in e.value.fix
+
+
+def test_a_stream_is_read_as_the_gateway_reads_it() -> None:
+    """Cumulative or incremental alike: the tokens so far, and the last chunk's finish reason."""
+    pair = [-0.5, 7, None]
+    chunks = [
+        {
+            "output_ids": [7],
+            "meta_info": {
+                "completion_tokens": 1,
+                "finish_reason": None,
+                "output_token_logprobs": [pair],
+            },
+        },
+        {
+            "output_ids": [7, 7],
+            "meta_info": {
+                "completion_tokens": 2,
+                "finish_reason": {"type": "length"},
+                "output_token_logprobs": [pair, pair],
+            },
+        },
+    ]
+    assert doctor.parse_stream(chunks) == ([1, 2], "length")
+    with pytest.raises(MalformedReply, match="logprob ids"):
+        doctor.parse_stream([{**chunks[0], "output_ids": [8]}])
+
+
 def test_the_table_gives_the_first_failures_fix() -> None:
     results = [
         Result(check="versions", status="ok", detail="3 requirements of agl[gpu] hold"),
@@ -217,8 +266,10 @@ def test_every_check_passes_on_the_cpu_path_and_the_engine_is_left_as_it_was(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    sglang = SglangStandIn(tiny_path, ["Hello there, friend."], context_len=2048)
-    with serve(sglang.app()) as url:
+    sglang = SglangStandIn(
+        tiny_path, ["Hello there, friend."], context_len=2048, token_delay_s=0.002
+    )
+    with sglang.served() as url:
         max_len = "actor_rollout_ref.rollout.max_model_len=2048"
         code = run_doctor(url, tiny_path, tmp_path / "out", max_len)
     rows = printed_table(capsys.readouterr().out)
@@ -231,6 +282,8 @@ def test_every_check_passes_on_the_cpu_path_and_the_engine_is_left_as_it_was(
         ("backend", "ok"),
         ("v1/models", "ok"),
         ("generate", "ok"),
+        ("stream", "ok"),
+        ("left stream", "ok"),
         ("weight push", "ok"),
     ]
     assert rows[-1].startswith("weight push  ok       sleep, push, wake in")
@@ -238,9 +291,19 @@ def test_every_check_passes_on_the_cpu_path_and_the_engine_is_left_as_it_was(
     assert "/server_info" not in sglang.log.paths()
     assert sglang.log.loaded_while_released == []
     generated = [body for path, body in sglang.log.requests if path == "/generate"]
-    assert len(generated) == 2  # before and after the push
-    assert generated[0]["sampling_params"] == doctor.SAMPLING
-    assert generated[0]["return_logprob"] is True
+    unstreamed = [body for body in generated if not body.get("stream")]
+    streamed = [body for body in generated if body.get("stream")]
+    assert len(unstreamed) == 3  # check 5, after the left stream's wake, after the push
+    assert unstreamed[0]["sampling_params"] == doctor.SAMPLING
+    assert unstreamed[0]["return_logprob"] is True
+    # 20 tokens; one aborted by its rid; one left (its 2,000 tokens outlast sglang's 2 s)
+    assert [body["sampling_params"]["max_new_tokens"] for body in streamed[:1]] == [20]
+    assert all(body["sampling_params"]["max_new_tokens"] > 2000 for body in streamed[1:])
+    aborted = [body["rid"] for path, body in sglang.log.requests if path == "/abort_request"]
+    assert aborted == [streamed[1]["rid"]] and streamed[2]["rid"] in sglang.aborted
+    left = next(row for row in rows if row.startswith("left stream"))
+    waited = float(left.split("the sleep waited ")[1].split(" s")[0])
+    assert 1.5 <= waited < 10 and sglang.died is None
     # the engine serves the weights and version it served before, and the pushed weights are gone
     assert (sglang.model_path, sglang.weight_version) == (str(tiny_path), "default")
     assert not (tmp_path / "out").exists()  # the doctor's folder, and the one it made for it
@@ -252,7 +315,7 @@ def test_a_context_other_than_the_configured_one_fails_the_models_check(
 ) -> None:
     """The check against a stand-in serving 4096 tokens, behind a backend that started nothing."""
     sglang = SglangStandIn(tiny_path, context_len=4096)
-    with serve(sglang.app()) as url:
+    with sglang.served() as url:
         overrides = [
             "agl.admin_key=k",
             f"agl.engine={url}",
@@ -275,8 +338,8 @@ def test_a_context_other_than_the_configured_one_fails_the_models_check(
 class WrongLogprobIds(SglangStandIn):
     """Answers /generate with logprobs whose token ids are not the output's."""
 
-    async def generate(self, body: dict[str, Any]) -> Response:
-        answer = await super().generate(body)
+    async def generate(self, body: dict[str, Any], request: Request) -> Response:
+        answer = await super().generate(body, request)
         data = json.loads(bytes(answer.body))
         for pair in data["meta_info"]["output_token_logprobs"]:
             pair[1] += 1
@@ -292,14 +355,15 @@ def test_a_broken_generate_reply_stops_the_doctor_with_its_fix(
     import ray
 
     sglang = WrongLogprobIds(tiny_path, ["Hello."])
-    with serve(sglang.app()) as url:
+    with sglang.served() as url:
         code = run_doctor(url, tiny_path, tmp_path)
     rows = printed_table(capsys.readouterr().out)
     print("\n".join(rows))
     assert code == 1
     assert rows[4].startswith("v1/models    ok       1 engine(s), max_model_len 2048 (the config")
     assert rows[5].startswith(f"generate     FAIL     {url}/generate: output_token_logprobs' ids")
-    assert rows[6].startswith("weight push  not run")
+    assert rows[6].startswith("stream       not run")
+    assert rows[8].startswith("weight push  not run")
     assert rows[-1].startswith("fix (generate): The engine must answer as sglang 0.5.13 does")
     assert not ray.is_initialized()
     assert "/release_memory_occupation" not in sglang.log.paths()

@@ -7,6 +7,7 @@ weight-version endpoints are played by a stand-in that answers as sglang 0.5.13'
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,13 @@ from engine.batcher import Engine
 from engine.server import create_app
 from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn
-from trainer.engines import DiskEngine, EngineCallError, base_model_path, set_weight_version
+from trainer.engines import (
+    DiskEngine,
+    EngineBusy,
+    EngineCallError,
+    base_model_path,
+    set_weight_version,
+)
 
 
 def test_disk_engine_sleeps_loads_a_pushed_version_and_wakes(
@@ -57,7 +64,7 @@ def test_disk_engine_on_sglang_loads_only_once_awake_and_takes_null_replies(
     load."""
     sglang = SglangStandIn(tiny_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_path)
-    with serve(sglang.app()) as url:
+    with sglang.served() as url:
         assert httpx.post(url + "/release_memory_occupation").text == "null"
         httpx.post(url + "/resume_memory_occupation")
         sglang.log.requests.clear()
@@ -67,12 +74,64 @@ def test_disk_engine_on_sglang_loads_only_once_awake_and_takes_null_replies(
         disk.wake()
         disk.close()
     assert sglang.log.paths() == [
+        "/v1/loads",  # idle: it may sleep
         "/release_memory_occupation",
         "/resume_memory_occupation",
+        "/v1/loads",  # idle: it may load
         "/update_weights_from_disk",
     ]
     assert sglang.log.loaded_while_released == [] and sglang.weight_version == "1"
     assert sglang.model_path == str(tmp_path / "weights" / "v1" / "model")
+
+
+LONG = "word " * 1000  # about 600 tokens: 6 s at 10 ms a token
+
+
+def leave_a_stream(url: str) -> float:
+    """A streamed `/generate` left after its first chunk by a client that does not abort it (a
+    gateway that crashed mid-stream): sglang decodes it 2 s more. When it left."""
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1500}, "stream": True}
+    with httpx.stream("POST", url + "/generate", json=body) as reply:
+        next(reply.iter_lines())
+    return time.monotonic()
+
+
+def test_disk_engine_sleeps_and_loads_only_once_sglang_is_idle(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    """sglang asserts it is idle before it releases memory or loads weights, and its scheduler
+    dies otherwise (tests/sglang.py). With a request left running (it is aborted 2 s after its
+    client went), sleep and the load each wait until `/v1/loads` counts no request."""
+    sglang = SglangStandIn(tiny_path, [LONG, LONG], token_delay_s=0.01)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with sglang.served() as url:
+        disk = DiskEngine(url, tmp_path / "weights", model.save_pretrained)
+        left = leave_a_stream(url)
+        disk.sleep()
+        slept_after = time.monotonic() - left
+        disk.push(None, 1)
+        left = leave_a_stream(url)  # sglang takes a request while its memory is released
+        disk.wake()
+        loaded_after = time.monotonic() - left
+        disk.close()
+    assert sglang.died is None and sglang.weight_version == "1"
+    assert slept_after >= 2.0 and loaded_after >= 2.0
+
+
+def test_an_engine_that_stays_busy_fails_the_sleep_naming_it_and_is_not_released(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    """Past `idle_s` the sleep fails with the engine and its requests named, and sends nothing
+    that would kill it."""
+    sglang = SglangStandIn(tiny_path, [LONG], token_delay_s=0.01)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with sglang.served() as url:
+        disk = DiskEngine(url, tmp_path / "weights", model.save_pretrained, idle_s=0.3)
+        leave_a_stream(url)
+        with pytest.raises(EngineBusy, match=f"{url} still runs 1 and holds 0 waiting request"):
+            disk.sleep()
+        disk.close()
+    assert sglang.died is None and "/release_memory_occupation" not in sglang.log.paths()
 
 
 def sglang_stand_in(accept: bool = True) -> FastAPI:

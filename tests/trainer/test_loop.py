@@ -16,18 +16,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from agl.types import Mode
 from tests.controller.conftest import controller, script
-from tests.gateway.stack import ADMIN, Stack, stack
+from tests.gateway.stack import ADMIN, Stack, sglang_stack, stack
+from tests.sglang import SglangStandIn
 from trainer.config import ConfigError, load_config
 from trainer.loop import train
 
@@ -497,3 +500,72 @@ def test_a_checkpoint_is_loaded_only_once_the_engine_sleeps(
         and info["model_path"] == str(checkpoint / "model")
         and not info["released"]
     )
+
+
+def test_a_restart_while_harnesses_call_pauses_the_gateway_before_the_engine_sleeps(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    """Harness runs outlive a trainer: when a new one restores, calls are streaming. It pauses the
+    gateway first, so the engine sleeps and loads only once the calls in flight have ended; on
+    sglang, which asserts it is idle then, sleeping under a stream killed the server. The
+    harness's calls go on after the restore, under the new version."""
+    sglang = SglangStandIn(tiny_path, ["word " * 60] * 200, token_delay_s=0.005)
+    with sglang_stack(sglang, tmp_path) as gw:
+        gw.admin.post("/api/models", json={"version": 3}).raise_for_status()
+        gw.admin.post(
+            "/api/resume", json={"version": 3}
+        ).raise_for_status()  # as the last trainer left it
+        r = gw.rollout()
+        harness = StreamingHarness(r)
+        harness.start()
+        harness.wait_for_answers(1)
+        backend = DiskBackend(gw.engine_url, tiny_path, tmp_path / "run" / "weights")
+        restore(gw, tmp_path, backend)
+        after = len(harness.answered)
+        harness.wait_for_answers(after + 2)
+        harness.stop()
+        versions = [
+            c["model_version"] for c in gw.admin.get(f"/api/rollouts/{r['id']}/calls").json()
+        ]
+    assert sglang.died is None and harness.errors == []
+    assert sglang.log.generated_while_released == 0
+    assert versions[-1] == 4 and set(versions) == {3, 4}
+
+
+class StreamingHarness(threading.Thread):
+    """A harness that streams one call after another until stopped, as a coding agent does."""
+
+    def __init__(self, rollout: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.client = openai.OpenAI(
+            base_url=rollout["base_url"], api_key=rollout["agent_token"], max_retries=0
+        )
+        self.answered: list[str] = []
+        self.errors: list[Exception] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        messages = [{"role": "user", "content": "Go on."}]
+        while not self.stopped.is_set():
+            try:
+                stream = self.client.chat.completions.create(
+                    model="m",
+                    messages=messages,
+                    max_tokens=100,
+                    stream=True,  # type: ignore[arg-type]
+                )
+                self.answered.append("".join(c.choices[0].delta.content or "" for c in stream))
+            except openai.OpenAIError as e:
+                self.errors.append(e)
+                return
+
+    def wait_for_answers(self, count: int, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.answered) < count:
+            assert not self.errors and time.monotonic() < deadline, self.errors
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(30)
+        self.client.close()
