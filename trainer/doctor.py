@@ -13,6 +13,8 @@ on the ones before, prints a table and, for the first failure, what to do; it st
 - left stream: a stream left without an abort (a harness gone behind a gateway that
   crashed), then the trainer's sleep and wake: the sequence that killed sglang on an H200;
 - weight push: one push through the trainer's own path (sleep, push, wake) reaches every engine.
+`--skip-versions` skips the first check, for an install that leaves a pin out on purpose
+(bench/gpu_kit's bundle, without flash-attn).
 
 The checks are about the stack, not the model's size: a small model of the same architecture
 family (`actor_rollout_ref.model.path=...`) checks a large run's stack in minutes. It never reads
@@ -324,9 +326,10 @@ class Doctor:
     """The six checks against one composed config; `run` runs them in order, then shuts down.
     The config's `trainer.default_local_dir` becomes its `doctor` folder (the pushed weights)."""
 
-    def __init__(self, cfg: DictConfig, agl: AglConfig) -> None:
+    def __init__(self, cfg: DictConfig, agl: AglConfig, skip_versions: bool = False) -> None:
         self.cfg = cfg
         self.agl = agl
+        self.skip_versions = skip_versions
         self.device = str(cfg.trainer.device)
         self.workdir = Path(cfg.trainer.default_local_dir) / "doctor"
         self.made_parent = not self.workdir.parent.exists()  # then removed too, if left empty
@@ -365,7 +368,9 @@ class Doctor:
         return results
 
     def versions(self) -> str:
-        """Check 1: the installed versions hold agl's pins for the device."""
+        """Check 1: the installed versions hold agl's pins for the device (unless skipped)."""
+        if self.skip_versions:
+            raise Skipped("--skip-versions")
         extra = extra_for(self.device)
         return check_versions(extra, pins(extra, agl_requirements()))
 
@@ -674,13 +679,19 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("config", help="the YAML `agl train` takes")
     parser.add_argument("overrides", nargs="*", help="key=value (Hydra syntax), as `agl train`'s")
+    parser.add_argument(
+        "--skip-versions",
+        action="store_true",
+        help="skip check 1, for an install that leaves a pin out on purpose (bench/gpu_kit's "
+        "bundle has no flash-attn)",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call otherwise
     try:
         cfg, agl = load_config(args.config, args.overrides)
     except ConfigError as e:
         parser.error(str(e))
-    results = Doctor(cfg, agl).run()
+    results = Doctor(cfg, agl, skip_versions=args.skip_versions).run()
     print(table(results))
     if any(r.status == FAIL for r in results):
         return 1

@@ -243,6 +243,20 @@ def test_cuda_on_a_machine_without_gpus_stops_before_ray(
     assert rows[-1].startswith("fix (cuda): Run agl doctor on the GPU node")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_skip_versions_skips_only_the_versions_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Pins that cannot hold here are not read: the cuda check still runs, and fails."""
+    monkeypatch.setattr(doctor, "agl_requirements", lambda: ['no-such-package==1; extra == "gpu"'])
+    args = ["--skip-versions", str(GPU), "agl.admin_key=k", f"trainer.default_local_dir={tmp_path}"]
+    code = doctor.main(args)
+    rows = printed_table(capsys.readouterr().out)
+    assert code == 1
+    assert rows[1].split() == ["versions", "skipped", "--skip-versions"]
+    assert rows[2].startswith("cuda         FAIL     no CUDA device visible")
+
+
 def printed_table(out: str) -> list[str]:
     """The table's lines, after what Ray's workers printed on the same stdout."""
     lines = out.splitlines()
