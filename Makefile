@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo demo-check test lint gpu-deps loc bench soak hostile fmt clean
+.PHONY: venv demo demo-check test lint gpu-deps gpu-bundle gpu-bundle-check loc bench soak hostile fmt clean
 
 # Creates or updates .venv; re-installs only when pyproject.toml changed.
 venv: $(VENV)/.installed
@@ -38,6 +38,16 @@ lint: venv
 # The gpu extra resolves to exactly its pins for Linux x86_64 (metadata only: no CUDA wheel, no GPU; needs PyPI).
 gpu-deps: venv
 	$(BIN)/python .ci/gpu_deps.py
+
+# The GPU bundle (bench/gpu_kit/README.md): the wheels agl's GPU path needs beyond a GPU machine's
+# torch, for one without network, as parts of at most 60 MiB in .gpu-bundle/. Downloads ~300 MB.
+gpu-bundle: venv
+	$(BIN)/python -m bench.gpu_kit.build
+
+# The bundle installed into a Python 3.12 CPU stand-in of the GPU machine, as install.sh installs
+# it there, and every module agl's GPU path imports checked (the first run downloads torch 2.11.0).
+gpu-bundle-check:
+	bash bench/gpu_kit/check_venv.sh
 
 # Lines of code (not blank, not comments; docstrings count) of the control plane and of the CPU engine.
 LOC = find $(1) -name '*.py' -print0 | xargs -0 cat | grep -cvE '^\s*(\#|$$)'
