@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # `make gpu-bundle-check`: a CPU stand-in for the GPU machine, the bundle installed into it as the
-# GPU machine installs it, and the import check (check.py --ray) in it.
+# GPU machine installs it, the import check (check.py --ray) and agl doctor's CPU path in it.
 # 1. A Python 3.12 venv, $GPU_KIT_CACHE/venv312, holding machine.txt only (what the GPU machine
 #    has). Its torch 2.11.0 is PyPI's CUDA build (507 MB): PyPI has no CPU build of it for Python
 #    3.12. It imports without a GPU, but needs the nvidia-* libraries: each comes from a wheel of
 #    the same name in $NVIDIA_WHEELS (any version; default /opt/pypi-more/files, where such a
-#    folder exists) or else from PyPI at machine.txt's pin (about 3 GB in all). Made once.
+#    folder exists) or else from PyPI at machine.txt's pin (about 3 GB in all). Made again when
+#    machine.txt changes.
 # 2. install.sh from the parts in .gpu-bundle/ (make gpu-bundle) into $GPU_KIT_CACHE/check-kit.
-# 3. check.py --ray with the venv's Python and the kit's env.sh.
+# 3. check.py --ray with the venv's Python and the kit's env.sh;
+# 4. cpu_doctor.py: `agl doctor` on the CPU path, Ray and verl's workers running from the bundle
+#    with the tiny Qwen3, against the tests' sglang stand-in (its log: $GPU_KIT_CACHE/cpu-doctor.log).
 # It needs python3.12 (PY312=...) and, for step 1, PyPI. It runs nothing on a GPU: sgl_kernel's
 # CUDA kernels, and what only loads on a GPU, are left to the GPU machine (check.py says which).
 set -euo pipefail
@@ -35,4 +38,10 @@ fi
 PYTHON=$VENV/bin/python KIT=$CACHE/check-kit bash bench/gpu_kit/install.sh
 # shellcheck disable=SC1091
 . "$CACHE/check-kit/env.sh"
-"$VENV/bin/python" -m bench.gpu_kit.check --ray
+status=0
+"$VENV/bin/python" -m bench.gpu_kit.check --ray || status=1
+"$VENV/bin/python" -m bench.gpu_kit.weights "$CACHE/check-kit/model" > /dev/null
+"$VENV/bin/python" -m bench.gpu_kit.cpu_doctor "$CACHE/check-kit/model" "$CACHE/check-kit/work" \
+  > "$CACHE/cpu-doctor.log" 2>&1 || status=1
+sed -n '/^check  /,$p' "$CACHE/cpu-doctor.log"
+exit $status
