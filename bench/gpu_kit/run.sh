@@ -19,6 +19,10 @@ LOGS=${OUT:-$KIT/out}  # what comes back: the logs, and Ray's (with sglang's) pa
 WORK=$KIT/work         # the runs' own folders: checkpoints, databases
 STEP=${1:-all}
 mkdir -p "$LOGS"
+if [ ! -f "$KIT/env.sh" ]; then  # a machine idle past its warm time is given back, and a new one is bare
+  echo "gpu-kit: no $KIT/env.sh: install.sh has not run on this machine (carry both parts again)"
+  exit 1
+fi
 # shellcheck disable=SC1091
 . "$KIT/env.sh"
 export PYTHON=${PYTHON:-python3}
