@@ -323,7 +323,7 @@ def prompt_ids(tokenizer: Any) -> list[int]:
 
 
 class Doctor:
-    """The six checks against one composed config; `run` runs them in order, then shuts down.
+    """The eight checks against one composed config; `run` runs them in order, then shuts down.
     The config's `trainer.default_local_dir` becomes its `doctor` folder (the pushed weights)."""
 
     def __init__(self, cfg: DictConfig, agl: AglConfig, skip_versions: bool = False) -> None:
