@@ -720,6 +720,12 @@ def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
 
 
 _FLEET = sa.select(fleet).where(fleet.c.id == 1)
+# Read by every gateway ten times a second (`gateway/fleet.py`), so built once.
+_LIVE_GATEWAYS = (
+    sa.select(gateways)
+    .where(gateways.c.heartbeat_at >= sa.bindparam("alive_since"))
+    .order_by(gateways.c.id)
+)
 
 
 def _fleet(conn: Connection) -> Fleet:
@@ -914,6 +920,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
         # psycopg 3's dialect for a plain PostgreSQL URL.
         self.url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url)
         self._write_engine = _make_engine(self.url, self.settings, writer=True)
+        # SQLite serves one gateway process (`SecondGateway`); PostgreSQL, replicas.
+        self.single_process = self._write_engine.dialect.name == "sqlite"
         try:
             _migrate(self._write_engine)
         except BaseException:
@@ -1336,8 +1344,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def register_gateway(self, gateway: Gateway, *, expired_before: float) -> Future[Fleet]:
         """Registers a starting gateway (see `_op_register_gateway`); the fleet's state."""
-        single_process = self._write_engine.dialect.name == "sqlite"
-        return self._submit(_op_register_gateway, gateway, expired_before, single_process)
+        return self._submit(_op_register_gateway, gateway, expired_before, self.single_process)
 
     def heartbeat(self, gateway: Gateway) -> Future[None]:
         return self._submit(_op_heartbeat, gateway)
@@ -1358,8 +1365,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def gateways(self, *, alive_since: float = 0.0) -> list[Gateway]:
         """The registered gateways whose heartbeat is not older than `alive_since`."""
-        query = sa.select(gateways).where(gateways.c.heartbeat_at >= alive_since)
-        return [Gateway(**row._mapping) for row in self._read(query.order_by(gateways.c.id))]
+        rows = self._read(_LIVE_GATEWAYS.params(alive_since=alive_since))
+        return [Gateway(**row._mapping) for row in rows]
 
     def latest_model(self) -> ModelVersion | None:
         """The newest model version, or None before the first is registered."""

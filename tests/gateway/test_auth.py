@@ -1,11 +1,15 @@
 """Who is calling: the caller record the auth dependencies leave (its role, and its rollout for
 a token), and the token cache, which keeps roles and forgets a rollout with its last token."""
 
+import asyncio
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from agl.store import Created, hash_token
 from agl.types import Mode, Rollout, Status
-from gateway.auth import Caller, Role, Tokens
+from gateway.auth import Auth, Caller, Role, Tokens
 
 
 def rollout(rollout_id: str, status: Status = Status.QUEUED) -> Rollout:
@@ -31,3 +35,26 @@ def test_the_token_cache_keeps_roles_and_forgets_a_rollout_with_its_last_token()
     tokens.issued(Created(rollout=rollout("c"), agent_token="c-agent", grader_token=None))
     assert set(tokens.found) == {hash_token("b-agent"), hash_token("c-agent")}
     assert set(tokens.of_rollout) == {"b", "c"}  # none left of "a": its entry went too
+
+
+@pytest.mark.parametrize("single_process", [True, False])
+def test_a_cached_token_is_read_again_only_where_a_replica_may_change_its_rollout(
+    single_process: bool,
+) -> None:
+    """A store that serves one gateway process (SQLite) changes only through it, and the gateway
+    follows its own changes (`Tokens.changed`): a cached token is not read again, where each call
+    of a rollout whose calls came over `TTL_S` apart paid a thread switch and a query. With
+    replicas it is read again once `TTL_S` old."""
+    running = rollout("a", Status.RUNNING)
+    reads = []
+
+    def rollout_for_token(token: str) -> tuple[Rollout, str]:
+        reads.append(token)
+        return running, "agent"
+
+    store: Any = SimpleNamespace(single_process=single_process, rollout_for_token=rollout_for_token)
+    auth = Auth("admin", store)
+    auth.tokens.issued(Created(rollout=running, agent_token="a-agent", grader_token=None))
+    auth.tokens.read_at[hash_token("a-agent")] -= Tokens.TTL_S  # read that long ago
+    assert asyncio.run(auth.tokens.lookup("a-agent")) == (running, Role.AGENT)
+    assert len(reads) == (0 if single_process else 1)
