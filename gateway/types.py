@@ -1,7 +1,7 @@
 """The shapes the gateway's modules hand each other: a normalized chat message, a harness's
 call as received, its sampling parameters, one sampled reply, and the text of a reply shown
 while it is sampled. Standard library only; wire
-schemas (pydantic) are in `gateway/wire.py`, stored records in `agl/types.py`.
+schemas (pydantic) are in `gateway/wire/`, stored records in `agl/types.py`.
 """
 
 import asyncio

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from gateway.render import Renderer, Transcript, parse_reply
 from gateway.types import Message, RenderError, ToolCall
-from gateway.wire import message_from_openai
+from gateway.wire.base import message_from_openai
 from tests.gateway.qwen import CHATML_REASONING, CHATML_THINKING, CHATML_TOOLS, qwen_tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
