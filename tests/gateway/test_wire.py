@@ -1,12 +1,15 @@
 """Wire formats' `parse`: what each request field becomes for the chat template, and which set fields are
-named as not honoured (they would change what the model sees, and no prompt can show them)."""
+named as not honoured (they would change what the model sees, and no prompt can show them); and the
+`Stream` contract every format's stream keeps."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from gateway import wire
-from gateway.types import RenderError
+from gateway.types import CONTENT, Completion, Message, Part, RenderError
 
 USER = [{"role": "user", "content": "x"}]
 FN = {"type": "function", "name": "exec", "parameters": {"type": "object"}}
@@ -140,3 +143,60 @@ def test_anthropic_server_tools_are_named_and_tool_choice_none_drops_the_tools()
     names, _, named = parsed(wire.AnthropicRequest, True, **body)
     assert names == ["bash", "b2"] and named == ["tools.web_search_20250305"]
     assert parsed(wire.AnthropicRequest, True, **body, tool_choice={"type": "none"})[0] == []
+
+
+# Each format's request, and the last event of its stream (its `type`, or `[DONE]`)
+STREAMED = [
+    (wire.ChatRequest, {"messages": USER}, "[DONE]"),
+    (wire.CompletionRequest, {"prompt": "x"}, "[DONE]"),
+    (wire.ResponsesRequest, {"input": "x"}, "response.completed"),
+    (wire.AnthropicRequest, {"messages": USER, "max_tokens": 8}, "message_stop"),
+]
+RECORDED = Completion(
+    reply=Message(role="assistant", content="Hello"),
+    prompt_tokens=3,
+    completion_tokens=2,
+    finish_reason="stop",
+    stop_sequence="",
+    logprobs=[],
+    tokens=[],
+)
+
+
+def event_data(event: str):
+    """A server-sent event's data: its JSON object, or `[DONE]`."""
+    payload = event.rstrip("\n").splitlines()[-1].removeprefix("data: ")
+    if payload == "[DONE]":
+        return payload
+    return json.loads(payload)
+
+
+def text_of_event(data) -> str:
+    """The reply's text an event carries, in whichever format it is."""
+    if data == "[DONE]":
+        return ""
+    kind = data.get("type")
+    if kind == "response.output_text.delta":
+        return data["delta"]
+    if kind == "content_block_delta":
+        return data["delta"].get("text", "")
+    choices = data.get("choices", [])
+    return "".join(c.get("text") or c.get("delta", {}).get("content") or "" for c in choices)
+
+
+@pytest.mark.parametrize(("schema", "body", "last"), STREAMED)
+@pytest.mark.parametrize("shown", ["", "Hel", "Hello"])
+def test_each_format_streams_the_recorded_text_once_and_ends_with_its_last_event(
+    schema, body: dict, last: str, shown: str
+):
+    """What a stream has shown of a reply while it was sampled, then its closing, is the recorded
+    text, once; the closing's last event ends the stream."""
+    request = schema.model_validate(body)
+    stream: wire.Stream = request.streamer()
+    events = list(stream.opening(RECORDED.prompt_tokens))
+    if shown:
+        events += stream.delta(Part(kind=CONTENT, text=shown))
+    events += stream.closing(request.reply([RECORDED]), {CONTENT: shown})
+    data = [event_data(event) for event in events]
+    assert "".join(map(text_of_event, data)) == "Hello"
+    assert data[-1] == last or data[-1]["type"] == last
