@@ -518,7 +518,7 @@ def _op_transition(
     (a retry starts attempt + 1 afresh; an end takes the next `end_seq`)."""
     row = _rollout_row(conn, rollout_id)
     _check_transition(row, to, failure_kind, attempt)
-    if to is Status.TIMED_OUT:
+    if to is Status.TIMED_OUT:  # a time-out is the policy's failure, named or not
         failure_kind = FailureKind.TASK
     attempt_after = row.attempt
     if to is Status.QUEUED:
@@ -562,7 +562,8 @@ def _serialize_ends(conn: Connection) -> None:
 def _check_transition(row: Any, to: Status, kind: FailureKind | None, attempt: int | None) -> None:
     """Raise `IllegalTransition` unless the rollout (its `row`) may move to `to` with `kind`:
     `TRANSITIONS` allows it, `attempt` (if given) is the current one, only an infra failure goes
-    back to queued, a failure names its kind, and a success or a cancel names none."""
+    back to queued, a failure names its kind, a time-out names none or `task`, and a success or a
+    cancel names none."""
     where = f"rollout {row.id}"
     current = Status(row.status)
     if attempt is not None and attempt != row.attempt:
@@ -575,6 +576,8 @@ def _check_transition(row: Any, to: Status, kind: FailureKind | None, attempt: i
         raise IllegalTransition(f"{where}: only an infra failure is retried (back to queued)")
     if to is Status.FAILED and kind is None:
         raise IllegalTransition(f"{where}: a failure needs a failure kind (task or infra)")
+    if to is Status.TIMED_OUT and kind not in (None, FailureKind.TASK):
+        raise IllegalTransition(f"{where}: a time-out is a task failure, not {kind}")
     if to in (Status.SUCCEEDED, Status.CANCELLED) and kind is not None:
         raise IllegalTransition(f"{where}: {to.value} takes no failure kind")
 

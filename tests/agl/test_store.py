@@ -126,7 +126,19 @@ def test_transition_guards(store):
         store.transition(rid, "exploded").result()
     with pytest.raises(NotFound):
         store.transition("missing", Status.RUNNING).result()
+    assert store.get_rollout(rid).status is Status.RUNNING  # every refusal changed nothing
     assert store.transition(rid, Status.TIMED_OUT).result().failure_kind is FailureKind.TASK
+
+
+def test_a_time_out_is_a_task_failure_and_one_of_another_kind_is_refused(store):
+    """Naming no kind names the time-out's own; naming infra is refused, not rewritten."""
+    rid = _drive_to(store, Status.RUNNING)
+    before = (store.get_rollout(rid), counts(store))
+    with pytest.raises(IllegalTransition, match="a time-out is a task failure, not infra"):
+        store.transition(rid, Status.TIMED_OUT, failure_kind=FailureKind.INFRA).result()
+    assert (store.get_rollout(rid), counts(store)) == before
+    ended = store.transition(rid, Status.TIMED_OUT, failure_kind=FailureKind.TASK).result()
+    assert (ended.status, ended.failure_kind) == (Status.TIMED_OUT, FailureKind.TASK)
 
 
 def test_retry_starts_a_new_attempt_and_only_its_calls_count(store):
