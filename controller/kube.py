@@ -19,7 +19,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from agl.types import JSON
-from controller.launcher import Credentials, Key, LaunchError
+from controller.launcher import AttemptKey, Credentials, LaunchError
 from controller.manifests import ROLLOUT_LABEL, finished, job_outcome, key_of, manifests, name_of
 from controller.outcome import Outcome
 from controller.spec import Spec
@@ -49,10 +49,11 @@ class KubeLauncher:
         self.pod_check_s = pod_check_s
         self.secret_grace_s = secret_grace_s
         self.lock = threading.Lock()
-        self.jobs: dict[Key, JSON] = {}  # the watch's view of every labelled Job
-        self.deleted: set[Key] = set()  # Jobs that went away while watched
-        self.ended: dict[Key, Outcome] = {}
-        self.released: set[Key] = set()  # recorded by the loop; ignored until their Job is gone
+        self.jobs: dict[AttemptKey, JSON] = {}  # the watch's view of every labelled Job
+        self.deleted: set[AttemptKey] = set()  # Jobs that went away while watched
+        self.ended: dict[AttemptKey, Outcome] = {}
+        # Recorded by the loop; ignored until their Job is gone.
+        self.released: set[AttemptKey] = set()
         self.pods_checked = 0.0
         self.stopping = threading.Event()
         self.synced = threading.Event()
@@ -137,7 +138,7 @@ class KubeLauncher:
                 self.core.delete_namespaced_secret(name, ns)
             raise _launch_error(e) from e
         with self.lock:
-            self.jobs.setdefault((creds.rollout_id, creds.attempt), created)
+            self.jobs.setdefault(creds.key, created)
         return f"job {ns}/{name}"
 
     def _apply_secret(self, ns: str, name: str, secret: JSON) -> None:
@@ -166,13 +167,13 @@ class KubeLauncher:
             meta["name"], meta["namespace"], {"metadata": {"ownerReferences": [ref]}}
         )
 
-    async def adopt(self) -> list[Key]:
+    async def adopt(self) -> list[AttemptKey]:
         self.thread.start()
         await asyncio.to_thread(self.synced.wait, 60)
         with self.lock:
             return list(self.jobs)
 
-    async def poll(self) -> list[tuple[Key, Outcome]]:
+    async def poll(self) -> list[tuple[AttemptKey, Outcome]]:
         with self.lock:
             jobs = dict(self.jobs)
             gone = set(self.deleted)
@@ -193,7 +194,7 @@ class KubeLauncher:
                 await self.stop(key)  # e.g. stuck pulling its image: nothing will end it
         return list(self.ended.items())
 
-    async def _pods(self, jobs: dict[Key, JSON]) -> dict[Key, list[JSON]]:
+    async def _pods(self, jobs: dict[AttemptKey, JSON]) -> dict[AttemptKey, list[JSON]]:
         """The pods of Jobs that ended, and (every pod_check_s) of those still running; the Secrets
         are seen to."""
         ended = any(finished(job) for key, job in jobs.items() if key not in self.released)
@@ -211,7 +212,7 @@ class KubeLauncher:
         except API_ERRORS as e:
             log.warning("listing pods and Secrets: %r", e)
             return {}
-        pods: dict[Key, list[JSON]] = {}
+        pods: dict[AttemptKey, list[JSON]] = {}
         for pod in map(self._dict, found.items):
             key = key_of(pod)
             if key is not None:
@@ -228,7 +229,7 @@ class KubeLauncher:
         )
         return await self._collect_secrets(self.jobs, found.items)
 
-    async def _collect_secrets(self, jobs: dict[Key, JSON], secrets: list[Any]) -> list[str]:
+    async def _collect_secrets(self, jobs: dict[AttemptKey, JSON], secrets: list[Any]) -> list[str]:
         """Secrets applied by hand next to their Job get the Job as owner, as ours do, so that they
         go with it. One with no owner and no Job (gone unseen, or never applied) goes once
         `secret_grace_s` old: it holds live tokens. The names deleted."""
@@ -250,13 +251,13 @@ class KubeLauncher:
                     deleted.append(meta.name)
         return deleted
 
-    async def release(self, key: Key) -> None:
+    async def release(self, key: AttemptKey) -> None:
         self.ended.pop(key, None)
         with self.lock:
             if key in self.jobs:
                 self.released.add(key)
 
-    async def stop(self, key: Key) -> None:
+    async def stop(self, key: AttemptKey) -> None:
         options = client.V1DeleteOptions(propagation_policy="Background")
         # Reported as failed either way; a failed delete must not stop the loop.
         with contextlib.suppress(*API_ERRORS):

@@ -16,7 +16,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Self
+from typing import NamedTuple, Protocol, Self
 
 from agl.types import JSON
 from controller.outcome import KILLED, Outcome, exited
@@ -29,6 +29,13 @@ WRAPPER = (
 )
 # What a run inherits of the controller's environment: never the admin key.
 INHERITED = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "PYTHONPATH")
+
+
+class AttemptKey(NamedTuple):
+    """One attempt of a rollout: what launchers key their runs by."""
+
+    rollout_id: str
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,10 @@ class Credentials:
             grader_token=reply.get("grader_token"),
         )
 
+    @property
+    def key(self) -> AttemptKey:
+        return AttemptKey(rollout_id=self.rollout_id, attempt=self.attempt)
+
     def harness_env(self) -> dict[str, str]:
         """The harness's: both SDKs' base URLs and keys (the agent token); no grader token."""
         return {
@@ -79,9 +90,6 @@ class Credentials:
         }
 
 
-Key = tuple[str, int]  # (rollout id, attempt)
-
-
 class LaunchError(Exception):
     """A launch that did not happen. `permanent`: the spec itself is at fault (a task failure)."""
 
@@ -96,16 +104,16 @@ class Launcher(Protocol):
     async def launch(self, spec: Spec, creds: Credentials) -> str:
         """Start an attempt; returns where it runs (pid, Job name). Raises `LaunchError`."""
 
-    async def adopt(self) -> list[Key]:
+    async def adopt(self) -> list[AttemptKey]:
         """The attempts this launcher started earlier (e.g. before a restart); now watched again."""
 
-    async def poll(self) -> list[tuple[Key, Outcome]]:
+    async def poll(self) -> list[tuple[AttemptKey, Outcome]]:
         """Attempts that ended since the last poll. Reported again until `release`d."""
 
-    async def release(self, key: Key) -> None:
+    async def release(self, key: AttemptKey) -> None:
         """The loop recorded this outcome: forget the attempt."""
 
-    async def stop(self, key: Key) -> None:
+    async def stop(self, key: AttemptKey) -> None:
         """End the attempt now (its rollout ended elsewhere: a cancel); `poll` then reports it."""
 
     def active(self) -> int:
@@ -140,8 +148,8 @@ class _Run:
     child: bool = field(default=False, repr=False)
 
     @property
-    def key(self) -> Key:
-        return self.rollout_id, self.attempt
+    def key(self) -> AttemptKey:
+        return AttemptKey(rollout_id=self.rollout_id, attempt=self.attempt)
 
 
 class LocalLauncher:
@@ -154,11 +162,11 @@ class LocalLauncher:
         self.runs_dir = state / "runs"
         self.log_dir = state / "logs"
         self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.runs: dict[Key, _Run] = {}
-        self.ended: dict[Key, Outcome] = {}
+        self.runs: dict[AttemptKey, _Run] = {}
+        self.ended: dict[AttemptKey, Outcome] = {}
 
-    def _state_file(self, key: Key) -> Path:
-        return self.runs_dir / f"{key[0]}.{key[1]}.json"
+    def _state_file(self, key: AttemptKey) -> Path:
+        return self.runs_dir / f"{key.rollout_id}.{key.attempt}.json"
 
     def _save(self, run: _Run) -> None:
         tmp = self._state_file(run.key).with_suffix(".tmp")
@@ -201,7 +209,7 @@ class LocalLauncher:
         self.runs[run.key] = run
         return f"pid {run.pid}"
 
-    async def adopt(self) -> list[Key]:
+    async def adopt(self) -> list[AttemptKey]:
         for path in sorted(self.runs_dir.glob("*.json")):
             try:
                 run = _Run(**json.loads(path.read_text()))
@@ -259,14 +267,14 @@ class LocalLauncher:
         if run.child:
             os.waitpid(run.pid, 0)
 
-    async def stop(self, key: Key) -> None:
+    async def stop(self, key: AttemptKey) -> None:
         run = self.runs.get(key)
         # Only a run that still runs: never a reused pid.
         if run and key not in self.ended and self._running(run):
             self._kill(run)
             self.ended[key] = Outcome.infra(f"{run.phase} stopped: the rollout ended")
 
-    async def poll(self) -> list[tuple[Key, Outcome]]:
+    async def poll(self) -> list[tuple[AttemptKey, Outcome]]:
         for key, run in list(self.runs.items()):
             if key in self.ended:
                 continue
@@ -275,7 +283,7 @@ class LocalLauncher:
                 self.ended[key] = outcome
         return list(self.ended.items())
 
-    async def release(self, key: Key) -> None:
+    async def release(self, key: AttemptKey) -> None:
         self.ended.pop(key, None)
         self.runs.pop(key, None)
         self._state_file(key).unlink(missing_ok=True)

@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from agl.client import GatewayClient, GatewayError
 from agl.settings import from_flags, usage_error
 from agl.types import JSON, Rollout, Status
-from controller.launcher import Credentials, Key, Launcher, LaunchError, LocalLauncher
+from controller.launcher import AttemptKey, Credentials, Launcher, LaunchError, LocalLauncher
 from controller.outcome import INFRA, TASK, Outcome, rewarded
 from controller.spec import Spec, SpecError, load_spec, parse_spec
 
@@ -66,6 +66,11 @@ def applied(rollout: Rollout) -> bool:
     return rollout.attempt == 1 and rollout.metadata.get("launch") == "manifest"
 
 
+def attempt_key(rollout: Rollout) -> AttemptKey:
+    """The rollout's current attempt."""
+    return AttemptKey(rollout_id=rollout.id, attempt=rollout.attempt)
+
+
 def retry_delay(rollout: Rollout, spec: Spec | None) -> float | None:
     """Seconds before the rollout's next attempt may start (the backoff doubles per attempt), or
     None if it has had all its attempts (one, without a spec)."""
@@ -85,7 +90,7 @@ class Controller:
         self.spec = spec
         self.settings = settings
         self.not_before: dict[str, float] = {}  # rollout id -> monotonic time its retry may start
-        self.started: set[Key] = set()  # attempts launched or adopted and not yet recorded
+        self.started: set[AttemptKey] = set()  # attempts launched or adopted and not yet recorded
         # Launches allowed now; refills at launch_per_s, up to it.
         self.launch_budget = settings.launch_per_s
         self.refilled = time.monotonic()
@@ -117,7 +122,7 @@ class Controller:
         self.ends_seen = int((await self.gw.state())["last_end"])  # later ends: `stop_ended`
         running = await self.gw.list_rollouts(status=Status.RUNNING, limit=10_000)
         await self.stop_moved_on(running)
-        adopted = {rollout_id for rollout_id, _ in self.started}
+        adopted = {key.rollout_id for key in self.started}
         for rollout in running:
             if rollout.id not in adopted and await self.launched_here(rollout):
                 lost = Outcome.infra("the run was not found when the controller started")
@@ -126,11 +131,11 @@ class Controller:
     async def stop_moved_on(self, running: list[Rollout]) -> None:
         """Stop the adopted runs whose rollout ended, or moved on to another attempt, while no
         controller watched."""
-        current = {(rollout.id, rollout.attempt) for rollout in running}
+        current = {attempt_key(rollout) for rollout in running}
         # Not running: queued (a Job yet to start), or ended.
         for key in self.started - current:
-            rollout = await self.find(key[0])
-            if rollout and (rollout.status.terminal or rollout.attempt != key[1]):
+            rollout = await self.find(key.rollout_id)
+            if rollout and (rollout.status.terminal or rollout.attempt != key.attempt):
                 await self.launcher.stop(key)
 
     async def launched_here(self, rollout: Rollout) -> bool:
@@ -162,11 +167,12 @@ class Controller:
         admin."""
         for rollout in await self.gw.list_rollouts(after=self.ends_seen, limit=1000):
             self.ends_seen = rollout.end_seq or self.ends_seen
-            key = (rollout.id, rollout.attempt)
+            key = attempt_key(rollout)
             if key in self.started:
                 log.info(
                     "rollout_id=%s attempt=%d: %s elsewhere; its run is stopped",
-                    *key,
+                    rollout.id,
+                    rollout.attempt,
                     rollout.status,
                 )
                 await self.launcher.stop(key)
@@ -196,7 +202,7 @@ class Controller:
     def launchable(self, r: Rollout) -> bool:
         """Not started, past its backoff, ours (another's would take our place), not an applied
         Job's attempt 1."""
-        if (r.id, r.attempt) in self.started or self.not_before.get(r.id, 0) > time.monotonic():
+        if attempt_key(r) in self.started or self.not_before.get(r.id, 0) > time.monotonic():
             return False
         return not applied(r) and (self.spec is not None or "spec" in r.metadata)
 
@@ -228,7 +234,7 @@ class Controller:
             )
             await self.report(rollout, launch_failure(e), spec)
             return
-        self.started.add((rollout.id, rollout.attempt))
+        self.started.add(attempt_key(rollout))
         await self.mark_launched(rollout, where)
         log.info("rollout_id=%s attempt=%d: launched (%s)", rollout.id, rollout.attempt, where)
 
@@ -241,10 +247,10 @@ class Controller:
         reason = f"launched by {self.settings.launcher}: {where}"
         await self.set_status(rollout, Status.RUNNING, None, reason)
 
-    async def record(self, key: Key, outcome: Outcome) -> None:
+    async def record(self, key: AttemptKey, outcome: Outcome) -> None:
         """Report an ended attempt; release it once the gateway has it (or it is stale)."""
-        rollout = await self.find(key[0])
-        if rollout and rollout.attempt == key[1] and not rollout.status.terminal:
+        rollout = await self.find(key.rollout_id)
+        if rollout and rollout.attempt == key.attempt and not rollout.status.terminal:
             await self.report(rollout, outcome, self.spec_of(rollout))
         await self.launcher.release(key)
         self.started.discard(key)

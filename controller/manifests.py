@@ -16,7 +16,7 @@ from typing import Any
 
 from agl.types import JSON
 from controller import outcome, report
-from controller.launcher import Credentials, Key
+from controller.launcher import AttemptKey, Credentials
 from controller.outcome import INFRA, RAN, TASK, TIMED_OUT, Outcome, exited
 from controller.spec import Process, Spec
 
@@ -50,16 +50,16 @@ TIMED = (
 REPORT_S = 120
 
 
-def name_of(key: Key) -> str:
-    return f"agl-{key[0][:48].lower()}-{key[1]}"
+def name_of(key: AttemptKey) -> str:
+    return f"agl-{key.rollout_id[:48].lower()}-{key.attempt}"
 
 
-def key_of(obj: JSON) -> Key | None:
+def key_of(obj: JSON) -> AttemptKey | None:
     """The attempt an object's labels name (a Job, its pods, its Secret), or None."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     if ROLLOUT_LABEL not in labels or not str(labels.get(ATTEMPT_LABEL, "")).isdigit():
         return None
-    return labels[ROLLOUT_LABEL], int(labels[ATTEMPT_LABEL])
+    return AttemptKey(rollout_id=labels[ROLLOUT_LABEL], attempt=int(labels[ATTEMPT_LABEL]))
 
 
 def reporter_program() -> str:
@@ -165,7 +165,7 @@ def _reporter(spec: Spec, creds: Credentials, name: str) -> JSON:
 
 def manifests(spec: Spec, creds: Credentials, *, reported: bool = False) -> tuple[JSON, JSON]:
     """The Secret and the Job of one attempt (the Secret's owner is set after the Job exists)."""
-    name = name_of((creds.rollout_id, creds.attempt))
+    name = name_of(creds.key)
     labels = spec.labels | {ROLLOUT_LABEL: creds.rollout_id, ATTEMPT_LABEL: str(creds.attempt)}
     meta = {"name": name, "namespace": spec.namespace, "labels": labels}
     job_spec = {
