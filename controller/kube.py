@@ -1,10 +1,14 @@
 """The Kubernetes launcher: one Job (and its Secret) per attempt, watched by label.
 
-The only module that imports `kubernetes` (its blocking client runs in threads). It creates the
-Secret, then the Job, which then owns the Secret, and watches every Job labelled `agl.dev/rollout`
-in its namespace (`agl jobs render`'s too). Infra failures: a Job deleted before it finished, one
-whose pods fail without ending it (an image pull; pods checked every `pod_check_s`; it is deleted),
-create errors other than 400/422 (the spec's fault: a task failure). No statuses, no manifests here.
+- The only module that imports `kubernetes` (its blocking client runs in threads).
+- It creates the Secret, then the Job, which then owns the Secret, and watches every Job labelled
+  `agl.dev/rollout` in its namespace (`agl jobs render`'s too).
+- Ends it finds, built by `outcome.py`: a Job deleted before it finished -> lost; one whose pods
+  fail without ending it (an image pull; pods checked every `pod_check_s`) -> as
+  `manifests.job_outcome` reads it, and the Job is deleted.
+- A create refused with 400/422 is the spec's fault (a permanent `LaunchError`: a task failure);
+  any other create error is retried.
+- No statuses, no manifests here.
 """
 
 import asyncio
@@ -180,7 +184,7 @@ class KubeLauncher:
             self.deleted.clear()
         for key in gone:
             if key not in self.released and key not in self.ended:
-                self.ended[key] = Outcome.infra("the Job was deleted before it finished")
+                self.ended[key] = Outcome.lost("the Job was deleted before it finished")
             self.released.discard(key)
         pods = await self._pods(jobs)
         for key, job in jobs.items():

@@ -1,11 +1,13 @@
 """The launcher protocol, the credentials a run gets, and the local-process launcher.
 
-A launcher starts attempts, reports how they ended and finds them again after a restart; it never
-talks to the gateway. A local attempt is a process group (`WRAPPER`) that writes its exit code to a
-file and dies whole at its end or timeout; its 0600 state file (pid, start time, deadline, phase,
-grader command and token), written before the spawn, lets a restarted controller adopt it (pid and
-start time match) or call it lost. A grader runs after the harness exits 0, with only its own token.
-How the exit codes become an outcome is `outcome.py`'s rule, not this module's.
+- A launcher starts attempts, reports how they ended and finds them again after a restart; it
+  never talks to the gateway. Attempts are keyed by `AttemptKey` (rollout id, attempt).
+- A local attempt is a process group (`WRAPPER`) that writes its exit code to a file and dies
+  whole at its end or timeout.
+- Its 0600 state file (pid, start time, deadline, phase, grader command and token), written before
+  the spawn, lets a restarted controller adopt it (pid and start time match) or call it lost.
+- A grader runs after the harness exits 0, with only its own token.
+- How the exit codes become an outcome is `outcome.py`'s rule, not this module's.
 """
 
 import contextlib
@@ -257,7 +259,7 @@ class LocalLauncher:
         try:
             self._spawn(run, grader, run.grader["env"], run.grader["cwd"])
         except LaunchError as e:
-            return Outcome.infra(str(e))
+            return Outcome.launch_failed(str(e), permanent=e.permanent)
         return None
 
     def _kill(self, run: _Run) -> None:
@@ -272,7 +274,7 @@ class LocalLauncher:
         # Only a run that still runs: never a reused pid.
         if run and key not in self.ended and self._running(run):
             self._kill(run)
-            self.ended[key] = Outcome.infra(f"{run.phase} stopped: the rollout ended")
+            self.ended[key] = Outcome.stopped(f"{run.phase} stopped: the rollout ended")
 
     async def poll(self) -> list[tuple[AttemptKey, Outcome]]:
         for key, run in list(self.runs.items()):

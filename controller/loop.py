@@ -1,14 +1,16 @@
 """`agl controller`: the reconcile loop between the gateway's queued rollouts and a launcher.
 
-Owns which rollout runs when (caps on runs at once and on the launch rate, retry backoff), fresh
-tokens per attempt (plaintext tokens exist only in the reply that issues them) and the status of
-each end, by `outcome.py`'s rule: a final reward -> `succeeded`; none, or harness exit != 0 ->
-`failed` (task); timeout -> `timed_out`; infra (launch error, lost run, deleted Job, evicted pod,
-grader failure, a task failure across a gateway restart) -> `queued` as attempt + 1 after a
-backoff, up to `max_attempts`. Runs `metadata.spec`, else `--spec`, else leaves the rollout alone;
-adopts `agl jobs render`'s Jobs by label. Each launch is recorded in a `launch` event naming the
-launcher: how a restarted controller tells its own lost runs. A run whose rollout ended elsewhere
-(a cancel) is stopped. Stopping the controller leaves runs alive.
+- Owns which rollout runs when (caps on runs at once and on the launch rate, retry backoff) and
+  fresh tokens per attempt (plaintext tokens exist only in the reply that issues them).
+- Records each end as `outcome.py` builds it: a final reward -> `succeeded`; none, or harness
+  exit != 0 -> `failed` (task); timeout -> `timed_out`; infra (launch error, lost run, deleted
+  Job, evicted pod, grader failure, a task failure across a gateway restart) -> `queued` as
+  attempt + 1 after a backoff, up to `max_attempts` (`retry_or_end`).
+- Runs `metadata.spec`, else `--spec`, else leaves the rollout alone; adopts `agl jobs render`'s
+  Jobs by label.
+- Each launch is recorded in a `launch` event naming the launcher: how a restarted controller
+  tells its own lost runs. A run whose rollout ended elsewhere (a cancel) is stopped.
+- Stopping the controller leaves runs alive.
 """
 
 import asyncio
@@ -24,7 +26,7 @@ from agl.client import GatewayClient, GatewayError
 from agl.settings import from_flags, usage_error
 from agl.types import JSON, Rollout, Status
 from controller.launcher import AttemptKey, Credentials, Launcher, LaunchError, LocalLauncher
-from controller.outcome import INFRA, TASK, Outcome, rewarded
+from controller.outcome import TASK, Outcome, across_restart, retry_or_end, rewarded
 from controller.spec import Spec, SpecError, load_spec, parse_spec
 
 log = logging.getLogger(__name__)
@@ -125,7 +127,7 @@ class Controller:
         adopted = {key.rollout_id for key in self.started}
         for rollout in running:
             if rollout.id not in adopted and await self.launched_here(rollout):
-                lost = Outcome.infra("the run was not found when the controller started")
+                lost = Outcome.lost("the run was not found when the controller started")
                 await self.report(rollout, lost, self.spec_of(rollout))
 
     async def stop_moved_on(self, running: list[Rollout]) -> None:
@@ -216,7 +218,7 @@ class Controller:
             if spec.grader and not rollout.has_grader:
                 raise SpecError("the spec has a grader but the rollout has no grader token")
         except SpecError as e:
-            await self.report(rollout, Outcome.task(str(e)), None)
+            await self.report(rollout, Outcome.launch_failed(str(e), permanent=True), None)
             return
         try:
             reply = await self.gw.rotate_tokens(rollout.id, attempt=rollout.attempt)
@@ -232,7 +234,7 @@ class Controller:
             log.warning(
                 "rollout_id=%s attempt=%d: launch failed: %s", rollout.id, rollout.attempt, e
             )
-            await self.report(rollout, launch_failure(e), spec)
+            await self.report(rollout, Outcome.launch_failed(str(e), permanent=e.permanent), spec)
             return
         self.started.add(attempt_key(rollout))
         await self.mark_launched(rollout, where)
@@ -268,12 +270,13 @@ class Controller:
         """Record how the attempt ended, once its final reward is known; an infra failure is
         retried as the next attempt while the spec allows."""
         outcome = rewarded(outcome, rollout.reward)
+        # Only a task failure can be the restart's doing: the others need no health check.
         if outcome.failure_kind == TASK and await self.gateway_restarted_during(rollout):
-            outcome = Outcome.infra(f"{outcome.reason}; the gateway restarted during the run")
-        status = Status(outcome.status)
+            outcome = across_restart(outcome)
         delay = retry_delay(rollout, spec)
-        if outcome.failure_kind == INFRA and delay is not None:
-            status = Status.QUEUED
+        outcome = retry_or_end(outcome, attempts_left=delay is not None)
+        status = Status(outcome.status)
+        if delay is not None and status is Status.QUEUED:
             self.not_before[rollout.id] = time.monotonic() + delay
         elif rollout.status is Status.QUEUED and status is not Status.FAILED:
             await self.set_status(rollout, Status.RUNNING, None, "started by the controller")
@@ -307,13 +310,6 @@ class Controller:
             log.info("rollout_id=%s: status %s not recorded: %s", r.id, status, e.message)
             return False
         return True
-
-
-def launch_failure(error: LaunchError) -> Outcome:
-    """A launch that did not happen: the spec's fault (permanent) is a task failure, else infra."""
-    if error.permanent:
-        return Outcome.task(str(error))
-    return Outcome.infra(str(error))
 
 
 def main(argv: list[str]) -> int:

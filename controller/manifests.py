@@ -1,13 +1,16 @@
 """Kubernetes manifests for one attempt (a Secret and a Job), and how a finished Job is read.
 
-API-shaped dicts, built without `kubernetes` (tested without a cluster). A Job per attempt,
-`agl-<rollout>-<attempt>`, labelled with both; tokens live only in its Secret (same name, owned by
-the Job). A grader is the main container after the harness as init container, sharing an emptyDir
-at `spec.workspace`; each gets only its own token. Ends: Complete -> ran; DeadlineExceeded -> timed
-out; a harness's or grader's exit code -> `outcome.exited`; image pull, eviction, node loss, start
-errors -> infra. A rendered Job (`reported`) ends on its own: harness and grader run under `TIMED`,
-which keeps their exit codes in the workspace, and a last container runs `reporter_program` (the
-outcome rule and `report.py`) with the rollout's own token.
+- API-shaped dicts, built without `kubernetes` (tested without a cluster).
+- A Job per attempt, `agl-<rollout>-<attempt>`, labelled with both; tokens live only in its Secret
+  (same name, owned by the Job).
+- A grader is the main container after the harness as init container, sharing an emptyDir at
+  `spec.workspace`; each gets only its own token.
+- Ends, each through its constructor in `outcome.py`: Complete -> ran; DeadlineExceeded -> timed
+  out; a harness's or grader's exit code -> `outcome.exited`; an image pull or start error ->
+  launch failed; eviction, node loss, a Failed Job with no exit code -> lost.
+- A rendered Job (`reported`) ends on its own: harness and grader run under `TIMED`, which keeps
+  their exit codes in the workspace, and a last container runs `reporter_program` (the outcome
+  rule and `report.py`) with the rollout's own token.
 """
 
 import math
@@ -17,7 +20,7 @@ from typing import Any
 from agl.types import JSON
 from controller import outcome, report
 from controller.launcher import AttemptKey, Credentials
-from controller.outcome import INFRA, RAN, TASK, TIMED_OUT, Outcome, exited
+from controller.outcome import INFRA, RAN, Outcome, exited
 from controller.spec import Process, Spec
 
 ROLLOUT_LABEL = "agl.dev/rollout"
@@ -200,13 +203,11 @@ def job_outcome(job: JSON, pods: list[JSON]) -> Outcome | None:
             return found
         return None
     if failed.get("reason") == "DeadlineExceeded":
-        return Outcome(
-            status=TIMED_OUT, failure_kind=TASK, reason="the Job ran past activeDeadlineSeconds"
-        )
+        return Outcome.timed_out("the Job ran past activeDeadlineSeconds")
     if found is not None:
         return found
     why = f"{failed.get('reason', '')} {failed.get('message', '')}".strip()
-    return Outcome.infra(f"Job failed: {why}")
+    return Outcome.lost(f"Job failed: {why}")
 
 
 def pod_outcome(pods: list[JSON]) -> Outcome | None:
@@ -217,7 +218,7 @@ def pod_outcome(pods: list[JSON]) -> Outcome | None:
     for pod in newest_first:
         status: JSON = pod.get("status") or {}
         if status.get("reason") in INFRA_POD:
-            return Outcome.infra(f"pod {status['reason']}: {status.get('message', '')}".strip())
+            return Outcome.lost(f"pod {status['reason']}: {status.get('message', '')}".strip())
         containers: list[Any] = status.get("initContainerStatuses") or []
         containers += status.get("containerStatuses") or []
         for container in containers:
@@ -234,9 +235,11 @@ def _container_outcome(container: JSON) -> Outcome | None:
     waiting = state.get("waiting") or {}
     ended = state.get("terminated") or {}
     if waiting.get("reason") in INFRA_WAITING:
-        return Outcome.infra(f"{name}: {waiting['reason']}: {waiting.get('message', '')}".strip())
+        why = f"{name}: {waiting['reason']}: {waiting.get('message', '')}".strip()
+        return Outcome.launch_failed(why)
     if ended.get("reason") in INFRA_START:
-        return Outcome.infra(f"{name} did not start: {ended.get('message') or ended['reason']}")
+        why = f"{name} did not start: {ended.get('message') or ended['reason']}"
+        return Outcome.launch_failed(why)
     code = ended.get("exitCode", 0)
     if code == 0:
         return None
@@ -244,4 +247,5 @@ def _container_outcome(container: JSON) -> Outcome | None:
         return exited(code)
     if name == "grader":
         return exited(0, code, graded=True)
-    return Outcome.infra(f"{name} exited with {code}")
+    # The reporter: the end it should have posted is not known here.
+    return Outcome.lost(f"{name} exited with {code}")
