@@ -301,6 +301,12 @@ class Here:
         """A rollout its harness has started."""
         return await self.gw.set_status((await self.queued()).id, Status.RUNNING, attempt=1)
 
+    async def started(self, spec: dict) -> Outcome:
+        """What the controller records when it starts a new rollout with `spec` and that fails."""
+        rollout = await self.queued()
+        await self.controller(spec).start(rollout)
+        return await self.recorded(rollout.id)
+
     async def recorded(self, rollout_id: str) -> Outcome:
         """The rollout's last status move, as the controller asked for it."""
         moves = [e["data"] for e in await self.gw.events(rollout_id) if e["kind"] == "lifecycle"]
@@ -449,26 +455,17 @@ async def a_local_run_that_vanished_whole(here: Here) -> Outcome:
 
 @path("launch_failed, the spec's fault")
 async def a_spec_with_a_grader_for_a_rollout_without_a_grader_token(here: Here) -> Outcome:
-    rollout = await here.queued()
-    spec = {"harness": {"command": SLEEP}, "grader": {"command": SLEEP}}
-    await here.controller(spec).start(rollout)
-    return await here.recorded(rollout.id)
+    return await here.started({"harness": {"command": SLEEP}, "grader": {"command": SLEEP}})
 
 
 @path("retry_or_end, retried")
 async def a_launch_error_with_an_attempt_left(here: Here) -> Outcome:
-    rollout = await here.queued()
-    spec = {"harness": {"command": ["no-such-harness"]}, "max_attempts": 2}
-    await here.controller(spec).start(rollout)
-    return await here.recorded(rollout.id)
+    return await here.started({"harness": {"command": ["no-such-harness"]}, "max_attempts": 2})
 
 
 @path("launch_failed")
 async def a_launch_error_with_no_attempt_left(here: Here) -> Outcome:
-    rollout = await here.queued()
-    spec = {"harness": {"command": ["no-such-harness"]}, "max_attempts": 1}
-    await here.controller(spec).start(rollout)
-    return await here.recorded(rollout.id)
+    return await here.started({"harness": {"command": ["no-such-harness"]}, "max_attempts": 1})
 
 
 @path("lost")
