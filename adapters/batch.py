@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from adapters.advantage import rollout_advantages
-from adapters.merge import MISMATCHES, Draft, Segment, merge
+from adapters.merge import BREAKS, Draft, Segment, merge
 from adapters.settings import AdapterError, AdapterSettings
 from agl.types import Call, FailureKind, Rollout, Status
 
@@ -41,7 +41,7 @@ COUNTS = [
     "calls_merged",
     "calls_shaped",
     "overlong_samples",
-    *[f"mismatch_{m}" for m in MISMATCHES],
+    *[f"mismatch_{kind}" for kind in BREAKS],
 ]
 
 

@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adapters.settings import AdapterError, AdapterSettings
-from agl.types import Call
+from agl.types import Call, PrefixBreak
 
-# Why a call extends none of its agent's open samples. new_chain: the agent has no open sample (a
-# sub-agent starting); retokenized: the prompt repeats the last call's prompt but not the tokens
-# sampled after it (a re-rendered reply, changed whitespace, a token boundary); rewritten: it
-# diverges earlier (a summarized or otherwise edited context); overflow: merging it would make
-# the sample longer than `max_length`.
-MISMATCHES = ("new_chain", "retokenized", "rewritten", "overflow")
+# The prefix breaks told from recorded tokens: why a call extends none of its agent's open samples.
+BREAKS = (
+    PrefixBreak.NEW_CHAIN,
+    PrefixBreak.RETOKENIZED,
+    PrefixBreak.REWRITTEN,
+    PrefixBreak.OVERFLOW,
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -143,14 +144,14 @@ def _extended(
         if same_agent:
             # compared with the agent's most recent sample
             if _starts_with(prompt, same_agent[0].last_prompt):
-                stats["mismatch_retokenized"] += 1
+                stats[f"mismatch_{PrefixBreak.RETOKENIZED}"] += 1
             else:
-                stats["mismatch_rewritten"] += 1
+                stats[f"mismatch_{PrefixBreak.REWRITTEN}"] += 1
         elif open_drafts:
-            stats["mismatch_new_chain"] += 1
+            stats[f"mismatch_{PrefixBreak.NEW_CHAIN}"] += 1
         return None
     if overlong:
-        stats["mismatch_overflow"] += 1
+        stats[f"mismatch_{PrefixBreak.OVERFLOW}"] += 1
         open_drafts.remove(draft)
         return None
     stats["calls_merged"] += 1

@@ -1,9 +1,12 @@
 """Domain records shared by every agl component: rollouts, calls, events, model versions.
 
-Standard library only, so that anything (harness-side helpers too) imports it cheaply. Wire
-schemas (pydantic, in the gateway) and table rows (SQLAlchemy, `agl.store`) convert to and from
-these explicitly. Token arrays are `array.array`s typed as `ARRAYS` says (int32 IDs, float32
-logprobs): numpy views them without a copy.
+- Standard library only, so that anything (harness-side helpers too) imports it cheaply.
+- Wire schemas (pydantic, in the gateway) and table rows (SQLAlchemy, `agl.store`) convert to and
+  from these explicitly; no I/O here.
+- Token arrays are `array.array`s typed as `ARRAYS` says (int32 IDs, float32 logprobs): numpy
+  views them without a copy.
+- The rules every component shares: the rollout state machine (`TRANSITIONS`), which rollouts are
+  trained on (`Rollout.counts`), and the kinds of prefix break (`PrefixBreak`).
 """
 
 from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
@@ -61,6 +64,33 @@ class Mode(enum.StrEnum):
     VAL = "val"
 
 
+class PrefixBreak(enum.StrEnum):
+    """Why a call's prompt does not extend an earlier call of its rollout (its sample splits there).
+
+    - The gateway tells from the messages it renders: `new_chain`, `context_rewritten`,
+      `template_edit`, `retokenized_boundary` (a `prefix_mismatch` event's `class`).
+    - The adapter tells from one agent's recorded tokens: `new_chain`, `retokenized`, `rewritten`,
+      `overflow` (its `mismatch_KIND` counts).
+    """
+
+    # the conversation starts differently from every earlier one: a sub-agent, a side request
+    NEW_CHAIN = "new_chain"
+    # gateway: same first message, but the harness changed its history (a summary, a truncation)
+    CONTEXT_REWRITTEN = "context_rewritten"
+    # gateway: the earlier messages render differently now, even with reasoning stripped
+    TEMPLATE_EDIT = "template_edit"
+    # gateway, prefix preservation off: the prompt tokenized afresh does not start with the
+    # sampled IDs
+    RETOKENIZED_BOUNDARY = "retokenized_boundary"
+    # adapter: the prompt repeats the agent's last prompt but not the tokens sampled after it (a
+    # re-rendered reply, changed whitespace, a token boundary)
+    RETOKENIZED = "retokenized"
+    # adapter: the prompt diverges within the agent's last prompt (an edited context)
+    REWRITTEN = "rewritten"
+    # adapter: merging the call would make the sample longer than `max_length`
+    OVERFLOW = "overflow"
+
+
 @dataclass(frozen=True)
 class Rollout:
     """One harness run on one task. `attempt` counts from 1; only the last attempt's calls count."""
@@ -79,6 +109,17 @@ class Rollout:
     started_at: float | None = None
     ended_at: float | None = None
     end_seq: int | None = None  # position in the order rollouts ended; cursor for the trainer
+
+    @property
+    def counts(self) -> bool:
+        """The trained-on rule: whether the rollout ended with an outcome of the policy's own (a
+        success or a task failure). Only these are trained on and counted in a mean reward
+        (validation, the SWE probe); an infra failure or a cancel is not the policy's doing."""
+        return (
+            self.status.terminal
+            and self.failure_kind is not FailureKind.INFRA
+            and self.status is not Status.CANCELLED
+        )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Self:

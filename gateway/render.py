@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agl.types import JSON
+from agl.types import JSON, PrefixBreak
 from gateway.types import ContextOverflow, Message, RenderError, ToolCall
 
 # ---------------------------------------------------------------------------- reply parsing
@@ -108,7 +108,7 @@ class Prompt:
 
     ids: array[int]
     extended: bool  # built on an earlier call's sampled tokens
-    mismatch: str  # "" when extended or first; else the class of the break
+    mismatch: PrefixBreak | None  # None when extended or first
     digests: list[int] = field(default_factory=list)  # [i] identifies messages[:i + 1]
     tools_key: str = ""  # the tools and template variables, canonical
     text: str = ""  # as rendered
@@ -422,12 +422,13 @@ class Renderer:
         full, literal = self.render_prompt(
             conversation.messages, conversation.tools, conversation.template
         )
+        mismatch: PrefixBreak | None
         if not history:
-            mismatch = ""
+            mismatch = None
         elif any(t.first == conversation.digests[0] for t in history):
-            mismatch = "context_rewritten"
+            mismatch = PrefixBreak.CONTEXT_REWRITTEN
         else:
-            mismatch = "new_chain"
+            mismatch = PrefixBreak.NEW_CHAIN
         if literal:
             ids = array("i", self.encode(full, literal))
         else:
@@ -452,7 +453,7 @@ class Renderer:
         return Prompt(
             ids=match.transcript.ids + array("i", self.encode(added, spans)),
             extended=True,
-            mismatch="",
+            mismatch=None,
             digests=conversation.digests,
             tools_key=conversation.tools_key,
         )
@@ -486,7 +487,7 @@ class Renderer:
         return Prompt(
             ids=match.transcript.ids + array("i", self.encode(full[covered:], tail)),
             extended=True,
-            mismatch="",
+            mismatch=None,
             digests=conversation.digests,
             tools_key=conversation.tools_key,
             text=full,
@@ -505,12 +506,13 @@ class Renderer:
         with the transcript's; else the break is classified: the template changed the history's
         text (`found`: false), or the text is the same but tokenizes differently at a boundary."""
         ids = array("i", self.encode(full, literal))
+        mismatch: PrefixBreak | None
         if not found:
-            mismatch = "template_edit"
+            mismatch = PrefixBreak.TEMPLATE_EDIT
         elif ids[: len(match.transcript.ids)] == match.transcript.ids:
-            mismatch = ""
+            mismatch = None
         else:
-            mismatch = "retokenized_boundary"
+            mismatch = PrefixBreak.RETOKENIZED_BOUNDARY
         return Prompt(
             ids=ids,
             extended=not mismatch,

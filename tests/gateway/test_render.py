@@ -120,7 +120,7 @@ def test_breaks_are_classified(renderer: Renderer):
     base = [Message("system", "S"), Message("user", "task")]
     history: list[Transcript] = []
     first = renderer.prompt(history, base, TOOLS)
-    assert (first.extended, first.mismatch) == (False, "")
+    assert (first.extended, first.mismatch) == (False, None)
     reply = Message("assistant", "done")
     history = renderer.remember(history, first, renderer.encode("done"), reply)
     summarized = [Message("system", "S"), Message("user", "summary of the work so far")]
