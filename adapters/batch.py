@@ -21,12 +21,12 @@ import numpy as np
 from adapters.advantage import rollout_advantages
 from adapters.merge import BREAKS, Draft, Segment, merge
 from adapters.settings import AdapterError, AdapterSettings
-from agl.types import Call, FailureKind, Rollout, Status
+from agl.types import Call, Rollout
 
 # Counted in every batch's metrics, zero or not.
 COUNTS = [
     # rollouts
-    "rollouts_excluded_infra",
+    "rollouts_infra_or_cancelled",
     "rollouts_dropped_stale",
     "missing_reward_filled",
     "rollouts_without_tokens",
@@ -195,9 +195,9 @@ def _valid(
     for r in rollouts:
         if not r.status.terminal:
             raise AdapterError(f"rollout {r.id} is {r.status.value}, not finished")
-        if r.failure_kind is FailureKind.INFRA or r.status is Status.CANCELLED:
+        if not r.counts:
             # not the policy's outcome
-            stats["rollouts_excluded_infra"] += 1
+            stats["rollouts_infra_or_cancelled"] += 1
         elif _stale(calls.get(r.id, ()), s, version):
             stats["rollouts_dropped_stale"] += 1
         else:

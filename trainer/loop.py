@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from adapters import AdapterSettings, Batch, build_batch
 from agl.client import GatewayClient, GatewayError, call_from_json
-from agl.types import JSON, Call, FailureKind, Mode, Rollout, Status
+from agl.types import JSON, Call, Mode, Rollout, Status
 from trainer.config import AglConfig, ConfigError, load_config
 from trainer.engines import base_model_path, engine_http
 
@@ -416,11 +416,7 @@ class Trainer:
             return True
         if (rollouts := await self.ended(self.val)) is None:
             return False
-        counted = [
-            r
-            for r in rollouts
-            if r.failure_kind is not FailureKind.INFRA and r.status is not Status.CANCELLED
-        ]
+        counted = [r for r in rollouts if r.counts]
         reward = mean([r.reward or 0.0 for r in counted])
         step = self.state.step
         version = self.state.version

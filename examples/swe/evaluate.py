@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agl.client import GatewayClient
-from examples.swe.probe import counted, run_rollouts
+from examples.swe.probe import run_rollouts
 from examples.swe.spec import SpecSettings, load_settings
 from examples.swe.tasks import Task, load
 
@@ -44,7 +44,7 @@ async def collect(
     for task in tasks:
         listed = await gw.list_rollouts(group=prefix + task.instance_id)
         rollouts = sorted(listed, key=lambda r: r.created_at)
-        ran = [r for r in rollouts if r.status.terminal and counted(r)]
+        ran = [r for r in rollouts if r.counts]
         rewards += [r.reward or 0.0 for r in ran]
         for r in ran:
             patches = [e["data"] for e in await gw.events(r.id) if e["kind"] == "swe_patch"]

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from agl.client import GatewayClient
-from agl.types import FailureKind, Rollout, Status
+from agl.types import Rollout
 from examples.swe.spec import SpecSettings, create_rollouts, load_settings
 from examples.swe.tasks import Task, load
 
@@ -53,11 +53,6 @@ async def run_rollouts(
     return ended
 
 
-def counted(rollout: Rollout) -> bool:
-    """It ran: a reward, or a task failure (counted as 0); not an infra failure or a cancel."""
-    return rollout.failure_kind is not FailureKind.INFRA and rollout.status is not Status.CANCELLED
-
-
 async def probe(
     gw: GatewayClient, tasks: list[Task], settings: SpecSettings, *, k: int, poll_s: float = 5.0
 ) -> dict[str, list[float]]:
@@ -65,7 +60,7 @@ async def probe(
     ended = await run_rollouts(gw, tasks, settings, k=k, prefix=PREFIX, mode="val", poll_s=poll_s)
     rewards: dict[str, list[float]] = {t.instance_id: [] for t in tasks}
     for r in sorted(ended, key=lambda r: r.created_at):
-        if counted(r):
+        if r.counts:
             rewards[r.group.removeprefix(PREFIX)].append(r.reward or 0.0)
     return rewards
 

@@ -135,7 +135,7 @@ def test_infra_failures_and_cancelled_rollouts_are_not_in_the_group() -> None:
     batch = build_batch(rollouts, calls, AdapterSettings(estimator="rloo"))
     assert batch.rollout_ids == ("a", "b")
     assert batch.rollout_advantages.tolist() == pytest.approx([1.0, -1.0])
-    assert batch.metrics["rollouts_excluded_infra"] == 2
+    assert batch.metrics["rollouts_infra_or_cancelled"] == 2
 
 
 @pytest.mark.parametrize("drop", [True, False])
