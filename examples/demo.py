@@ -49,7 +49,7 @@ def start(name: str, argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-# The trainer's own lines (trainer/loop.py): a step's figures and a validation round's reward.
+# The trainer's own lines (trainer/metrics.py's Progress): a step's figures and a validation round's reward.
 SHOWN = ("step ", "validation at step ")
 TAIL_ON_FAILURE = 40  # lines of train.log printed when training fails
 

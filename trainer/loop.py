@@ -1,11 +1,14 @@
 """`agl train CONFIG [key=value ...]`: rollouts through unchanged harnesses become policy updates.
 
-Owns the training loop (docs/architecture.md, "Collocated async RL"), its checkpoints and its
-progress output. It speaks only the gateway's admin API (create rollouts carrying the spec the
-controller runs, read their status and calls, pause, resume, register model versions); the backend
-(`trainer/backend.py`) owns the model and its engines. It launches no harness (the controller does)
-and never opens the store. Groups are named `{experiment_name}/{index}`, so a restarted run finds
-the groups it launched after its last checkpoint instead of launching them again.
+- `Trainer` is the training loop (docs/architecture.md, "Collocated async RL"): it launches
+  groups, trains on the ended ones, serves each new version, validates and keeps the best.
+- Checkpoints are `trainer/checkpoints.py`'s, step metrics and progress output
+  `trainer/metrics.py`'s; the model and its engines are the backend's (`trainer/backend.py`).
+- It speaks only the gateway's admin API (create rollouts carrying the spec the controller runs,
+  read their status and calls, pause, resume, register model versions); it launches no harness
+  (the controller does) and never opens the store.
+- Groups are named `{experiment_name}/{index}`, so a restarted run finds the groups it launched
+  after its last checkpoint instead of launching them again.
 """
 
 import argparse
@@ -16,37 +19,27 @@ import json
 import logging
 import os
 import random
-import shutil
 import time
 from collections import Counter
 from collections.abc import Sequence
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from adapters import AdapterSettings, Batch, build_batch
 from agl.client import GatewayClient, GatewayError, call_from_json
 from agl.types import JSON, Call, Mode, Rollout, Status
+from trainer.checkpoints import Checkpoints, Group, TrainerState
 from trainer.config import AglConfig, ConfigError, load_config
 from trainer.engines import base_model_path, engine_http
+from trainer.metrics import Pace, Progress, mean, step_metrics
 
 if TYPE_CHECKING:
     from trainer.backend import Backend
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class Group:
-    """One task's rollouts, launched together: `agl.n` of them, or a validation round's share."""
-
-    id: str
-    rollouts: list[str]
-    version: int  # the model version when it was launched
 
 
 def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
@@ -60,31 +53,16 @@ def read_tasks(path: str, spec: JSON | None) -> list[JSON]:
     return tasks
 
 
-@dataclasses.dataclass
-class TrainerState:
-    """What a checkpoint keeps of a run: its `state.json`, one key per field, in this order."""
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A batch's ended groups as the gateway has them."""
 
-    step: int = 0
-    version: int = 0  # the model version the engines serve
-    cursor: int = 0  # the next task's index, which names its group
-    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
-    # the group IDs of each step: none trained twice, none lost
-    trained: list[list[str]] = dataclasses.field(default_factory=list)
-    best: float | None = None  # the best validation reward so far (the guard's)
-    # launched, not yet trained on, in launch order
-    groups: list[Group] = dataclasses.field(default_factory=list)
-
-    def to_json(self) -> str:
-        """The text of `state.json`."""
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> "TrainerState":
-        """The state a `state.json` holds; a key it lacks keeps its default, others are ignored."""
-        saved = json.loads(text)
-        known = {f.name: saved[f.name] for f in dataclasses.fields(cls) if f.name in saved}
-        known["groups"] = [Group(**g) for g in known.get("groups", [])]
-        return cls(**known)
+    rollouts: list[Rollout]
+    calls: dict[str, list[Call]]  # per rollout ID, as the gateway lists them
+    # per `flag` event name (reward-hacking checks): `flags/NAME_rate`, the share of rollouts with one
+    flags: dict[str, float]
+    # per rollout and call seq: the sum of the call's intermediate rewards (of its last attempt)
+    intermediate: dict[str, Counter[int]]
 
 
 class Trainer:
@@ -100,7 +78,8 @@ class Trainer:
         self.gw = gw
         self.tracker = tracker
         self.name = str(cfg.trainer.experiment_name)
-        self.dir = Path(cfg.trainer.default_local_dir)
+        keep = int(cfg.trainer.get("max_actor_ckpt_to_keep") or 2)
+        self.checkpoints = Checkpoints(Path(cfg.trainer.default_local_dir), backend, keep)
         self.tasks = read_tasks(agl.tasks, agl.spec)
         # the order is the seed's: a restart sees the same one
         random.Random(agl.seed).shuffle(self.tasks)
@@ -111,31 +90,8 @@ class Trainer:
         self.state = TrainerState()
         self.val: list[Group] = []  # validation groups of the round out
         self.stopped = False  # by the guard
-        self.last_step_at = time.monotonic()
-        self.bar = tqdm(total=self.steps, desc="train", unit="step", dynamic_ncols=True)
-
-    def progress(self, m: dict[str, float]) -> None:
-        """The step's line under the progress bar, and the bar moved on."""
-        self.bar.update(self.state.step - self.bar.n)
-        shown = {
-            "reward": m["reward/mean"],
-            "stale": m["staleness/mean"],
-            "calls/s": m["rollout/calls_per_s"],
-        }
-        self.bar.set_postfix({k: f"{v:.2f}" for k, v in shown.items()})
-        learned = ""
-        update = "(no samples: no update)"
-        if "timing/update_s" in m:
-            learned = f"entropy {m['actor/entropy']:.3f}, kl {m['actor/kl_k3']:.4f}, "
-            learned += f"grad norm {m['actor/grad_norm']:.2f}, "
-            update = f"(update {m['timing/update_s']:.1f} s)"
-        self.bar.write(
-            f"step {self.state.step}: reward {m['reward/mean']:.3f} "
-            f"over {int(m['adapter/rollouts'])} rollouts "
-            f"({m['adapter/degenerate_rate']:.0%} of groups degenerate), {learned}"
-            f"staleness mean {m['staleness/mean']:.2f} max {int(m['staleness/max'])}, "
-            f"{m['rollout/calls_per_s']:.1f} calls/s, step {m['timing/step_s']:.1f} s {update}"
-        )
+        self.pace = Pace()
+        self.progress = Progress(self.steps)
 
     # ------------------------------------------------------------------ the loop
 
@@ -165,7 +121,7 @@ class Trainer:
         finally:
             with contextlib.suppress(GatewayError):
                 await self.cancel_unfinished()
-            self.bar.close()
+            self.progress.close()
 
     async def cancel_unfinished(self) -> None:
         """The run is over: end the rollouts still running (their harnesses get 403 and stop)."""
@@ -247,47 +203,78 @@ class Trainer:
         unless a checkpoint is due."""
         state = self.state
         # ended: built while harnesses still run
-        rollouts, calls, flags, intermediate = await self.fetch(groups)
+        fetched = await self.fetch(groups)
         base = state.version  # the policy the batch is trained against
-        minibatch_rollouts = int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
-        settings = self.agl.adapter(self.backend.dp_size, minibatch_rollouts)
-        batch = build_batch(rollouts, calls, settings, version=base, intermediate=intermediate)
-        self.check_temperature(batch, calls)
+        batch = self.batch(fetched, base)
         state.step += 1
         state.trained.append([g.id for g in groups])
         state.groups = [g for g in state.groups if g not in groups]
         due = self.checkpoint_due()
-        update = bool(batch.n_samples) or due
+        updates = bool(batch.n_samples) or due
         started = time.monotonic()
-        drained = started
         metrics: dict[str, float] = {}
-        if update:
+        drain_s = 0.0
+        if updates:
             await self.gw.pause()
-            drained = time.monotonic()
-            await asyncio.to_thread(self.backend.engine.sleep)
-            if batch.n_samples:
-                metrics = await asyncio.to_thread(self.backend.update, batch)
-            state.version += 1
-        metrics |= self.step_metrics(rollouts, calls, batch, base, settings) | flags
+            drain_s = time.monotonic() - started
+            metrics = await self.update(batch)
+        metrics |= step_metrics(
+            fetched.rollouts,
+            fetched.calls,
+            batch,
+            self.adapter_settings,
+            base=base,
+            version=state.version,
+            elapsed=self.pace.lap(),
+        )
+        metrics |= fetched.flags
         metrics |= {
-            "timing/drain_s": drained - started,
+            "timing/drain_s": drain_s,
             "groups/carried_over": sum(g.version < base for g in groups),
         }
         state.history.append(metrics)
         paused_s = 0.0
-        if update:
+        if updates:
             checkpoint = None
             if due:
-                checkpoint = await asyncio.to_thread(self.save)
+                checkpoint = await asyncio.to_thread(self.checkpoints.save, state)
             await self.publish(checkpoint)
             paused_s = time.monotonic() - started
         # after the checkpoint: its history has no pause time for this step
         metrics["timing/paused_s"] = paused_s
         self.tracker.log(data=metrics, step=state.step)
-        self.progress(metrics)
+        self.progress.step(state.step, metrics)
         test_freq = self.cfg.trainer.test_freq
         if test_freq > 0 and state.step % test_freq == 0:
             await self.launch_validation()
+
+    @cached_property
+    def adapter_settings(self) -> AdapterSettings:
+        """How the adapter turns this run's calls into batches."""
+        minibatch_rollouts = int(self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size)
+        return self.agl.adapter(self.backend.dp_size, minibatch_rollouts)
+
+    def batch(self, fetched: Fetched, base: int) -> Batch:
+        """The training batch of the fetched rollouts, trained against version `base`."""
+        batch = build_batch(
+            fetched.rollouts,
+            fetched.calls,
+            self.adapter_settings,
+            version=base,
+            intermediate=fetched.intermediate,
+        )
+        self.check_temperature(batch, fetched.calls)
+        return batch
+
+    async def update(self, batch: Batch) -> dict[str, float]:
+        """The engines asleep (the gateway paused and drained), the batch trained if it has samples,
+        the version bumped: the backend's metrics."""
+        await asyncio.to_thread(self.backend.engine.sleep)
+        metrics: dict[str, float] = {}
+        if batch.n_samples:
+            metrics = await asyncio.to_thread(self.backend.update, batch)
+        self.state.version += 1
+        return metrics
 
     def checkpoint_due(self) -> bool:
         """A checkpoint every `trainer.save_freq` steps (if positive), and after the last step
@@ -321,12 +308,8 @@ class Trainer:
             seen,
         )
 
-    async def fetch(
-        self, groups: list[Group]
-    ) -> tuple[list[Rollout], dict[str, list[Call]], dict[str, float], dict[str, Counter[int]]]:
-        """The rollouts, their calls, per `flag` event name (reward-hacking checks) the share with
-        one, and per rollout and call seq the sum of the call's intermediate rewards (of the
-        rollout's last attempt)."""
+    async def fetch(self, groups: list[Group]) -> Fetched:
+        """The groups' rollouts, their calls, their flags and intermediate rewards."""
         rollouts = await self.members(groups)
         calls = {r.id: [call_from_json(c) for c in await self.gw.calls(r.id)] for r in rollouts}
         flags: Counter[str] = Counter()
@@ -337,58 +320,12 @@ class Trainer:
             for e in (e for e in events if e["kind"] == "reward" and e["attempt"] == r.attempt):
                 if not e["data"].get("final", True) and e["data"].get("call_seq") is not None:
                     intermediate[r.id][e["data"]["call_seq"]] += e["data"]["value"]
-        return (
-            rollouts,
-            calls,
-            {f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()},
-            intermediate,
+        return Fetched(
+            rollouts=rollouts,
+            calls=calls,
+            flags={f"flags/{name}_rate": n / len(rollouts) for name, n in flags.items()},
+            intermediate=intermediate,
         )
-
-    def step_metrics(
-        self,
-        rollouts: list[Rollout],
-        calls: dict[str, list[Call]],
-        batch: Batch,
-        base: int,
-        settings: AdapterSettings,
-    ) -> dict[str, float]:
-        """The adapter's metrics, and the batch's rewards, lengths, staleness and pace since the
-        last step."""
-        rewards = [r.reward or 0.0 for r in rollouts]
-        staleness = [
-            base - min((c.model_version for c in calls[r.id]), default=base) for r in rollouts
-        ]
-        lengths = [len(c.response_ids) for cs in calls.values() for c in cs]
-        now = time.monotonic()
-        elapsed = now - self.last_step_at
-        self.last_step_at = now
-        metrics = {f"adapter/{k}": float(v) for k, v in batch.metrics.items()}
-        if batch.loss_mask.any():  # the behaviour policy's entropy, estimated from what it sampled
-            metrics["rollout/sampled_entropy"] = -float(batch.logprobs[batch.loss_mask].mean())
-        calls_per_rollout = 0.0
-        if rollouts:
-            calls_per_rollout = len(lengths) / len(rollouts)
-        metrics |= {
-            "reward/mean": mean(rewards),
-            "response_length/mean": mean(lengths),
-            "rollout/calls_per_rollout": calls_per_rollout,
-            "staleness/mean": mean(staleness),
-            "staleness/max": float(max(staleness, default=0)),
-            "rollout/calls_per_s": len(lengths) / max(elapsed, 1e-9),
-            "timing/step_s": elapsed,
-            "version": float(self.state.version),
-        }
-        # calls per agent: calls/NAME/trained or calls/NAME/untrained, by the adapter's rule
-        per_agent = Counter(
-            (c.agent, settings.trains(c.agent)) for cs in calls.values() for c in cs
-        )
-        metrics |= {
-            f"calls/{a}/{'trained' if t else 'untrained'}": float(n)
-            for (a, t), n in per_agent.items()
-        }
-        return metrics | {
-            f"staleness/count_{k}": float(staleness.count(k)) for k in sorted(set(staleness))
-        }
 
     # ------------------------------------------------------------------ validation
 
@@ -428,10 +365,7 @@ class Trainer:
         self.tracker.log(data=m | {"val/rollouts": float(len(counted))}, step=step)
         self.state.history.append(m)
         self.val = []
-        self.bar.write(
-            f"validation at step {step} (version {version}): reward {reward:.3f} "
-            f"({len(counted)} rollouts)"
-        )
+        self.progress.validation(step, version, reward, len(counted))
         await self.guard(reward)
         return True
 
@@ -446,7 +380,7 @@ class Trainer:
         if state.best is None or reward > state.best:
             state.best = reward
             if action == "restore":
-                await asyncio.to_thread(self.save, "best")
+                await asyncio.to_thread(self.checkpoints.save, state, "best")
             return
         if reward > state.best - drop:
             return
@@ -466,9 +400,10 @@ class Trainer:
             return
         await self.gw.pause()
         await asyncio.to_thread(self.backend.engine.sleep)
-        await asyncio.to_thread(self.backend.load, self.dir / "best")
+        best = self.checkpoints.path("best")
+        await asyncio.to_thread(self.backend.load, best)
         state.version += 1
-        await self.publish(self.dir / "best")
+        await self.publish(best)
 
     async def publish(self, path: Path | None) -> None:
         """The paused gateway resumes on the state's version: weights pushed (saved at `path`),
@@ -481,27 +416,7 @@ class Trainer:
         )
         await self.gw.resume(version)
 
-    # ------------------------------------------------------------------ checkpoints
-
-    def save(self, name: str = "") -> Path:
-        """step_N/{actor, model, state.json}, written aside and renamed; `latest` names it.
-        With a `name` (the guard's `best`), that folder instead, and `latest` stays."""
-        path = self.dir / (name or f"step_{self.state.step}")
-        tmp = self.dir / f".{path.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.backend.save(tmp)
-        (tmp / "state.json").write_text(self.state.to_json())
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-        if not name:
-            (self.dir / "latest.tmp").write_text(path.name)
-            os.replace(self.dir / "latest.tmp", self.dir / "latest")
-            # at least 2: the engine serves the newest
-            keep = max(int(self.cfg.trainer.get("max_actor_ckpt_to_keep") or 2), 2)
-            for old in sorted(self.dir.glob("step_*"), key=lambda p: int(p.name[5:]))[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        return path
+    # ------------------------------------------------------------------ restarts
 
     async def wait_for_gateway(self, timeout_s: float = 900) -> JSON:
         """The gateway's state, once it answers (on GPUs it starts after the engines this trainer
@@ -523,12 +438,12 @@ class Trainer:
         update) were lost: what they serve is then what the trainer holds."""
         # only this trainer registers versions
         registered = (await self.wait_for_gateway()).get("latest_model")
-        latest = self.dir / "latest"
         checkpoint = None
-        if latest.is_file() and self.cfg.trainer.resume_mode != "disable":
-            checkpoint = self.dir / latest.read_text().strip()
-            self.state = TrainerState.from_json((checkpoint / "state.json").read_text())
-            self.bar.update(self.state.step)
+        if self.cfg.trainer.resume_mode != "disable":
+            checkpoint = self.checkpoints.latest()
+        if checkpoint is not None:
+            self.state = self.checkpoints.state(checkpoint)
+            self.progress.at(self.state.step)
         state = self.state
         # updates after the checkpoint were lost: the trainer's weights are served again,
         # as a new version
@@ -559,13 +474,6 @@ class Trainer:
             group=f"{self.name}/{state.cursor}", limit=self.agl.n + 1
         ):
             await self.launch_next([r.id for r in found])
-
-
-def mean(values: Sequence[float]) -> float:
-    """The values' mean; 0.0 when there are none."""
-    if not values:
-        return 0.0
-    return float(np.mean(values))
 
 
 def set_base_model(cfg: DictConfig, agl: AglConfig, out: Path) -> None:
