@@ -1,12 +1,13 @@
 """Rollouts and their calls -> one training batch.
 
-The rules are in docs/architecture.md, "Loss weight per rollout", "Packing" and "Staleness".
-
-Owns the pipeline around the merge and the estimators: input checks, infra exclusion, staleness,
-missing rewards, rollout-level loss weights (verl's sample-level modes kept for comparison),
-whole-rollout mini-batches, packing over data-parallel ranks with zero-weight padding, metrics. The
-batch is flat numpy per token (`offsets` marks samples); padding rows, truncated importance weights
-and verl's `DataProto` are the trainer's. No verl, no store.
+- The rules are in docs/architecture.md, "Loss weight per rollout", "Packing" and "Staleness".
+- Owns the pipeline around the merge and the estimators: input checks, the rollouts that count
+  (`Rollout.counts`), staleness, missing rewards, rollout-level loss weights (verl's sample-level
+  modes kept for comparison), whole-rollout mini-batches, packing over data-parallel ranks with
+  zero-weight padding, metrics.
+- The batch is flat numpy per token (`offsets` marks samples).
+- Padding rows, truncated importance weights and verl's `DataProto` are the trainer's; no verl, no
+  store here.
 """
 
 import heapq

@@ -1,11 +1,13 @@
 """Recorded calls -> token-faithful samples of one rollout (docs/architecture.md, "Merge").
 
-Owns the merge rule: in trajectory mode a call extends its agent's open sample whose full token
-sequence prefixes its prompt IDs (the tokens between are fed, mask 0; the response is sampled, mask
-1, with its logprobs), else it opens a new one, the reason classified; transition mode makes one
-sample per call. Calls of untrained agents or at another temperature are left out (their tokens
-reach later samples as fed context). Samples are segment lists (numpy views, no copies) for
-`adapters.batch` to concatenate; no advantages or weights here, no token re-tokenized.
+- Trajectory mode: a call extends its agent's open sample whose full token sequence prefixes its
+  prompt IDs (the tokens between are fed, mask 0; the response is sampled, mask 1, with its
+  logprobs), else it opens a new one, the break counted by its `PrefixBreak` kind.
+- Transition mode: one sample per call.
+- Calls of untrained agents or at another temperature are left out (their tokens reach later
+  samples as fed context).
+- Samples are segment lists (numpy views, no copies) for `adapters.batch` to concatenate; no
+  advantages or weights here, no token re-tokenized.
 """
 
 from collections import Counter

@@ -1,20 +1,20 @@
 """`make demo`: train an agent on the CPU through its unchanged harness, end to end.
 
-Starts the embedded engine (SmolLM2-135M-Instruct), the gateway (SQLite store) and the
-controller (local processes) as real processes on 127.0.0.1, then runs `agl train` on
-examples/calculator/train.yaml: collocated async RL of the calculator agent (a multi-call
-harness written with the plain openai SDK; `--harness` trains another agent on the same tasks,
-such as examples/splitting/harness.py). Each step pauses the gateway, puts the engine to
-sleep, trains on the finished groups, loads the new weights into the engine and resumes.
-Prints a line per step (reward, entropy, KL, grad norm) and per validation round, and at the end
-the greedy validation reward on held-out tasks before and after training, the first-3 vs last-3
-step training reward, and where the curves (PNG), TensorBoard logs and checkpoints are; the
-figures also go to `summary.json` in the output folder.
-
-The console shows only those lines. Everything else the trainer prints (Ray's worker lines, torch's
-warnings, progress bars) goes to `train.log` in the output folder, beside the engine's, gateway's
-and controller's logs; the first lines printed say where. If training fails, the end of its log is
-printed.
+- Starts the embedded engine (SmolLM2-135M-Instruct), the gateway (SQLite store) and the
+  controller (local processes) as real processes on 127.0.0.1.
+- Runs `agl train` on examples/calculator/train.yaml: collocated async RL of the calculator agent
+  (a multi-call harness written with the plain openai SDK; `--harness` trains another agent on
+  the same tasks, such as examples/splitting/harness.py). Each step pauses the gateway, puts the
+  engine to sleep, trains on the finished groups, loads the new weights into the engine and
+  resumes.
+- Prints a line per step (reward, entropy, KL, grad norm) and per validation round, and at the
+  end the greedy validation reward on held-out tasks before and after training, the first-3 vs
+  last-3 step training reward, and where the curves (PNG), TensorBoard logs and checkpoints are;
+  the figures also go to `summary.json` in the output folder.
+- The console shows only those lines. Everything else the trainer prints (Ray's worker lines,
+  torch's warnings, progress bars) goes to `train.log` in the output folder, beside the engine's,
+  gateway's and controller's logs; the first lines printed say where. If training fails, the end
+  of its log is printed.
 """
 
 from __future__ import annotations

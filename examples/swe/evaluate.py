@@ -1,20 +1,20 @@
-"""Evaluation: validation rollouts through agl, `preds.json` from their patches, and the official
-SWE-bench harness command to score it where Docker is available.
+"""Evaluation: validation rollouts through agl, `preds.json` from their patches, and the command
+that scores it with the official SWE-bench harness.
 
-`python -m examples.swe.evaluate --tasks validation.jsonl --gateway URL --admin-key K --name NAME
-[--settings S.yaml] [--k 1] [--collect-only] --out preds.json`
+- `python -m examples.swe.evaluate --tasks validation.jsonl --gateway URL --admin-key K
+  --name NAME [--settings S.yaml] [--k 1] [--collect-only] --out preds.json`
+- Creates k rollouts per task (mode `val`, group `val-<instance_id>`) for the running controller
+  and waits for them; `--collect-only` skips launching and reads the rollouts already in those
+  groups.
+- Writes `preds.json` in the form the `swebench` harness and mini-swe-agent use:
+  `{instance_id: {"instance_id", "model_name_or_path", "model_patch"}}`, the patch being the
+  `swe_patch` event the grader posted for the task's first rollout that counts (`Rollout.counts`).
+- Prints agl's own Pass@1 (mean grader reward), which for SWE-smith tasks is the score; for
+  SWE-bench Verified the official score comes from (x86_64 with Docker, images pulled from Docker
+  Hub):
 
-Creates k rollouts per task (mode `val`, group `val-<instance_id>`) for the running controller,
-waits for them, and writes `preds.json` in the form the `swebench` harness and mini-swe-agent
-use: `{instance_id: {"instance_id", "model_name_or_path", "model_patch"}}`, the patch being the
-`swe_patch` event the grader posted for the task's first counted rollout. It prints agl's own
-Pass@1 (mean grader reward), which for SWE-smith tasks is the score; for SWE-bench Verified the
-official score comes from (x86_64 with Docker, images pulled from Docker Hub):
-
-    python -m swebench.harness.run_evaluation --dataset_name princeton-nlp/SWE-bench_Verified \\
-        --split test --predictions_path preds.json --max_workers 8 --run_id NAME
-
-`--collect-only` skips launching and reads the rollouts already in those groups.
+      python -m swebench.harness.run_evaluation --dataset_name princeton-nlp/SWE-bench_Verified \\
+          --split test --predictions_path preds.json --max_workers 8 --run_id NAME
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """The difficulty probe: the base model k times per task, through agl itself.
 
-`python -m examples.swe.probe --tasks T.jsonl --k 4 --gateway URL --admin-key K
-[--settings S.yaml] --out probe.json`
-
-Creates k rollouts per task (mode `val`, group `probe-<instance_id>`, each carrying the task's
-spec from `spec.py`), lets the running controller (`agl controller`, started without `--spec`)
-run harness and grader as for training, waits until all have ended, and writes
-`{"k": k, "rewards": {instance_id: [reward, ...]}}`: one reward per rollout that ran (a task
-failure without a reward counts 0; infra failures and cancelled rollouts are left out). The
-cleaning pipeline (`tasks.py clean --probe probe.json`) keeps the tasks with mixed outcomes. The
-engine behind the gateway must serve the base model. It does not decide what to keep (that is
-`tasks.py`) and does not launch anything itself.
+- `python -m examples.swe.probe --tasks T.jsonl --k 4 --gateway URL --admin-key K
+  [--settings S.yaml] --out probe.json`
+- Creates k rollouts per task (mode `val`, group `probe-<instance_id>`, each carrying the task's
+  spec from `spec.py`); the running controller (`agl controller`, started without `--spec`) runs
+  harness and grader as for training. The engine behind the gateway must serve the base model.
+- Waits until all have ended and writes `{"k": k, "rewards": {instance_id: [reward, ...]}}`: one
+  reward per rollout that counts (`Rollout.counts`: a task failure without a reward counts 0;
+  infra failures and cancelled rollouts are left out).
+- It does not decide what to keep (the cleaning pipeline, `tasks.py clean --probe probe.json`,
+  keeps the tasks with mixed outcomes) and launches no harness itself.
 """
 
 from __future__ import annotations
