@@ -1,7 +1,7 @@
 """How the gateway answers an error: a refusal (the client's fault) with its own message and
 status, a failure (upstream, or a bug) logged and told in general terms; and a model call's error
 counted and recorded as an event of its rollout. The answer's wire format is the caller's
-(`gateway/wire.py`); `gateway/app.py` answers with a status, a stream with its format's error
+(`gateway/wire/`); `gateway/app.py` answers with a status, a stream with its format's error
 event (`gateway/routes.py`).
 """
 

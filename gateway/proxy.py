@@ -6,7 +6,7 @@ the `/metrics` counters, a rollout's `not_honoured` events (request fields the m
 shown), and recording each call before its reply goes out, so every answered call is durable and
 a retry of a reply cut off by a crash gets the recorded one, not a new sample. What it keeps of a
 rollout between calls is one record (`gateway/rollouts.py`), forgotten when the rollout ends.
-It does not parse wire formats, authenticate or render templates (`wire.py`, `auth.py`, `render.py`).
+It does not parse wire formats, authenticate or render templates (`wire/`, `auth.py`, `render.py`).
 """
 
 import asyncio
