@@ -3,17 +3,36 @@
 
 `make lint` runs it over the control plane and the engine. It counts what ruff cannot see: conditional
 expressions (`a if c else b`), nested ones and ones holding an `await`, tuple-packed assignments
-(`a, b = x, y`), chained assignments (`a = b = x`); and beside them long lines (110 characters or more)
-and the longest function. A code line is one that is neither blank nor a comment (docstrings count), as
-`make loc` counts. Migrations are generated code and are left out.
+(`a, b = x, y`), chained assignments (`a = b = x`), default-then-override pairs (below); and beside them
+long lines (110 characters or more) and the longest function. A code line is one that is neither blank
+nor a comment (docstrings count), as `make loc` counts. Migrations are generated code and are left out.
 
-Usage: python tools/readability.py [DIR ...]   (prints one key=value line; exits 1 past a limit)
+A symmetric choice of one value is a conditional expression; an exception to a default is an `if`. A
+default-then-override pair is the first written as the second:
+
+    kind = "GPU"
+    if on_cpu:
+        kind = "CPU"            # reads better as: kind = "CPU" if on_cpu else "GPU"
+
+It is counted (`override_per_k`) when all of these hold, and only then:
+- `x = A` (one target, annotated or not) is followed, next in the same block, by an `if` with no
+  `else` or `elif` whose body is the one statement `x = B`, to the same target;
+- A and B are of one kind: both constants (a string, f-string, number or boolean literal, or an
+  UPPER_CASE name such as `REASONING` or `Kind.CPU`), or both other names (`left`, `self.limit`).
+  A call, an arithmetic expression, a container or `None` is not counted: `count = 1` then
+  `count = -(-n // size)`, or `headers = None` then a dict, is a default and its exception;
+- the condition mentions neither x nor A: `role = given` then `if role == "developer": role =
+  "system"` corrects the value it was given, an exception too.
+Its target is none; `make lint` reports the figure without a limit, and `--list` names each pair.
+
+Usage: python tools/readability.py [--list] [DIR ...]   (prints one key=value line; exits 1 past a limit)
 It changes nothing and knows nothing of the project beyond the folders it is given.
 """
 
 import ast
+import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_DIRS = ["agl", "gateway", "controller", "trainer", "adapters", "engine"]
@@ -33,6 +52,7 @@ class Figures:
     chained_assignments: int = 0
     longest_function: int = 0
     longest_function_at: str = ""
+    overrides: list[tuple[str, int]] = field(default_factory=list)  # (path, line) of each pair
 
     def per_k(self, count: int) -> float:
         return 1000 * count / max(self.code_lines, 1)
@@ -68,8 +88,58 @@ def is_packed(node: ast.Assign) -> bool:
     )
 
 
+def kind(value: ast.expr) -> str:
+    """One side of a default-then-override pair: "constant", "name", or "" (neither)."""
+    if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub | ast.UAdd):
+        value = value.operand
+    if isinstance(value, ast.JoinedStr):
+        return "constant"
+    if isinstance(value, ast.Constant):
+        return "" if value.value is None else "constant"
+    dotted = value
+    while isinstance(dotted, ast.Attribute):
+        dotted = dotted.value
+    if not isinstance(dotted, ast.Name):
+        return ""
+    last = value.attr if isinstance(value, ast.Attribute) else dotted.id
+    return "constant" if last.isupper() else "name"
+
+
+def is_override(first: ast.stmt, second: ast.stmt) -> bool:
+    """`x = A` then `if c: x = B`, which reads better as `x = B if c else A` (module docstring)."""
+    if isinstance(first, ast.Assign) and len(first.targets) == 1:
+        target, default = first.targets[0], first.value
+    elif isinstance(first, ast.AnnAssign) and first.value is not None:
+        target, default = first.target, first.value
+    else:
+        return False
+    if not isinstance(second, ast.If) or second.orelse or len(second.body) != 1:
+        return False
+    override = second.body[0]
+    if not isinstance(override, ast.Assign) or len(override.targets) != 1:
+        return False
+    if ast.unparse(override.targets[0]) != ast.unparse(target):
+        return False
+    if not kind(default) or kind(default) != kind(override.value):
+        return False
+    mentioned = {ast.unparse(node) for node in ast.walk(second.test) if isinstance(node, ast.expr)}
+    return ast.unparse(target) not in mentioned and ast.unparse(default) not in mentioned
+
+
+def count_overrides(node: ast.AST, where: str, figures: Figures) -> None:
+    """The default-then-override pairs among the statements of one block of `node`."""
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(node, name, None)
+        if not isinstance(block, list):
+            continue
+        for first, second in itertools.pairwise(block):
+            if is_override(first, second):
+                figures.overrides.append((where, first.lineno))
+
+
 def count_nodes(tree: ast.AST, where: str, figures: Figures) -> None:
     for node in ast.walk(tree):
+        count_overrides(node, where, figures)
         if isinstance(node, ast.IfExp):
             figures.conditional_expressions += 1
             parts = (node.test, node.body, node.orelse)
@@ -116,15 +186,20 @@ def limits(figures: Figures) -> list[Limit]:
 
 
 def main(argv: list[str]) -> int:
-    figures = measure(argv or DEFAULT_DIRS)
+    dirs = [arg for arg in argv if arg != "--list"]
+    figures = measure(dirs or DEFAULT_DIRS)
     checked = limits(figures)
     shown = " ".join(
         f"{limit.name}={limit.value:.1f}" for limit in checked if limit.name.endswith("_per_k")
     )
+    shown += f" override_per_k={figures.per_k(len(figures.overrides)):.1f}"  # reported, no limit
     shown += " " + " ".join(
         f"{limit.name}={limit.value:.0f}" for limit in checked if not limit.name.endswith("_per_k")
     )
     print(f"code_lines={figures.code_lines} {shown} longest_at={figures.longest_function_at}")
+    if "--list" in argv:
+        for where, line in sorted(figures.overrides):
+            print(f"{where}:{line}: default-then-override")
     over = [limit for limit in checked if limit.value > limit.most]
     for limit in over:
         print(
