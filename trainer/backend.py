@@ -189,9 +189,7 @@ class Backend:
             ray.init(include_dashboard=False, runtime_env={"env_vars": env_vars})
         role = _role(on_cpu=on_cpu, kl=bool(self.actor.use_kl_loss))
         nodes = [int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes)
-        kind = "GPU"
-        if on_cpu:
-            kind = "CPU"
+        kind = "CPU" if on_cpu else "GPU"
         have = ray.cluster_resources().get(kind, 0)
         if have < sum(nodes):  # verl would wait for them forever
             ray.shutdown()

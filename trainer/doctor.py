@@ -177,9 +177,9 @@ def check_versions(
     if not wrong:
         return f"{len(wanted)} requirements of agl[{extra}] hold"
     specs = " ".join(f"'{pip_spec(req)}'" for req in wrong)
-    command = f"pip install {specs}"
-    if extra == "gpu":  # flash-attn compiles against the installed torch (README, Install)
-        command = f"pip install --no-build-isolation {specs}"
+    # flash-attn compiles against the installed torch (README, Install)
+    isolation = "--no-build-isolation " if extra == "gpu" else ""
+    command = f"pip install {isolation}{specs}"
     raise CheckFailed(", ".join(found), f"Install the pinned versions: {command}")
 
 
@@ -218,12 +218,14 @@ def check_context(served: dict[str, int], configured: int | None, device: str) -
         if configured is None or context == configured:
             continue
         fix = (
-            "Give sglang the same context: actor_rollout_ref.rollout.engine_kwargs.sglang."
-            "context_length=${actor_rollout_ref.rollout.max_model_len}, as "
-            "examples/gpu/qwen3.5-9b-8gpu.yaml does."
+            f"Set actor_rollout_ref.rollout.max_model_len={context}, what agl.engine serves."
+            if device == "cpu"
+            else (
+                "Give sglang the same context: actor_rollout_ref.rollout.engine_kwargs.sglang."
+                "context_length=${actor_rollout_ref.rollout.max_model_len}, as "
+                "examples/gpu/qwen3.5-9b-8gpu.yaml does."
+            )
         )
-        if device == "cpu":
-            fix = f"Set actor_rollout_ref.rollout.max_model_len={context}, what agl.engine serves."
         detail = (
             f"{url} serves max_model_len {context}, "
             f"actor_rollout_ref.rollout.max_model_len is {configured}"
@@ -394,9 +396,11 @@ class Doctor:
         self.backend = Backend(self.cfg, self.agl)
         took = time.monotonic() - started
         engines = self.backend.engine.endpoints()
-        serving = f"{len(engines)} sglang server(s)"
-        if self.device == "cpu":
-            serving = f"the engine at {engines[0]}"
+        serving = (
+            f"the engine at {engines[0]}"
+            if self.device == "cpu"
+            else f"{len(engines)} sglang server(s)"
+        )
         ranks = self.backend.dp_size
         return f"verl's worker group ({ranks} rank(s)) and {serving} in {took:.0f} s; model {model}"
 
