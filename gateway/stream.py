@@ -70,9 +70,7 @@ class Shown:
         self.shown: dict[str, list[str]] = {REASONING: [], CONTENT: []}  # what was sent
         # "start" (a thinking block may open), REASONING, CONTENT, or "held" (nothing more is
         # shown before the end)
-        self.mode = "start"
-        if thinking:
-            self.mode = REASONING
+        self.mode = REASONING if thinking else "start"
         self._pending = ""  # text not shown yet, in the current mode
         # Nothing of the current kind shown yet, and whether parsing strips its leading whitespace
         # (reasoning's, and content's after a thinking block).
