@@ -360,7 +360,7 @@ def test_the_launcher_works_as_the_controllers_service_account(
     from kubernetes.client.rest import ApiException
 
     from controller.kube import KubeLauncher
-    from controller.launcher import Credentials
+    from controller.launcher import AttemptKey, Credentials
     from controller.outcome import RAN
     from controller.spec import parse_spec
 
@@ -390,7 +390,7 @@ def test_the_launcher_works_as_the_controllers_service_account(
             await asyncio.sleep(0.2)
         assert ended == {(rid, 1): RAN}
         await launcher.launch(slow, creds(2))
-        await launcher.stop((rid, 2))  # deletes the Job
+        await launcher.stop(AttemptKey(rid, 2))  # deletes the Job
         orphan = {
             "metadata": {
                 "name": "orphan",
