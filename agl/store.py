@@ -218,6 +218,21 @@ _RUN_ROWS = (
     .order_by(rollouts.c.id)
     .with_for_update()
 )
+# The rollout a token's hash belongs to.
+_TOKEN_HOLDER = sa.select(rollouts).where(
+    sa.or_(
+        rollouts.c.agent_token_hash == sa.bindparam("digest"),
+        rollouts.c.grader_token_hash == sa.bindparam("digest"),
+    )
+)
+# Who recorded a rollout's last `n` calls of its current attempt, newest first.
+_LAST_REQUESTS = (
+    sa.select(calls.c.seq, calls.c.gateway, calls.c.request_hash)
+    .join(rollouts, _CURRENT_ATTEMPT)
+    .where(calls.c.rollout_id == sa.bindparam("rollout_id"))
+    .order_by(calls.c.seq.desc())
+    .limit(sa.bindparam("n"))
+)
 _INSERT_CALLS = calls.insert()
 _INSERT_EVENT = events.insert()
 _INSERT_ROLLOUT = rollouts.insert()
@@ -828,9 +843,13 @@ def _file_bytes(path: Path) -> int:
 
 def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
     """An engine for the writer (one connection) or the readers; SQLite in WAL mode, its writer's
-    transactions taking the write lock at BEGIN."""
+    transactions taking the write lock at BEGIN. PostgreSQL's readers run each statement in
+    autocommit and are not pinged before use: a read is one round trip, not four (ping, BEGIN, the
+    statement, ROLLBACK); `Store._read` reconnects once if the server closed the connection."""
     if not url.startswith("sqlite"):
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=1 if writer else 8)
+        if writer:
+            return sa.create_engine(url, pool_pre_ping=True, pool_size=1)
+        return sa.create_engine(url, pool_size=8, isolation_level="AUTOCOMMIT")
     if url in ("sqlite://", "sqlite:///:memory:"):
         raise StoreError(
             "an in-memory SQLite store cannot be shared between threads; use a file URL"
@@ -1212,16 +1231,28 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     # ---- reads
 
-    def _read(self, statement: sa.Executable) -> list[Any]:
-        """The statement's rows, on a reader connection (autocommit: the latest commit)."""
+    def _read(self, statement: sa.Executable, parameters: JSON | None = None) -> list[Any]:
+        """The statement's rows, on a reader connection (autocommit: the latest commit).
+        `parameters`: its bound parameters' values (a statement built once is found compiled in
+        SQLAlchemy's cache; `statement.params(...)` would copy it first). A connection the server
+        has closed (a restart, a proxy's idle timeout) is found when used: the read is tried once
+        more, on a fresh one."""
         try:
-            with self._read_engine.connect() as conn:
-                return list(conn.execute(statement))
+            try:
+                return self._rows(statement, parameters)
+            except sa.exc.DBAPIError as e:
+                if not e.connection_invalidated:
+                    raise
+                return self._rows(statement, parameters)
         except sa.exc.OperationalError as e:
             raise StoreUnavailable(f"the database cannot be reached: {e.orig}") from e
 
+    def _rows(self, statement: sa.Executable, parameters: JSON | None) -> list[Any]:
+        with self._read_engine.connect() as conn:
+            return list(conn.execute(statement, parameters))
+
     def get_rollout(self, rollout_id: str) -> Rollout:
-        rows = self._read(_READ_ROLLOUT.params(rollout_id=rollout_id))
+        rows = self._read(_READ_ROLLOUT, {"rollout_id": rollout_id})
         if not rows:
             raise NotFound(f"unknown rollout {rollout_id!r}")
         return _rollout(rows[0])
@@ -1229,10 +1260,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def rollout_for_token(self, token: str) -> tuple[Rollout, str] | None:
         """The rollout a token belongs to and the token's role, `agent` or `grader`."""
         digest = hash_token(token)
-        holder = sa.or_(
-            rollouts.c.agent_token_hash == digest, rollouts.c.grader_token_hash == digest
-        )
-        rows = self._read(sa.select(rollouts).where(holder))
+        rows = self._read(_TOKEN_HOLDER, {"digest": digest})
         if not rows:
             return None
         if rows[0].agent_token_hash == digest:
@@ -1298,14 +1326,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def last_requests(self, rollout_id: str, n: int = 1) -> list[RecentCall]:
         """Who recorded the last `n` calls of the rollout's current attempt, and their requests'
         fingerprints, newest first: one light read (`last_calls` rebuilds the chain)."""
-        query = (
-            sa.select(calls.c.seq, calls.c.gateway, calls.c.request_hash)
-            .join(rollouts, _CURRENT_ATTEMPT)
-            .where(calls.c.rollout_id == rollout_id)
-            .order_by(calls.c.seq.desc())
-            .limit(n)
-        )
-        return [RecentCall(**row._mapping) for row in self._read(query)]
+        rows = self._read(_LAST_REQUESTS, {"rollout_id": rollout_id, "n": n})
+        return [RecentCall(**row._mapping) for row in rows]
 
     def last_seq(self, rollout_id: str, agent: str) -> int | None:
         """The seq of the agent's last call in the rollout's current attempt (None: it made none)."""
@@ -1368,7 +1390,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def gateways(self, *, alive_since: float = 0.0) -> list[Gateway]:
         """The registered gateways whose heartbeat is not older than `alive_since`."""
-        rows = self._read(_LIVE_GATEWAYS.params(alive_since=alive_since))
+        rows = self._read(_LIVE_GATEWAYS, {"alive_since": alive_since})
         return [Gateway(**row._mapping) for row in rows]
 
     def latest_model(self) -> ModelVersion | None:
