@@ -205,8 +205,9 @@ _CURRENT_ATTEMPT = sa.and_(
 _READ_ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
 # The writes' read of a rollout, locked (PostgreSQL; SQLite's BEGIN IMMEDIATE already holds the
 # whole database) until the write commits, so that two gateway replicas changing one rollout take
-# turns.
-_ROLLOUT = _READ_ROLLOUT.with_for_update()
+# turns. FOR NO KEY UPDATE: no write changes a rollout's id, and an event or call inserted for it
+# (whose foreign key takes a KEY SHARE lock) does not wait for this one.
+_ROLLOUT = _READ_ROLLOUT.with_for_update(key_share=True)
 # SET: the other parameters.
 _UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))
 # What appending a run of calls needs of their rollouts, locked as `_ROLLOUT` is: a replica that
@@ -216,7 +217,7 @@ _RUN_ROWS = (
     sa.select(*rollouts.c["id", "status", "attempt", "n_calls", "sent_bytes"])
     .where(rollouts.c.id.in_(sa.bindparam("ids")))
     .order_by(rollouts.c.id)
-    .with_for_update()
+    .with_for_update(key_share=True)
 )
 # The rollout a token's hash belongs to.
 _TOKEN_HOLDER = sa.select(rollouts).where(
@@ -700,7 +701,14 @@ def _open_row(call: Call, rows: dict[str, Any]) -> Any:
 def _op_append_event(
     conn: Connection, rollout_id: str, kind: str, data: JSON, values: JSON, charge: Charge | None
 ) -> Event:
-    """An event, and the rollout's columns it changes (`values`: a final reward; the bytes sent)."""
+    """An event, and the rollout's columns it changes (`values`: a final reward; the bytes sent).
+    An event that changes none (the gateway's own: a prefix mismatch, fields not honoured) does not
+    lock the rollout: its writer does not wait for another replica's writes to the rollout."""
+    if not values and charge is None:
+        rows = conn.execute(_READ_ROLLOUT, {"rollout_id": rollout_id}).all()
+        if not rows:
+            raise NotFound(f"unknown rollout {rollout_id!r}")
+        return _insert_event(conn, rollout_id, rows[0].attempt, kind, data)
     row = _rollout_row(conn, rollout_id)
     if charge is not None:
         values = values | {"sent_bytes": _charged(row, row.sent_bytes, charge)}
