@@ -139,7 +139,8 @@ calls = sa.Table(
     sa.Column("base", sa.JSON(none_as_null=True), nullable=True),
     # The gateway (its `gateways.id`) that recorded it; NULL: recorded before 0004.
     sa.Column("gateway", sa.String(64), nullable=True),
-    # `request_fingerprint` of its whole request: a retry is found without rebuilding the chain.
+    # Its request's fingerprint, which gateways read to find a retry before #58; since, they read
+    # the last call whole (`Store.last_calls`) and it is no longer written (NULL).
     sa.Column("request_hash", sa.String(32), nullable=True),
     sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
 )
@@ -226,13 +227,48 @@ _TOKEN_HOLDER = sa.select(rollouts).where(
         rollouts.c.grader_token_hash == sa.bindparam("digest"),
     )
 )
-# Who recorded a rollout's last `n` calls of its current attempt, newest first.
-_LAST_REQUESTS = (
-    sa.select(calls.c.seq, calls.c.gateway, calls.c.request_hash)
-    .join(rollouts, _CURRENT_ATTEMPT)
-    .where(calls.c.rollout_id == sa.bindparam("rollout_id"))
-    .order_by(calls.c.seq.desc())
-    .limit(sa.bindparam("n"))
+# A rollout's last `n` calls of its current attempt (their seqs end at its `n_calls` - 1): a
+# range of the (rollout_id, seq) index, whatever the planner's statistics.
+_LAST_ROWS = (
+    sa.select(calls)
+    .where(
+        calls.c.rollout_id == sa.bindparam("rollout_id"),
+        calls.c.seq
+        >= sa.select(rollouts.c.n_calls - sa.bindparam("n"))
+        .where(rollouts.c.id == sa.bindparam("rollout_id"))
+        .scalar_subquery(),
+        calls.c.attempt
+        == sa.select(rollouts.c.attempt)
+        .where(rollouts.c.id == sa.bindparam("rollout_id"))
+        .scalar_subquery(),
+    )
+    .order_by(calls.c.seq)
+)
+# The rows of a rollout's calls `seqs` and of the calls each extends (its `base`), back to one
+# stored whole or to call `known`, whose row is not read.
+_BASE_SEQ = calls.c.base["seq"].as_integer()
+_CHAIN = (
+    sa.select(calls.c.seq, _BASE_SEQ.label("base"))
+    .where(
+        calls.c.rollout_id == sa.bindparam("rollout_id"),
+        calls.c.seq.in_(sa.bindparam("seqs", expanding=True)),
+    )
+    .cte("chain", recursive=True)
+)
+_CHAIN = _CHAIN.union(
+    sa.select(calls.c.seq, _BASE_SEQ).where(
+        calls.c.rollout_id == sa.bindparam("rollout_id"),
+        calls.c.seq == _CHAIN.c.base,
+        calls.c.seq != sa.bindparam("known"),
+    )
+)
+_CHAIN_ROWS = (
+    sa.select(calls)
+    .join(
+        _CHAIN,
+        sa.and_(calls.c.rollout_id == sa.bindparam("rollout_id"), calls.c.seq == _CHAIN.c.seq),
+    )
+    .order_by(calls.c.seq)
 )
 _INSERT_CALLS = calls.insert()
 _INSERT_EVENT = events.insert()
@@ -290,20 +326,27 @@ class _Read:
     agent: str
 
 
-def _calls(rows: Iterable[Any]) -> Iterator[Call]:
+def _calls(rows: Iterable[Any], known: Call | None = None) -> Iterator[Call]:
     """Whole calls from their rows, in (rollout, seq) order: each chained one after the call it
     extends. That is an earlier call of its agent, most often the last: a call recorded by one
-    gateway replica extends the last call that replica recorded, which another may have followed."""
+    gateway replica extends the last call that replica recorded or read (`_Chains.follow`).
+    `known`: a call the caller holds whole, which a row may extend without the call's own row
+    being read (if read, it is not decoded)."""
     read: dict[int, _Read] = {}  # seq -> the call, of the rollout being read
     rollout_id = None
     for row in rows:
+        if row.rollout_id != rollout_id:
+            rollout_id = row.rollout_id
+            read = {}
+            if known is not None and known.rollout_id == rollout_id:
+                read[known.seq] = _Read(ids=_ids(known), request=known.request, agent=known.agent)
+        if known is not None and (row.rollout_id, row.seq) == (known.rollout_id, known.seq):
+            yield known
+            continue
         values = dict(row._mapping)
         base = values.pop("base")
-        values.pop("request_hash")  # for finding retries (`last_requests`), not part of a call
+        values.pop("request_hash")  # not part of a call
         found = _decode_arrays(values)
-        if values["rollout_id"] != rollout_id:
-            rollout_id = values["rollout_id"]
-            read = {}
         if base is not None:
             previous = read.get(base["seq"])
             if previous is None or previous.agent != values["agent"]:
@@ -321,6 +364,11 @@ def _calls(rows: Iterable[Any]) -> Iterator[Call]:
         )
         arrays = {name: array(ARRAYS[name], a.tobytes()) for name, a in found.items()}
         yield Call(**values | arrays)
+
+
+def _ids(call: Call) -> np.ndarray:
+    """A call's prompt and response IDs, in one array."""
+    return np.concatenate([np.asarray(call.prompt_ids, "i"), np.asarray(call.response_ids, "i")])
 
 
 def _decode_arrays(values: JSON) -> dict[str, np.ndarray]:
@@ -377,6 +425,18 @@ class _Chains:
             return pending
         return self.committed.get(rollout_id, {}).get(agent)
 
+    def follow(self, call: Call) -> None:
+        """The agent's next call extends `call`, a stored call read whole (another gateway
+        replica recorded it), unless the link kept is of the same call or a later one. So a call
+        that changed replica extends the call it continues, and a replica that reads it back
+        finds, one link away, the call it recorded itself (`Store.last_calls`'s `known`)."""
+        link = self.get(call.rollout_id, call.agent)
+        if link is not None and (link.attempt, link.seq) >= (call.attempt, call.seq):
+            return
+        self.pending[call.rollout_id, call.agent] = _Link(
+            attempt=call.attempt, seq=call.seq, ids=_ids(call), keys=_request_keys(call.request)
+        )
+
     def commit(self, outcomes: list[Any]) -> None:
         """The open transaction committed (its writes' `outcomes`): its links are now stored."""
         for (rollout_id, agent), link in self.pending.items():
@@ -425,14 +485,6 @@ def _request_keys(request: JSON) -> dict[str, Any]:
     return {key: _fingerprints(value) for key, value in request.items()}
 
 
-def request_fingerprint(request: JSON, keys: dict[str, Any] | None = None) -> str:
-    """A request body's fingerprint (hex), from its values' (`keys`, if already made): equal for
-    equal bodies decoded from the same JSON."""
-    if keys is None:
-        keys = _request_keys(request)
-    return _fingerprint(keys).hex()
-
-
 def _fingerprints(value: Any) -> Any:
     """A request value's fingerprint; a list's, each item's (so that an extended list is seen)."""
     if isinstance(value, list):
@@ -457,14 +509,6 @@ def _unchain(stored: JSON, previous: JSON, base: JSON) -> JSON:
 
 # --------------------------------------------------------------------------- write operations
 # Each runs on the writer thread and raises to undo itself (`Store._commit` rolls it back).
-
-
-class RecentCall(NamedTuple):
-    """A recorded call as `Store.last_requests` reads it."""
-
-    seq: int
-    gateway: str | None
-    request_hash: str | None
 
 
 class _Write(NamedTuple):
@@ -627,11 +671,13 @@ _CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base", "
 
 
 class _Append(NamedTuple):
-    """A call to record, the most entries a token array may have, and its charge."""
+    """A call to record, the most entries a token array may have, its charge, and the stored call
+    it follows (`_Chains.follow`), if it was read from the store."""
 
     call: Call
     limit: int
     charge: Charge | None
+    follows: Call | None
 
 
 def _charged(row: Any, sent: int, charge: Charge | None) -> int:
@@ -656,7 +702,7 @@ def _op_append_calls(conn: Connection, run: list[_Append], chains: _Chains) -> l
     next_seq: dict[str, int] = {}
     sent: dict[str, int] = {}
     now = time.time()
-    for call, limit, charge in run:
+    for call, limit, charge, follows in run:
         try:
             arrays = _encode_call(call, limit)
             row = _open_row(call, rows)
@@ -667,12 +713,13 @@ def _op_append_calls(conn: Connection, run: list[_Append], chains: _Chains) -> l
         seq = next_seq.get(row.id, row.n_calls)
         next_seq[row.id] = seq + 1
         recorded = replace(call, attempt=row.attempt, seq=seq, created_at=now)
+        if follows is not None:
+            chains.follow(follows)
         keys = _request_keys(call.request)
         stored, base = _chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains, keys)
         values = {name: getattr(recorded, name) for name in _CALL_COLUMNS}
         values |= {
             "base": base,
-            "request_hash": request_fingerprint(call.request, keys),
             "response_ids": arrays["response_ids"].tobytes(),
             "logprobs": arrays["logprobs"].tobytes(),
         }
@@ -1180,11 +1227,16 @@ class Store(contextlib.AbstractContextManager["Store"]):
             raise IllegalTransition(str(e)) from e
         return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
 
-    def append_call(self, call: Call, charge: Charge | None = None) -> Future[Call]:
+    def append_call(
+        self, call: Call, charge: Charge | None = None, *, follows: Call | None = None
+    ) -> Future[Call]:
         """Record a call under its rollout's current attempt; resolves to it with attempt and seq
         (not its id). `charge`: counted against the rollout's storage budget in the same
-        transaction (`OverBudget`: nothing recorded)."""
-        append = _Append(call=call, limit=self.settings.max_tokens_per_array, charge=charge)
+        transaction (`OverBudget`: nothing recorded). `follows`: the rollout's last call, read
+        whole (`last_calls`), that this one continues: it is stored as its extension."""
+        append = _Append(
+            call=call, limit=self.settings.max_tokens_per_array, charge=charge, follows=follows
+        )
         return self._submit(_op_append_calls, append)
 
     def append_event(
@@ -1324,18 +1376,26 @@ class Store(contextlib.AbstractContextManager["Store"]):
             result[call.rollout_id].append(call)
         return result
 
-    def last_calls(self, rollout_id: str, n: int = 1) -> list[Call]:
-        """The last `n` calls of the rollout's current attempt, in order (read whole: they are
-        chained)."""
+    def last_calls(self, rollout_id: str, n: int = 1, *, known: Call | None = None) -> list[Call]:
+        """The last `n` calls of the rollout's current attempt, in order, each read whole through
+        the chain of calls it extends (its agent's earlier calls), back to one stored whole or to
+        `known`, a call of the rollout the caller holds whole: no other call is read. A gateway
+        replica passes the last call it recorded or read, and a call recorded after it read one is
+        stored as that call's extension (`append_call`'s `follows`): then this reads a link or
+        two, however long the conversation."""
         if n <= 0:
             return []
-        return self.calls_for([rollout_id])[rollout_id][-n:]
-
-    def last_requests(self, rollout_id: str, n: int = 1) -> list[RecentCall]:
-        """Who recorded the last `n` calls of the rollout's current attempt, and their requests'
-        fingerprints, newest first: one light read (`last_calls` rebuilds the chain)."""
-        rows = self._read(_LAST_REQUESTS, {"rollout_id": rollout_id, "n": n})
-        return [RecentCall(**row._mapping) for row in rows]
+        known_seq = -1
+        if known is not None:
+            known_seq = known.seq
+        rows = self._read(_LAST_ROWS, {"rollout_id": rollout_id, "n": n})
+        # The calls they extend that neither they nor `known` are: read in one more query.
+        read = {row.seq for row in rows} | {known_seq}
+        bases = {row.base["seq"] for row in rows if row.base and row.seq != known_seq} - read
+        if bases:
+            chain = {"rollout_id": rollout_id, "seqs": sorted(bases), "known": known_seq}
+            rows = self._read(_CHAIN_ROWS, chain) + rows  # older: smaller seqs
+        return list(_calls(rows, known))[-n:]
 
     def last_seq(self, rollout_id: str, agent: str) -> int | None:
         """The seq of the agent's last call in the rollout's current attempt (None: it made none)."""

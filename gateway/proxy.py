@@ -12,18 +12,18 @@ It does not parse wire formats, authenticate or render templates (`wire/`, `auth
 import asyncio
 import bisect
 import contextlib
-import dataclasses
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agl.store import RecentCall, Store, request_fingerprint
+from agl.store import Store
 from agl.types import JSON, Call, Charge, Rollout, Status
 from gateway.engines import EngineClient, EngineError, Generation, Room
 from gateway.render import TOOL_MARKERS, Prompt, Renderer, parse_reply
@@ -269,7 +269,7 @@ class Proxy:
         it is sampled (one choice)."""
         state = self.rollouts.of(ask.rollout.id)
         recent = await self._recent(ask.rollout, state, params.n)
-        await self._catch_up(ask.rollout, state, recent)
+        await self._catch_up(state, recent)
         prompt = await self._render(state, messages, tools, params)
         out = await self._serve(ask, state, prompt.ids, params, recent, parse=True, live=live)
         self._classify(ask, prompt)
@@ -297,45 +297,46 @@ class Proxy:
         self._not_honoured(ask, state, params)
         return [c for c, _, _ in out]
 
-    async def _recent(self, rollout: Rollout, state: RolloutState, n: int) -> list[RecentCall]:
-        """The rollout's last `n` calls as `Store.last_requests` reads them (newest first), for
-        `_catch_up` and `_replayed`: with replicas on every call, alone only until a call of the
-        rollout was checked for a replay; else none (no read)."""
+    async def _recent(self, rollout: Rollout, state: RolloutState, n: int) -> list[Call]:
+        """The rollout's last `n` calls, in order, for `_catch_up` and `_replayed`: with replicas
+        on every call, alone only until a call of the rollout was checked for a replay; else none
+        (no read). Each is read through its chain back to the last call this gateway recorded or
+        read (`RolloutState.last_call`; `Store.last_calls`): a link or two, whatever the
+        conversation's length."""
         if state.replay_checked and self.peers == 0:
             return []
-        return await asyncio.to_thread(self.store.last_requests, rollout.id, n)
+        return await asyncio.to_thread(self.store.last_calls, rollout.id, n, known=state.last_call)
 
-    async def _catch_up(
-        self, rollout: Rollout, state: RolloutState, recent: list[RecentCall]
-    ) -> None:
-        """With replicas: the rollout's last call (the first of `recent`), if another gateway
+    async def _catch_up(self, state: RolloutState, recent: list[Call]) -> None:
+        """With replicas: the rollout's last call (the last of `recent`), if another gateway
         recorded it, becomes one of its transcripts here, so that the next prompt is built on the
-        tokens that call sampled (prefix preservation whichever replica a call reaches). It is
-        rebuilt from the store: its request parsed as when it came in, its prompt IDs and sampled
-        IDs as recorded."""
+        tokens that call sampled (prefix preservation whichever replica a call reaches): its
+        request parsed as when it came in, its prompt IDs and sampled IDs as recorded. The call
+        this gateway records next is stored as its extension (`Store.append_call`'s `follows`)."""
         if self.peers == 0 or self.parse_request is None or not recent:
             return
-        if recent[0].gateway == self.id or recent[0].seq == state.caught_up:
+        call = recent[-1]
+        if call.gateway == self.id or call.seq == state.caught_up:
             return
-        [call] = await asyncio.to_thread(self.store.last_calls, rollout.id, 1)
         state.caught_up = call.seq
+        state.last_call = call
         api = call.response.get("api", "")
         if api == "completions":
             return  # token IDs in, no conversation to continue
         messages, tools, params = self.parse_request(api, call.request)
-        rendered = await self._render(state, messages, tools, params)
-        as_recorded = dataclasses.replace(rendered, ids=call.prompt_ids)
+        recorded = partial(
+            self.renderer.recorded, messages, tools, call.prompt_ids, template=params.template
+        )
+        prompt = await self._off_loop_if_long(recorded, messages, tools, params)
         reply = self._completion(call, parse=True).reply
         state.transcripts = self.renderer.remember(
-            state.transcripts, as_recorded, list(call.response_ids), reply
+            state.transcripts, prompt, list(call.response_ids), reply
         )
 
     async def _render(
         self, state: RolloutState, messages: list[Message], tools: list[JSON], params: Params
     ) -> Prompt:
-        """The prompt, built on the rollout's transcripts. A long prompt is rendered and tokenized
-        off the event loop (the tokenizer releases the GIL): it takes seconds at megabytes. A short
-        one is not worth two thread switches, each a wait for a busy core."""
+        """The prompt, built on the rollout's transcripts."""
         render = partial(
             self.renderer.prompt,
             state.transcripts,
@@ -344,6 +345,18 @@ class Proxy:
             preserve=self.settings.prefix_preserving,
             template=params.template,
         )
+        return await self._off_loop_if_long(render, messages, tools, params)
+
+    async def _off_loop_if_long(
+        self,
+        render: Callable[[], Prompt],
+        messages: list[Message],
+        tools: list[JSON],
+        params: Params,
+    ) -> Prompt:
+        """`render()`'s prompt of these messages. A long prompt is rendered and tokenized off the
+        event loop (the tokenizer releases the GIL): it takes seconds at megabytes. A short one is
+        not worth two thread switches, each a wait for a busy core."""
         size = sum(len(m.content) for m in messages) + len(json.dumps([tools, params.template]))
         if size < INLINE_CHARS:
             return render()
@@ -395,7 +408,7 @@ class Proxy:
         state: RolloutState,
         prompt: Sequence[int],
         params: Params,
-        recent: list[RecentCall],
+        recent: list[Call],
         *,
         parse: bool,
         live: Live | None,
@@ -410,11 +423,13 @@ class Proxy:
         out: list[tuple[Completion, list[int], str | None]] = []
         for i in range(params.n):
             shown_to = live if i == 0 else None
-            out.append(await self._sample(ask, prompt, params, i, parse=parse, live=shown_to))
+            out.append(
+                await self._sample(ask, state, prompt, params, i, parse=parse, live=shown_to)
+            )
         return out
 
     async def _replayed(
-        self, ask: Ask, state: RolloutState, recent: list[RecentCall], n: int
+        self, ask: Ask, state: RolloutState, recent: list[Call], n: int
     ) -> list[Call] | None:
         """The calls a retry of a reply cut off by a crash gets: the rollout's last `n` calls if
         another gateway recorded them (a replica, or this one before a restart) with this very
@@ -422,22 +437,17 @@ class Proxy:
         gateway looks on its first call of each rollout since it started; with replicas, on
         every call (a harness's retry may reach any of them): `_recent` reads `recent` then."""
         state.replay_checked = True
-        rollout = ask.rollout
         if len(recent) < n:
             return None
-        fingerprint = request_fingerprint(ask.body)
-        # No fingerprint: recorded before they were; its request is compared whole below.
-        if not all(c.gateway != self.id and c.request_hash in (fingerprint, None) for c in recent):
+        if not all(c.gateway != self.id and c.request == ask.body for c in recent):
             return None
-        found = await asyncio.to_thread(self.store.last_calls, rollout.id, n)
-        if not all(c.request == ask.body for c in found):
-            return None
-        log.info("rollout_id=%s: replayed %d call(s) another gateway recorded", rollout.id, n)
-        return found
+        log.info("rollout_id=%s: replayed %d call(s) another gateway recorded", ask.rollout.id, n)
+        return recent
 
     async def _sample(
         self,
         ask: Ask,
+        state: RolloutState,
         prompt: Sequence[int],
         params: Params,
         index: int,
@@ -480,20 +490,28 @@ class Proxy:
                 response=response,
                 gateway=self.id,
             )
-            charge = None
-            if index == 0:  # the request's body, counted once whatever its choices
-                charge = ask.charge
-            recorded = asyncio.wrap_future(self.store.append_call(call, charge))
+            appended = self._record(ask, state, call, index)
             # The reply is built while the call commits, and returned once it has.
             completion = self._completion(call, parse)
-            await recorded
+            recorded = await asyncio.wrap_future(appended)
         finally:
             self.gate.leave()
+        if self.peers:  # what a later read of this rollout's calls stops at (`_recent`)
+            state.last_call = recorded
         latency_s = time.monotonic() - started
         asyncio.get_running_loop().call_soon(
             self._count, ask, len(prompt), len(sampled.ids), latency_s
         )
         return completion, sampled.ids, sampled.sampled_text
+
+    def _record(self, ask: Ask, state: RolloutState, call: Call, index: int) -> "Future[Call]":
+        """Records a sampled call, charged with the request's body if it is its first choice (the
+        body counts once, whatever its choices), as the extension of the call `_catch_up` read
+        if it read one since this gateway last recorded one."""
+        charge = None
+        if index == 0:
+            charge = ask.charge
+        return self.store.append_call(call, charge, follows=state.last_call)
 
     async def _generate_live(
         self,

@@ -533,6 +533,32 @@ class Renderer:
                 return head
         return None
 
+    def recorded(
+        self,
+        messages: Sequence[Message],
+        tools: list[JSON],
+        ids: Sequence[int],
+        *,
+        template: JSON | None = None,
+    ) -> Prompt:
+        """A prompt another gateway replica rendered and recorded as `ids`, as `remember` takes it:
+        its messages' digests and tools key, and its text where the template is not `stable`
+        (`_covered` compares a later prompt's text with a transcript's then). Nothing is
+        tokenized, and a stable template renders nothing."""
+        if not messages:
+            raise RenderError("messages must not be empty")
+        text = ""
+        if not self.stable(template):
+            text, _ = self.render_prompt(messages, tools, template)
+        return Prompt(
+            ids=array("i", ids),
+            extended=False,
+            mismatch="",
+            digests=list(itertools.accumulate(messages, _digest, initial=0))[1:],
+            tools_key=json.dumps([tools, template or {}], sort_keys=True),
+            text=text,
+        )
+
     def remember(
         self,
         history: Sequence[Transcript],

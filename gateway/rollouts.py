@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from agl.types import Call
 from gateway.render import Transcript
 
 MAX_ROLLOUTS = 10_000  # records kept; the least recently used is dropped first
@@ -29,6 +30,11 @@ class RolloutState:
     sent_bytes: int | None = None
     # The seq of its last call another replica recorded that `Proxy._catch_up` made a transcript.
     caught_up: int = -1
+    # With replicas, its latest call this gateway holds whole (it recorded it, or read it to catch
+    # up): a read of a later call's chain stops there, and a call recorded after a catch-up is
+    # stored as the extension of the call read. Its request too: about as much memory as one of
+    # the transcripts below.
+    last_call: Call | None = None
     # The request fields its `not_honoured` events have named.
     not_honoured: set[str] = field(default_factory=set)
     # Its latest conversations' token sequences (`Renderer.prompt` builds on them). Replaced, never

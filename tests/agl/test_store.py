@@ -357,6 +357,51 @@ def test_chained_calls_read_back_whole_through_agents_choices_mismatches_retries
             )
 
 
+def _corrupt(store: Store, rid: str, seqs: list[int]) -> None:
+    """These calls' rows unreadable: a read that decodes one fails."""
+    with store._read_engine.begin() as conn:
+        where = sa.and_(calls.c.rollout_id == rid, calls.c.seq.in_(seqs))
+        conn.execute(calls.update().where(where).values(prompt_ids=b"\x01"))
+
+
+def test_a_call_is_read_through_its_chain_alone_back_to_the_call_the_reader_holds(db_url):
+    """Two replicas (two Stores) take turns on one conversation, each following the call the other
+    recorded (`follows`), as a gateway that catches up does: each call extends the one before.
+    `last_calls` reads a call through its chain only, back to a call stored whole or to the one
+    the reader holds (`known`): no other row is decoded (the others are made unreadable here)."""
+    with Store(db_url) as one, Store(db_url) as two:
+        rid = _drive_to(one, Status.RUNNING)
+        prompt = [1, 2, 3]
+        messages = [{"role": "user", "content": "hi"}]
+        appended: list[Call] = []
+        for turn in range(6):
+            store = (one, two)[turn % 2]
+            previous = appended[-1] if appended else None
+            call = conversation_call(rid, prompt, [10 + turn], {"messages": list(messages)})
+            appended.append(store.append_call(call, follows=previous).result())
+            prompt = [*prompt, 10 + turn, 20 + turn]
+            messages += [
+                {"role": "assistant", "content": str(turn)},
+                {"role": "user", "content": "go"},
+            ]
+            if turn == 2:  # another agent's call: not on the chain
+                other = one.append_call(conversation_call(rid, [5], [6], {}, agent="b")).result()
+        with one._read_engine.connect() as conn:
+            bases = conn.execute(
+                sa.select(calls.c.base).where(calls.c.agent == "a").order_by(calls.c.seq)
+            ).scalars()
+            assert [b and b["seq"] for b in bases] == [None, *(c.seq for c in appended[:-1])]
+        last = appended[-1]
+        _corrupt(one, rid, [other.seq])
+        [read] = one.last_calls(rid)
+        assert (list(read.prompt_ids), read.request) == (list(last.prompt_ids), last.request)
+        # The reader holds the call before: no call before the last is decoded.
+        _corrupt(one, rid, [c.seq for c in appended[:-1]])
+        assert one.last_calls(rid, 2, known=appended[-2]) == [appended[-2], read]
+        with pytest.raises(StoreError, match="corrupt"):
+            one.last_calls(rid)
+
+
 def test_a_growing_conversation_stores_its_new_tokens_not_its_whole_prompt(store):
     rid = _drive_to(store, Status.RUNNING)
     prompt = list(range(2_000))

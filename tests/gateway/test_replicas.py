@@ -32,8 +32,9 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import sqlalchemy as sa
 
-from agl.store import Store
+from agl.store import Store, calls
 from bench import replicas
 from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, wait
 from bench.stack import Balanced, balanced
@@ -82,6 +83,33 @@ def test_a_conversation_whose_calls_alternate_replicas_is_recorded_whole(fleet: 
         # each prompt extends the previous call's prompt and reply: one token chain, read whole
         extended = list(previous.prompt_ids) + list(previous.response_ids)
         assert list(call.prompt_ids)[: len(extended)] == extended
+
+
+def test_a_call_that_changed_replica_is_stored_as_the_extension_of_the_call_it_continues(
+    fleet: Balanced,
+):
+    """A replica that caught up on the call another recorded stores its next call as that call's
+    extension: each call's base is the one before it, and holds only the tokens it added. So a
+    replica reading a call back goes one link to the call it recorded itself, however long the
+    conversation (`Store.last_calls`)."""
+    made = rollout(fleet.url)
+    client = openai.OpenAI(base_url=fleet.url + "/v1", api_key=made["agent_token"])
+    messages = [{"role": "user", "content": "hello"}]
+    for turn in range(6):
+        reply = client.chat.completions.create(model="m", messages=messages, max_tokens=8)
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content or ""},
+            {"role": "user", "content": f"turn {turn}"},
+        ]
+    with Store(fleet.db) as store:
+        recorded = store.calls_for([made["id"]])[made["id"]]
+        with store._read_engine.connect() as conn:
+            query = sa.select(calls.c.base).where(calls.c.rollout_id == made["id"])
+            bases = list(conn.execute(query.order_by(calls.c.seq)).scalars())
+    assert len({c.gateway for c in recorded}) == 2
+    assert [base and base["seq"] for base in bases] == [None, 0, 1, 2, 3, 4]
+    for previous, base in zip(recorded[:-1], bases[1:], strict=True):
+        assert base["prompt_from"] == len(previous.prompt_ids) + len(previous.response_ids)
 
 
 def test_a_retry_of_a_call_another_replica_recorded_gets_the_recorded_reply(fleet: Balanced):
