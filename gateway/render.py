@@ -30,6 +30,7 @@ THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 TRANSCRIPTS = 8  # a rollout's transcripts kept: its latest conversations (sub-agents, retries)
+FIRST_HEADS = 64  # first messages whose history's length `_after` keeps (a group starts alike)
 
 
 def parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
@@ -193,6 +194,8 @@ class Renderer:
         # the template renderer's own arguments: not template variables
         self._arguments = set(inspect.signature(tokenizer.apply_chat_template).parameters)
         self._stable: dict[str, bool] = {}  # template variables (JSON) -> `stable`
+        # (first message, tools and template variables (JSON)) -> its history's length (`_after`)
+        self._first_heads: dict[tuple[Message, str], int] = {}
 
     def stable(self, template: JSON | None = None) -> bool:
         """Whether the template, with these variables, renders a conversation as its history's
@@ -226,8 +229,9 @@ class Renderer:
                 )
                 for k in (i for i, m in enumerate(conversation) if m.role == "assistant"):
                     head = self._history(conversation[: k + 1], offered, template)
+                    key = json.dumps([offered, template or {}], sort_keys=True)
                     rest, _ = self._after(
-                        conversation[:1], conversation[k + 1 :], offered, template
+                        conversation[0], conversation[k + 1 :], offered, template, key
                     )
                     if head + rest != whole:
                         return False
@@ -243,16 +247,25 @@ class Renderer:
 
     def _after(
         self,
-        first: Sequence[Message],
+        first: Message,
         new: Sequence[Message],
         tools: list[JSON],
         template: JSON | None,
+        tools_key: str,
     ) -> tuple[str, list[tuple[int, int]]]:
         """The text `new` adds after a history that starts with `first` (and its marker spans),
         where the template is `stable`: the rendering of `first` + `new` past that of `first`
-        alone, from its turn end."""
-        cut = len(self._history(first, tools, template))
-        text, literal = self.render_prompt([*first, *new], tools, template)
+        alone, from its turn end. `tools_key`: the tools and template variables, canonical. The
+        length of `first`'s rendering is kept (each extension of a rollout starts with the same
+        message), so an extension renders the template once."""
+        key = (first, tools_key)
+        cut = self._first_heads.get(key)
+        if cut is None:
+            cut = len(self._history([first], tools, template))
+            if len(self._first_heads) >= FIRST_HEADS:
+                del self._first_heads[next(iter(self._first_heads))]  # the oldest
+            self._first_heads[key] = cut
+        text, literal = self.render_prompt([first, *new], tools, template)
         return text[cut:], [(a - cut, b - cut) for a, b in literal if a >= cut]
 
     def render_text(
@@ -448,7 +461,11 @@ class Renderer:
         transcript's."""
         new = conversation.messages[match.covers :]
         added, spans = self._after(
-            conversation.messages[:1], new, conversation.tools, conversation.template
+            conversation.messages[0],
+            new,
+            conversation.tools,
+            conversation.template,
+            conversation.tools_key,
         )
         return Prompt(
             ids=match.transcript.ids + array("i", self.encode(added, spans)),

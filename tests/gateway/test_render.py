@@ -247,6 +247,34 @@ def test_a_reply_sent_back_as_sampled_extends_without_rendering_the_history_agai
     assert renderer.decode(second.ids) == render_text(following, [], generation_prompt=True)
 
 
+def test_each_later_extension_renders_the_template_once(renderer: Renderer):
+    """With a stable template an extension renders its first message and its new ones; the first
+    message's rendering is the same at every call of a rollout (and of a group's rollouts), so its
+    length is kept: past the first extension, each renders the template once."""
+    if not renderer.stable():
+        pytest.skip("a template that strips earlier reasoning renders the conversation whole")
+    renders: list[int] = []  # messages in each render
+    render_text = renderer.render_text
+
+    def counting(messages: list[Message], *args: object, **kwargs: object) -> str:
+        renders.append(len(messages))
+        return render_text(messages, *args, **kwargs)  # type: ignore[arg-type]
+
+    renderer.render_text = counting  # type: ignore[method-assign]
+    messages = [Message("system", "S"), Message("user", "hi")]
+    history: list[Transcript] = []
+    for turn in range(4):
+        prompt = renderer.prompt(history, messages, TOOLS)
+        assert renderer.decode(prompt.ids) == render_text(messages, TOOLS, generation_prompt=True)
+        reply = Message("assistant", f"reply {turn}")
+        response = [*renderer.encode(reply.content), renderer.turn_end]
+        history = renderer.remember(history, prompt, response, reply)
+        messages = [*messages, reply, Message("user", f"turn {turn}")]
+    # the first prompt whole; the first extension its first message alone, then with the new
+    # one; each later extension once
+    assert renders == [2, 1, 2, 2, 2]
+
+
 def test_a_group_s_shared_first_prompt_is_tokenized_once(renderer: Renderer):
     """The rollouts of a group start from the same prompt; the second gets the first's IDs (a copy)
     without tokenizing again, and a different prompt is tokenized as before."""
