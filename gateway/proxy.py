@@ -299,13 +299,20 @@ class Proxy:
 
     async def _recent(self, rollout: Rollout, state: RolloutState, n: int) -> list[Call]:
         """The rollout's last `n` calls, in order, for `_catch_up` and `_replayed`: with replicas
-        on every call, alone only until a call of the rollout was checked for a replay; else none
-        (no read). Each is read through its chain back to the last call this gateway recorded or
+        on every call, alone only until a call of the rollout was checked for a replay, and not
+        for a rollout every call of which this gateway served (`_only_here`); else none (no
+        read). Each is read through its chain back to the last call this gateway recorded or
         read (`RolloutState.last_call`; `Store.last_calls`): a link or two, whatever the
         conversation's length."""
-        if state.replay_checked and self.peers == 0:
+        if self.peers == 0 and (state.replay_checked or self._only_here(rollout)):
             return []
         return await asyncio.to_thread(self.store.last_calls, rollout.id, n, known=state.last_call)
+
+    def _only_here(self, rollout: Rollout) -> bool:
+        """Whether every call of the rollout was served by this gateway: it was made since this
+        gateway started, on a store that serves one gateway process (SQLite). Then no other
+        gateway recorded a call a retry could be after."""
+        return self.store.single_process and rollout.created_at >= self.started
 
     async def _catch_up(self, state: RolloutState, recent: list[Call]) -> None:
         """With replicas: the rollout's last call (the last of `recent`), if another gateway

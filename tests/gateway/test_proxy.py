@@ -66,6 +66,29 @@ def test_a_rollout_whose_record_was_dropped_counts_its_budget_from_the_store(sto
     assert sent == store.sent_bytes(made.id) + 10 and sent > 1000
 
 
+def test_a_rollout_made_since_a_gateway_alone_on_sqlite_started_is_not_read_for_a_replay(
+    store: Store,
+):
+    """A retry of a reply cut off by a crash is looked for on a rollout's first call here, among
+    calls another gateway recorded. On SQLite, which serves one gateway process, a rollout made
+    since this gateway started has none: its first call reads nothing. One made before (the
+    gateway restarted) is read."""
+    older = store.create_rollout({"q": 1}, "g").result().rollout
+    proxy = proxy_on(store)
+    newer = store.create_rollout({"q": 2}, "g").result().rollout
+    reads: list[str] = []
+    last_calls = store.last_calls
+
+    def counting(rollout_id: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(rollout_id)
+        return last_calls(rollout_id, *args, **kwargs)
+
+    store.last_calls = counting  # type: ignore[method-assign]
+    for rollout in (older, newer):
+        asyncio.run(proxy._recent(rollout, proxy.rollouts.of(rollout.id), 1))
+    assert reads == [older.id]
+
+
 def test_a_call_woken_by_a_resume_waits_again_if_a_pause_closed_the_gate_first():
     """Replicas follow the store's pause and resume: a resume and the next pause can come before a
     call the resume woke has run. That call must not be served during the new pause."""
