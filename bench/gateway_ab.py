@@ -7,10 +7,14 @@ alternates sequential calls between them (in turn first), with a direct call to 
 each pair.
 So a slow phase of the machine slows both, which back-to-back runs of bench.gateway cannot
 promise (the same commit measured 1.5 and 4 ms of added p50 an hour apart). Then it measures
-calls/s with 64 clients on each gateway alone, alternating twice. `--engine-ms 50` makes the
-stand-in answer after 50 ms, as a real engine does at the least (the figures then say what a
-user would notice). Last line:
-`ab_p50_overhead_ms_this=A ab_p50_overhead_ms_other=B ab_calls_per_s_this=C ab_calls_per_s_other=D`.
+calls/s with 64 clients on each gateway alone, alternating twice. Each gateway process's CPU
+(user + system, all its threads, from /proc) is counted over both phases and divided by the calls
+it served: the CPU a call costs, at one call at a time (c1) and at 64 (c64), which a shared
+machine's slow phases change far less than latency. `--engine-ms 50` makes the stand-in answer
+after 50 ms, as a real engine does at the least (the figures then say what a user would notice).
+Last line: `ab_p50_overhead_ms_this=A ab_p50_overhead_ms_other=B ab_calls_per_s_this=C
+ab_calls_per_s_other=D ab_cpu_ms_c1_this=E ab_cpu_ms_c1_other=F ab_cpu_ms_c64_this=G
+ab_cpu_ms_c64_other=H`.
 """
 
 from __future__ import annotations
@@ -28,18 +32,19 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from bench.gateway import ADMIN, Conversation, free_port, post, wait
+from bench.gateway import ADMIN, Conversation, cpu_s, free_port, post, wait
 from bench.quick import parse_args
 
 
 async def measure(
-    gateways: list[str], engine: str, tok: object, calls: int, concurrent: int
+    gateways: list[str], pids: list[int], engine: str, tok: object, calls: int, concurrent: int
 ) -> dict[str, list]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=200)) as client:
         convos = [Conversation(client, g, tok, "latency") for g in gateways]
         for c in convos:
             for _ in range(12):  # warm up
                 await c.call()
+        cpu = [cpu_s(pid) for pid in pids]
         through: list[list[float]] = [[] for _ in gateways]
         direct = []
         for k in range(calls):
@@ -56,7 +61,11 @@ async def measure(
         base = statistics.median(direct)
         overhead_ms = [(statistics.median(t) - base) * 1e3 for t in through]
         out: dict[str, list] = {"overhead_ms": overhead_ms}
+        out["cpu_ms_c1"] = [
+            (cpu_s(pid) - c) * 1e3 / calls for pid, c in zip(pids, cpu, strict=True)
+        ]
         out["calls_per_s"] = [0.0 for _ in gateways]
+        out["cpu_ms_c64"] = [0.0 for _ in gateways]
         per_client = max(1, calls // 10)
         for _ in range(2):
             for i, g in enumerate(gateways):
@@ -67,8 +76,10 @@ async def measure(
                         await c.call()
 
                 t0 = time.perf_counter()
+                c0 = cpu_s(pids[i])
                 await asyncio.gather(*(loop(c) for c in clients))
                 out["calls_per_s"][i] += concurrent * per_client / (time.perf_counter() - t0) / 2
+                out["cpu_ms_c64"][i] += (cpu_s(pids[i]) - c0) * 1e3 / (concurrent * per_client) / 2
         out["direct_p50_ms"] = [base * 1e3]
         return out
 
@@ -113,24 +124,34 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
                 cmd += ["--port", str(port), "--admin-key", ADMIN]
                 cmd += ["--db", f"sqlite:///{tmp}/gateway{i}.db"]
-                procs.append(subprocess.Popen(cmd, env=env, cwd=tree))
+                # its own tree's packages, whatever PYTHONPATH this one runs with
+                tree_env = env | {"PYTHONPATH": str(tree)}
+                procs.append(subprocess.Popen(cmd, env=tree_env, cwd=tree))
                 gateways.append(f"http://127.0.0.1:{port}")
             for g in gateways:
                 wait(g + "/healthz")
-            out = asyncio.run(measure(gateways, engine, tok, args.calls, args.concurrent))
+            pids = [p.pid for p in procs[1:]]
+            out = asyncio.run(measure(gateways, pids, engine, tok, args.calls, args.concurrent))
         finally:
             for p in procs:
                 p.terminate()
                 p.wait()
     (a, b), (c, d) = out["overhead_ms"], out["calls_per_s"]
+    (e, f), (g, h) = out["cpu_ms_c1"], out["cpu_ms_c64"]
     print(f"direct to the stand-in: p50 {out['direct_p50_ms'][0]:.2f} ms")
     print(
-        f"this tree ({this}): p50 added {a:.2f} ms, {c:.0f} calls/s with {args.concurrent} clients"
+        f"this tree ({this}): p50 added {a:.2f} ms, {c:.0f} calls/s with {args.concurrent} clients; "
+        f"CPU per call {e:.2f} ms one at a time, {g:.2f} ms with {args.concurrent}"
     )
-    print(f"other tree ({args.other}): p50 added {b:.2f} ms, {d:.0f} calls/s")
+    print(
+        f"other tree ({args.other}): p50 added {b:.2f} ms, {d:.0f} calls/s; CPU per call "
+        f"{f:.2f} ms, {h:.2f} ms (this / other: {e / f:.2f}x, {g / h:.2f}x)"
+    )
     print(
         f"ab_p50_overhead_ms_this={a:.2f} ab_p50_overhead_ms_other={b:.2f} "
-        f"ab_calls_per_s_this={c:.0f} ab_calls_per_s_other={d:.0f}"
+        f"ab_calls_per_s_this={c:.0f} ab_calls_per_s_other={d:.0f} "
+        f"ab_cpu_ms_c1_this={e:.2f} ab_cpu_ms_c1_other={f:.2f} "
+        f"ab_cpu_ms_c64_this={g:.2f} ab_cpu_ms_c64_other={h:.2f}"
     )
 
 

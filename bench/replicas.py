@@ -18,8 +18,12 @@ and drops it.
    returns, each replica is asked directly whether it is paused with nothing in flight.
 
 Two cores limit what 2 replicas can show here (the stand-in, HAProxy, PostgreSQL and the clients
-share them). Last line: `replicas_1_calls_per_s=A replicas_2_calls_per_s=B replica_kill_lost=L
-replica_kill_duplicated=D pause_drained_all=P`.
+share them): the figure to compare is the CPU a call costs the gateways and PostgreSQL together
+(their processes' user + system CPU over the phase, from /proc, divided by its calls). Last line:
+`replicas_1_calls_per_s=A replicas_2_calls_per_s=B replica_kill_lost=L replica_kill_duplicated=D
+pause_drained_all=P replicas_1_cpu_ms=C1 replicas_2_cpu_ms=C2 replicas_2_sticky_cpu_ms=S2
+replicas_2_cpu_ratio=R` (C: one replica; C2: two, round-robin; S2: two, sticky by token; R:
+C2 / C1).
 """
 
 from __future__ import annotations
@@ -162,15 +166,21 @@ def main() -> None:
     one = figures[1, False]["calls_per_s"]
     ratio = figures[2, False]["calls_per_s"] / one
     sticky_ratio = figures[2, True]["calls_per_s"] / one
+    cpu = {key: out["gateway_cpu_ms"] + out["database_cpu_ms"] for key, out in figures.items()}
     print(
         f"2 replicas / 1: {ratio:.2f}x calls/s round-robin, {sticky_ratio:.2f}x sticky "
-        "(two cores shared by everything)"
+        "(two cores shared by everything); CPU per call (gateways + PostgreSQL) "
+        f"{cpu[2, False] / cpu[1, False]:.2f}x round-robin, {cpu[2, True] / cpu[1, False]:.2f}x "
+        "sticky"
     )
     print(
         f"replicas_1_calls_per_s={one:.0f} "
         f"replicas_2_calls_per_s={figures[2, False]['calls_per_s']:.0f} "
         f"replica_kill_lost={kill['lost']} replica_kill_duplicated={kill['duplicated']} "
-        f"pause_drained_all={int(drained)}"
+        f"pause_drained_all={int(drained)} "
+        f"replicas_1_cpu_ms={cpu[1, False]:.2f} replicas_2_cpu_ms={cpu[2, False]:.2f} "
+        f"replicas_2_sticky_cpu_ms={cpu[2, True]:.2f} "
+        f"replicas_2_cpu_ratio={cpu[2, False] / cpu[1, False]:.2f}"
     )
 
 
