@@ -570,7 +570,7 @@ class Renderer:
         return Prompt(
             ids=array("i", ids),
             extended=False,
-            mismatch="",
+            mismatch=None,
             digests=list(itertools.accumulate(messages, _digest, initial=0))[1:],
             tools_key=json.dumps([tools, template or {}], sort_keys=True),
             text=text,
