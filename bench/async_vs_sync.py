@@ -1,14 +1,17 @@
 """Collocated async vs sync RL: wall time per training step on harnesses with heavy-tailed tool time.
 
-The whole loop, real: the embedded engine (tiny model), the gateway, the controller (local
-processes) and `agl train` with the CPU backend. Each harness makes `--calls` model calls and
-"runs a tool" between them: a lognormal sleep (median 1 s, sigma `--sigma`, so a long tail).
-Both modes train the same number of rollouts (`--steps` x `--batch-groups` x `--n`): sync
-launches a batch, waits for all of it, trains; async keeps `--active-groups` groups running
-and trains on the first `--batch-groups` that finish, the rest carried over (staleness bound
-`--max-staleness`, high enough that nothing is dropped). Prints per mode the wall time per
-step (first launch to last update, over the steps) and the staleness of the trained rollouts.
-Last line: `async_vs_sync_speedup=R max_staleness_seen=S`.
+- The whole loop, real: the embedded engine (tiny model), the gateway and the controller (local
+  launcher), each a process started through bench/stack.py, and `agl train` with the CPU backend
+  in this one.
+- Each harness makes `--calls` model calls and "runs a tool" between them: a lognormal sleep
+  (median 1 s, sigma `--sigma`, so a long tail).
+- Both modes train the same number of rollouts (`--steps` x `--batch-groups` x `--n`): sync
+  launches a batch, waits for all of it, trains; async keeps `--active-groups` groups running and
+  trains on the first `--batch-groups` that finish, the rest carried over (staleness bound
+  `--max-staleness`, high enough that nothing is dropped).
+- Prints per mode the wall time per step (first launch to last update, over the steps) and the
+  staleness of the trained rollouts.
+- Last line: `async_vs_sync_speedup=R max_staleness_seen=S`.
 """
 
 from __future__ import annotations
@@ -16,19 +19,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bench.gateway import ADMIN, free_port, wait
 from bench.quick import parse_args
+from bench.stack import ADMIN, ROOT, processes
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAIN_YAML = ROOT / "examples" / "calculator" / "train.yaml"
 
 # The stdlib only (no SDK import per process): the harness's own CPU is not what is measured.
@@ -110,30 +110,16 @@ def main() -> None:
     )
     parser.add_argument("--max-staleness", type=int, default=8)
     args = parse_args(parser, steps=3, n=2, batch_groups=1, active_groups=3, calls=2)
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+    with processes() as stack:
+        work = stack.tmp
         (work / "harness.py").write_text(HARNESS)
         tasks = "".join(json.dumps({"q": f"task {i}"}) + "\n" for i in range(64))
         (work / "tasks.jsonl").write_text(tasks)
-        engine_port, gateway_port = free_port(), free_port()
-        engine, gateway = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
-        cli = [sys.executable, "-m", "agl.cli"]
-        procs = [subprocess.Popen([*cli, "engine", "--model", "tiny", "--port", str(engine_port)])]
-        try:
-            wait(engine + "/health")
-            gw_args = ["--engine-url", engine, "--port", str(gateway_port), "--admin-key", ADMIN]
-            gw_args += ["--db", f"sqlite:///{work / 'agl.db'}"]
-            procs.append(subprocess.Popen([*cli, "gateway", *gw_args]))
-            wait(gateway + "/healthz")
-            ctl = ["--gateway", gateway, "--admin-key", ADMIN]
-            ctl += ["--state-dir", str(work / "controller")]
-            procs.append(subprocess.Popen([*cli, "controller", *ctl, "--launcher", "local"]))
-            sync, _ = run_mode("sync", args, gateway, engine, work)
-            async_, staleness = run_mode("async", args, gateway, engine, work)
-        finally:
-            for p in reversed(procs):
-                p.terminate()
-                p.wait(30)
+        stack.start_model_engine("tiny")
+        stack.start_gateway()
+        stack.start_controller(work / "controller")
+        sync, _ = run_mode("sync", args, stack.url, stack.engine, work)
+        async_, staleness = run_mode("async", args, stack.url, stack.engine, work)
     print(f"sync {sync:.2f} s/step, async {async_:.2f} s/step: {sync / async_:.2f}x (target >= 2x)")
     most_stale = max(staleness, default=0)
     print(f"async_vs_sync_speedup={sync / async_:.2f} max_staleness_seen={most_stale}")

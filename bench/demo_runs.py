@@ -1,45 +1,38 @@
 """`make demo-check`: the demo, five times (seeds 0-4), two of them beside a busy core.
 
-Each run is `examples/demo.py --seed N` from scratch (fresh store, no checkpoint), as a user
-would run it; seeds 1 and 3 run while another process keeps one core busy for the whole run,
-as on a shared machine. Per run: greedy validation reward on the held-out tasks before training
-and at the end, the first-3 and last-3 steps' training reward, and wall time.
-
-Pass: every run's final validation reward is at least its initial one plus 0.15, and no run's
-last-3 training mean is below its first-3. Exits 1 otherwise. Last line:
-`demo_runs=5 improved=K collapsed=C val_before_mean=A val_after_mean=B max_wall_s=W`.
+- Each run is `examples/demo.py --seed N` from scratch (fresh store, no checkpoint), as a user
+  would run it, through bench/stack.py; seeds 1 and 3 run while another process keeps one core
+  busy for the whole run, as on a shared machine.
+- Per run: greedy validation reward on the held-out tasks before training and at the end, the
+  first-3 and last-3 steps' training reward, and wall time.
+- Pass: every run's final validation reward is at least its initial one plus 0.15, and no run's
+  last-3 training mean is below its first-3. Exits 1 otherwise.
+- Last line: `demo_runs=5 improved=K collapsed=C val_before_mean=A val_after_mean=B max_wall_s=W`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from bench.quick import parse_args
+from bench.stack import ROOT, busy_core, run_logged
 
-ROOT = Path(__file__).resolve().parents[1]
 MARGIN = 0.15
 
 
 def run(seed: int, out: Path, loaded: bool, args: argparse.Namespace) -> dict[str, float]:
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if loaded else None
-    try:
-        with (out.parent / f"seed{seed}.log").open("wb") as log:
-            demo = [sys.executable, str(ROOT / "examples" / "demo.py")]
-            demo += ["--seed", str(seed), "--out", str(out), "--model", args.model]
-            if args.steps:
-                demo += [
-                    f"trainer.total_training_steps={args.steps}",
-                    f"trainer.test_freq={args.steps}",
-                ]
-            code = subprocess.run(demo, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    finally:
-        if busy:
-            busy.kill()
-            busy.wait()
+    demo = [sys.executable, str(ROOT / "examples" / "demo.py")]
+    demo += ["--seed", str(seed), "--out", str(out), "--model", args.model]
+    if args.steps:
+        demo += [f"trainer.total_training_steps={args.steps}", f"trainer.test_freq={args.steps}"]
+    with contextlib.ExitStack() as beside:
+        if loaded:
+            beside.enter_context(busy_core())
+        code = run_logged(demo, out.parent / f"seed{seed}.log")
     if code != 0:
         raise SystemExit(
             f"seed {seed}: the demo exited with {code}; see {out.parent / f'seed{seed}.log'}"

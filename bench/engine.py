@@ -1,9 +1,14 @@
 """Generated tokens/s of the embedded engine on SmolLM2-135M: 1 request alone, then 8 at once.
 
-Both figures come from the same run, through the real client over HTTP on 127.0.0.1 to an
-`agl engine` in its own process (as deployed: no GIL shared with the client), with 64
-new tokens per request (ignore_eos, so every request generates exactly 64). Target: batching
-gives at least 3x the single-request throughput. Usage: `python bench/engine.py [--model M]`.
+- Both figures come from the same run, through the real client over HTTP on 127.0.0.1 to an
+  `agl engine` in its own process (as deployed: no GIL shared with the client; started through
+  bench/stack.py), with 64 new tokens per request (ignore_eos, so every request generates exactly
+  64) and no prefix cache.
+- Each figure is the best of `--rounds`, the two interleaved, so that noise from neighbours hurts
+  both alike.
+- Target: batching gives at least 3x the single-request throughput.
+- Usage: `python -m bench.engine [--model M]`. Last line: `engine_tok_per_s_1=A
+  engine_tok_per_s_8=B batching_speedup=C`.
 """
 
 from __future__ import annotations
@@ -11,27 +16,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import httpx
 
 from bench.quick import parse_args
+from bench.stack import processes
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from transformers import AutoTokenizer  # noqa: E402  (after HF_HUB_OFFLINE is set)
+from transformers import AutoTokenizer
 
-from gateway.engines import EngineClient  # noqa: E402
+from gateway.engines import EngineClient
 
 NEW_TOKENS = 64
 QUESTIONS = [
@@ -70,18 +69,12 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--rounds", type=int, default=3)
     args = parse_args(parser, model="tiny", rounds=1)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    # No prefix cache: the rounds repeat their prompts, and what is measured here is batching.
-    argv = ["--model", args.model, "--port", str(port)]
-    argv += ["--max-batch", "8", "--prefix-cache-tokens", "0"]
-    server = subprocess.Popen([sys.executable, "-m", "engine.server", *argv], cwd=ROOT)
-    try:
+    with processes() as stack:
         t0 = time.perf_counter()
-        info = wait_for(url, server)
+        # No prefix cache: the rounds repeat their prompts, and what is measured here is batching.
+        stack.start_model_engine(args.model, "--max-batch", "8", "--prefix-cache-tokens", "0")
         print(f"engine with {args.model} up in {time.perf_counter() - t0:.1f}s", flush=True)
+        info = httpx.get(stack.engine + "/model_info").json()
         tokenizer = AutoTokenizer.from_pretrained(info["tokenizer_path"])
         chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
         texts = [
@@ -89,28 +82,12 @@ def main() -> int:
             for c in chats
         ]
         ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        one, eight = asyncio.run(run(url, ids, args.rounds))
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(30)
+        one, eight = asyncio.run(run(stack.engine, ids, args.rounds))
     print(
         f"engine_tok_per_s_1={one:.1f} engine_tok_per_s_8={eight:.1f} "
         f"batching_speedup={eight / one:.2f}"
     )
     return 0
-
-
-def wait_for(url: str, server: subprocess.Popen[bytes]) -> dict[str, Any]:
-    deadline = time.monotonic() + 600  # the first run converts SmolLM2's GGUF
-    while True:
-        if server.poll() is not None:
-            raise SystemExit(f"the engine exited with {server.returncode}")
-        try:
-            return dict(httpx.get(url + "/model_info").json())
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -15,24 +15,18 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 from fastapi import Request  # a module name: the stand-in's route is annotated with it
 
 from bench.quick import parse_args
+from bench.stack import ADMIN_HEADERS, running
 
 REPLY = list(range(100, 164))
-ADMIN = "bench-admin"
-ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 
 
 def stand_in(port: int, tokenizer: str) -> None:
@@ -114,31 +108,6 @@ def answer(reply: dict, *, streamed: bool) -> dict | Any:
         return reply
     events = [f"data: {json.dumps(reply)}\n\n", "data: [DONE]\n\n"]
     return StreamingResponse(iter(events), media_type="text/event-stream")
-
-
-def gateway_argv(engine: str, port: int, tmp: str) -> list[str]:
-    """`agl gateway` in front of `engine` on `port`, with a SQLite store in the folder `tmp`."""
-    argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
-    argv += ["--port", str(port), "--admin-key", ADMIN]
-    argv += ["--db", f"sqlite:///{tmp}/bench.db"]
-    return argv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait(url: str) -> None:
-    for _ in range(600):
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up")
 
 
 def words(n_tokens: int, tok: object, salt: str) -> str:
@@ -274,30 +243,12 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from engine import models
-
-    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-    tokenizer = str(models.resolve("tiny", cache_dir))
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    engine_port, gateway_port = free_port(), free_port()
-    env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
-    with tempfile.TemporaryDirectory() as tmp:
-        stand_in_argv = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port)]
-        procs = [subprocess.Popen([*stand_in_argv, "--tokenizer", tokenizer], env=env)]
-        engine = f"http://127.0.0.1:{engine_port}"
-        gateway = f"http://127.0.0.1:{gateway_port}"
-        try:
-            wait(engine + "/model_info")
-            procs.append(subprocess.Popen(gateway_argv(engine, gateway_port, tmp), env=env))
-            wait(gateway + "/healthz")
-            pid = procs[1].pid
-            load = run(gateway, engine, tok, args.calls, args.concurrent, args.rollouts, pid)
-            out = asyncio.run(load)
-            out["gateway_rss_mb"] = rss_mb(pid)
-        finally:
-            for p in procs:
-                p.terminate()
-                p.wait()
+    with running() as stack:
+        tok = AutoTokenizer.from_pretrained(stack.tokenizer)
+        pid = stack.pid("gateway")
+        load = run(stack.url, stack.engine, tok, args.calls, args.concurrent, args.rollouts, pid)
+        out = asyncio.run(load)
+        out["gateway_rss_mb"] = rss_mb(pid)
     overhead = out["gateway_p50_ms"] - out["direct_p50_ms"]
     print(
         f"prompts: {out['prompt_tokens']:.0f} tokens on average (multi-turn, prefix-preserving); "

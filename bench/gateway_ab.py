@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 import httpx
 
-from bench.gateway import ADMIN, Conversation, cpu_s, free_port, post, wait
+from bench.gateway import Conversation, cpu_s, post
 from bench.quick import parse_args
+from bench.stack import ADMIN, ROOT, free_port, processes
 
 
 async def measure(
@@ -86,12 +84,11 @@ async def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    this = Path(__file__).resolve().parents[1]
     parser.add_argument(
         "other",
         nargs="?",
         type=Path,
-        default=this,
+        default=ROOT,
         help="the other source tree, a checkout of agl (default: this tree, against itself)",
     )
     parser.add_argument("--calls", type=int, default=500, help="sequential calls per gateway")
@@ -102,45 +99,28 @@ def main() -> None:
     args = parse_args(parser, calls=30, concurrent=8)
     from transformers import AutoTokenizer
 
-    from engine import models
-
-    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-    tokenizer = str(models.resolve("tiny", cache_dir))
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
-    engine_port = free_port()
-    engine = f"http://127.0.0.1:{engine_port}"
-    stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port)]
-    stand_in += ["--tokenizer", tokenizer]
-    procs = [subprocess.Popen(stand_in, env=env, cwd=this)]
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            wait(engine + "/model_info")
-            latency = {"fail": 0, "delay_s": args.engine_ms / 1000}
-            httpx.post(engine + "/stand_in/faults", json=latency).raise_for_status()
-            gateways = []
-            for i, tree in enumerate((this, args.other.resolve())):
-                port = free_port()
-                cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
-                cmd += ["--port", str(port), "--admin-key", ADMIN]
-                cmd += ["--db", f"sqlite:///{tmp}/gateway{i}.db"]
-                # its own tree's packages, whatever PYTHONPATH this one runs with
-                tree_env = env | {"PYTHONPATH": str(tree)}
-                procs.append(subprocess.Popen(cmd, env=tree_env, cwd=tree))
-                gateways.append(f"http://127.0.0.1:{port}")
-            for g in gateways:
-                wait(g + "/healthz")
-            pids = [p.pid for p in procs[1:]]
-            out = asyncio.run(measure(gateways, pids, engine, tok, args.calls, args.concurrent))
-        finally:
-            for p in procs:
-                p.terminate()
-                p.wait()
+    with processes() as stack:
+        stack.start_engine()
+        tok = AutoTokenizer.from_pretrained(stack.tokenizer)
+        latency = {"fail": 0, "delay_s": args.engine_ms / 1000}
+        httpx.post(stack.engine + "/stand_in/faults", json=latency).raise_for_status()
+        gateways = []
+        for i, tree in enumerate((ROOT, args.other.resolve())):
+            port = free_port()
+            argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", stack.engine]
+            argv += ["--port", str(port), "--admin-key", ADMIN]
+            argv += ["--db", f"sqlite:///{stack.tmp}/gateway{i}.db"]
+            url = f"http://127.0.0.1:{port}"
+            # its own tree's packages, whatever PYTHONPATH this one runs with
+            stack.start(f"gateway{i}", argv, url + "/healthz", {"PYTHONPATH": str(tree)}, cwd=tree)
+            gateways.append(url)
+        pids = [stack.pid("gateway0"), stack.pid("gateway1")]
+        out = asyncio.run(measure(gateways, pids, stack.engine, tok, args.calls, args.concurrent))
     (a, b), (c, d) = out["overhead_ms"], out["calls_per_s"]
     (e, f), (g, h) = out["cpu_ms_c1"], out["cpu_ms_c64"]
     print(f"direct to the stand-in: p50 {out['direct_p50_ms'][0]:.2f} ms")
     print(
-        f"this tree ({this}): p50 added {a:.2f} ms, {c:.0f} calls/s with {args.concurrent} clients; "
+        f"this tree ({ROOT}): p50 added {a:.2f} ms, {c:.0f} calls/s with {args.concurrent} clients; "
         f"CPU per call {e:.2f} ms one at a time, {g:.2f} ms with {args.concurrent}"
     )
     print(

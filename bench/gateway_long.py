@@ -1,21 +1,21 @@
-"""Long conversations (#22 item 7): the gateway's added latency and the bytes it stores per call as
-one conversation grows to 200 messages and about 60k tokens, as a coding agent's does.
+"""Long conversations: the gateway's added latency and stored bytes per call, up to 200 messages.
 
-bench/gateway.py's engine stand-in answers at once with 64 tokens, so what is measured is the
-gateway's own cost. Each rollout starts with a ~2,000-token system prompt and a task, then each
-turn adds the reply and a ~510-token tool output (as a user message, like bench/gateway.py's);
-the harness re-sends the whole conversation each call, so 200 messages reach about 60k tokens of
-the `tiny` tokenizer bench/gateway.py uses. Calls go one at a time, rollouts in turn, each followed
-by a direct call to the stand-in with as many prompt IDs (request bodies are encoded before
-either timer starts); added latency = gateway round trip - direct round trip, p50 over the
-rollouts' calls at a given length. Rollout i starts i * `--stagger` turns after the first, so
-calls at 20 and at 200 messages are taken in overlapping stretches of the run and a slow phase
-of the machine hits both. Then it sums each recorded call's row (token arrays, request and
-response JSON) in the gateway's SQLite file and compares it with the call's new tokens at 4
-bytes each (prompt tokens no earlier call of the rollout recorded, plus the reply) and with its
-whole prompt (a chained call's `base` says how much of it the call it extends holds). It measures; it
-changes nothing. Last line:
-`gateway_p50_ms_20=A gateway_p50_ms_200=B gateway_bytes_per_call_200=C`.
+- The stack (bench/stack.py): bench/gateway.py's engine stand-in, answering at once with 64
+  tokens, so what is measured is the gateway's own cost, and a gateway on SQLite.
+- Each rollout starts with a ~2,000-token system prompt and a task, then each turn adds the reply
+  and a ~510-token tool output (as a user message, like bench/gateway.py's); the harness re-sends
+  the whole conversation each call, so 200 messages reach about 60k tokens of the `tiny`
+  tokenizer, as a coding agent's conversation does.
+- Calls go one at a time, rollouts in turn, each followed by a direct call to the stand-in with
+  as many prompt IDs (request bodies are encoded before either timer starts); added latency =
+  gateway round trip - direct round trip, p50 over the rollouts' calls at a given length.
+- Rollout i starts i * `--stagger` turns after the first, so calls at 20 and at 200 messages are
+  taken in overlapping stretches of the run and a slow phase of the machine hits both.
+- Then it sums each recorded call's row (token arrays, request and response JSON) in the
+  gateway's SQLite file and compares it with the call's new tokens at 4 bytes each (prompt tokens
+  no earlier call of the rollout recorded, plus the reply) and with its whole prompt (a chained
+  call's `base` says how much of it the call it extends holds). It measures; it changes nothing.
+- Last line: `gateway_p50_ms_20=A gateway_p50_ms_200=B gateway_bytes_per_call_200=C`.
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sqlite3
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import aiohttp
 
-from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, post, wait, words
+from bench.gateway import post, words
 from bench.quick import parse_args
+from bench.stack import ADMIN_HEADERS, running, tiny_tokenizer
 
 LENGTHS = (20, 50, 100, 150, 200)  # messages in the prompt, for the table
 TARGET = 2.0  # at 200 messages over at 20, at most: added latency; stored bytes per new-token byte
@@ -206,33 +203,14 @@ def main() -> None:
     args = parse_args(parser, rollouts=2)
     from transformers import AutoTokenizer
 
-    from engine import models
-
-    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-    tokenizer = str(models.resolve("tiny", cache_dir))
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
-    engine_port, gateway_port = free_port(), free_port()
-    engine, gateway = f"http://127.0.0.1:{engine_port}", f"http://127.0.0.1:{gateway_port}"
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer())
     turns = args.messages // 2
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "bench.db"
-        stand_in = [sys.executable, "-m", "bench.gateway", "--stand-in", str(engine_port)]
-        procs = [subprocess.Popen([*stand_in, "--tokenizer", tokenizer], env=env)]
-        try:
-            wait(engine + "/model_info")
-            cmd = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", engine]
-            cmd += ["--port", str(gateway_port), "--admin-key", ADMIN, "--db", f"sqlite:///{db}"]
-            procs.append(subprocess.Popen(cmd, env=env))
-            wait(gateway + "/healthz")
-            out = asyncio.run(grow(gateway, engine, tok, args.rollouts, turns, args.stagger))
-            rows = stored(db)
-            on_disk = sum(p.stat().st_size for p in Path(tmp).glob("bench.db*"))
-        finally:
-            for p in procs:
-                p.terminate()
-                p.wait()
+    with running() as stack:
+        out = asyncio.run(grow(stack.url, stack.engine, tok, args.rollouts, turns, args.stagger))
+        db = Path(stack.db.removeprefix("sqlite:///"))
+        rows = stored(db)
+        on_disk = sum(p.stat().st_size for p in db.parent.glob(f"{db.name}*"))
     report(args, out, rows, on_disk, elapsed=time.perf_counter() - started)
 
 

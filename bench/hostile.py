@@ -28,10 +28,10 @@ from typing import Any
 
 import aiohttp
 
-from bench.gateway import ADMIN_HEADERS, rss_mb
+from bench.gateway import rss_mb
 from bench.quick import parse_args
 from bench.soak import create, session
-from bench.stack import running, tiny_tokenizer
+from bench.stack import ADMIN_HEADERS, running, tiny_tokenizer
 
 STALL_MS = 250  # the most a probe may take beyond the baseline while an attack runs
 MB = 1 << 20

@@ -36,10 +36,10 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.gateway import ADMIN_HEADERS, cpu_s
+from bench.gateway import cpu_s
 from bench.quick import parse_args
 from bench.soak import Tally, call, create, harness, reconcile, session
-from bench.stack import Balanced, balanced
+from bench.stack import ADMIN_HEADERS, Balanced, balanced
 
 
 def postgres_cpu_s() -> float:

@@ -1,34 +1,33 @@
 """Soak: faults, load and hostile input against real processes, counting what was lost.
 
-Everything runs as its own process on 127.0.0.1: the engine stand-in of bench/gateway.py (an
-instant sglang `/generate`; no GPU engine runs here), `agl gateway` over a SQLite store, and
-`agl controller` with the local launcher. Each phase stops by itself; the tests in
-tests/gateway/test_faults.py and tests/controller/test_faults.py run the same phases, smaller.
-With `--replicas N` (`make soak SOAK="--replicas 2"`) the gateway is N replicas on a fresh
-PostgreSQL database behind HAProxy (bench/stack.py): every phase goes through the balancer, the
-kills hit one replica while the others serve, and the engine faults are drilled on that replica.
-
-1. load: R rollouts x C calls, all rollouts at once; calls answered vs recorded, peak RSS.
-2. cross-rollout: every rollout-scoped admin route tried with another rollout's agent and
-   grader tokens (header and path); each attempt must be rejected.
-3. gateway SIGKILL: 200 rollouts calling (retrying refused connections, as SDKs do), the
-   gateway killed mid-load and restarted on the same store; every answered call must be in
-   the store exactly once. Calls committed in the instant before the kill whose reply never
-   left are counted as `orphaned` (each harness retried them; they are recorded, unanswered).
-4. pause/resume: 200 harnesses calling without retries while the "trainer" pauses, updates
-   the engine's weights (the stand-in's first output token is its weight version) and resumes
-   on the new version, N times; every recorded call's version must equal the weights that
-   sampled it, and the harnesses must see no error.
-5. engine faults: 5xx fewer than the gateway's attempts (retried, harness sees success), an
-   engine answering 5xx, hung (SIGSTOP) and stopped (SIGKILL): a 503 with a message each,
-   `/healthz` answering throughout, calls succeeding again once the engine is back.
-6. controller SIGKILL: rollouts whose harnesses succeed, crash, hang, or fork a child that
-   outlives them, run by `agl controller`, which is killed mid-launch and restarted; each
-   attempt must have been started once, every rollout must end as its harness dictates, and
-   no child may outlive its run. Then the gateway is killed under two runs, which fail: they
-   must be retried as infra failures (not trained on as task failures) and succeed.
-
-Last line: `soak_calls=N lost=0 errors_seen_by_harness=0 ...` (see `main`).
+- Everything runs as its own process on 127.0.0.1, started through bench/stack.py: the engine
+  stand-in of bench/gateway.py (an instant sglang `/generate`; no GPU engine runs here), `agl
+  gateway` over a SQLite store, and `agl controller` with the local launcher. Each phase stops by
+  itself; the tests in tests/gateway/test_faults.py and tests/controller/test_faults.py run the
+  same phases, smaller.
+- With `--replicas N` (`make soak SOAK="--replicas 2"`) the gateway is N replicas on a fresh
+  PostgreSQL database behind HAProxy: every phase goes through the balancer, the kills hit one
+  replica while the others serve, and the engine faults are drilled on that replica.
+- Phase 1, load: R rollouts x C calls, all rollouts at once; calls answered vs recorded, peak RSS.
+- Phase 2, cross-rollout: every rollout-scoped admin route tried with another rollout's agent and
+  grader tokens (header and path); each attempt must be rejected.
+- Phase 3, gateway SIGKILL: 200 rollouts calling (retrying refused connections, as SDKs do), the
+  gateway killed mid-load and restarted on the same store; every answered call must be in the
+  store exactly once. Calls committed in the instant before the kill whose reply never left are
+  counted as `orphaned` (each harness retried them; they are recorded, unanswered).
+- Phase 4, pause/resume: 200 harnesses calling without retries while the "trainer" pauses,
+  updates the engine's weights (the stand-in's first output token is its weight version) and
+  resumes on the new version, N times; every recorded call's version must equal the weights that
+  sampled it, and the harnesses must see no error.
+- Phase 5, engine faults: 5xx fewer than the gateway's attempts (retried, harness sees success),
+  an engine answering 5xx, hung (SIGSTOP) and stopped (SIGKILL): a 503 with a message each,
+  `/healthz` answering throughout, calls succeeding again once the engine is back.
+- Phase 6, controller SIGKILL: rollouts whose harnesses succeed, crash, hang, or fork a child that
+  outlives them, run by `agl controller`, which is killed mid-launch and restarted; each attempt
+  must have been started once, every rollout must end as its harness dictates, and no child may
+  outlive its run. Then the gateway is killed under two runs, which fail: they must be retried as
+  infra failures (not trained on as task failures) and succeed.
+- Last line: `soak_calls=N lost=0 errors_seen_by_harness=0 ...` (see `main`).
 """
 
 from __future__ import annotations
@@ -49,9 +48,9 @@ import aiohttp
 import sqlalchemy as sa
 
 from agl.store import Store
-from bench.gateway import ADMIN_HEADERS, rss_mb
+from bench.gateway import rss_mb
 from bench.quick import parse_args
-from bench.stack import Stack, balanced, running
+from bench.stack import ADMIN_HEADERS, Stack, balanced, running
 from controller.launcher import process_start
 
 # the gateway's engine timeout in the engine-fault phase: a hung engine fails fast
@@ -428,7 +427,8 @@ async def controller_kill(
             }
             (r,) = await create(client, stack.url, 1, "controller", metadata={"spec": spec})
             made.append((r["id"], kind))
-        stack.start_controller(state, max_running=max(4, rollouts // 2))
+        flags = ["--max-running", str(max(4, rollouts // 2)), "--poll-s", "0.1"]
+        stack.start_controller(state, *flags)
         peak_rss, deadline = 0.0, time.monotonic() + 120
         for k in range(kills):
             while len(list(marks.glob("*.*.*"))) < len(kinds) * (k + 1) / (kills + 1):
@@ -438,7 +438,7 @@ async def controller_kill(
                 await asyncio.sleep(0.01)
             peak_rss = max(peak_rss, rss_mb(stack.pid("controller")))
             stack.kill("controller")
-            stack.start_controller(state, max_running=max(4, rollouts // 2))
+            stack.start_controller(state, *flags)
         while len(list(waiting.iterdir())) < kinds.count("outage"):
             assert time.monotonic() < deadline, (
                 f"harnesses did not start; see {stack.tmp / 'controller.log'}"
@@ -447,7 +447,7 @@ async def controller_kill(
         stack.kill_gateways()
         (stack.tmp / "go").touch()
         stack.kill("controller")  # and a controller that starts while the gateway is down
-        stack.start_controller(state, max_running=max(4, rollouts // 2))
+        stack.start_controller(state, *flags)
         await asyncio.sleep(1)
         await asyncio.to_thread(stack.start_gateways)
         ended: dict[str, dict] = {}

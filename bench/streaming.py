@@ -1,19 +1,19 @@
-"""Streaming: time to first token and total time of a streamed reply, directly from the engine and
-through the gateway, and what streaming costs the gateway's CPU.
+"""Streaming: time to first token and to the end, directly and through the gateway, and its CPU cost.
 
-An engine stand-in (its own process) samples at a realistic pace: `--tokens-per-s` (50) a reply,
-each reply `--reply-tokens` (256) tokens of text, streamed as sglang 0.5.13 streams `/generate`
-(a chunk per token, each carrying the whole output so far: sglang's defaults; `--incremental` for
-its `--incremental-streaming-output`, `--stream-interval N` for a chunk every N tokens, as its
-`--stream-interval`). The gateway (its own process, SQLite store) sits in front.
-In one run:
-- `--calls` calls one at a time, alternately directly from the engine (streamed: time to its
-  first chunk, and to its last) and through the gateway (Chat Completions streamed: time to the
-  first content delta, and to `[DONE]`, sent once the call is recorded); medians;
+- An engine stand-in of its own (this module with `--stand-in`) samples at a realistic pace:
+  `--tokens-per-s` a reply, each reply `--reply-tokens` tokens of text, streamed as sglang 0.5.13
+  streams `/generate` (a chunk per token, each carrying the whole output so far: sglang's
+  defaults; `--incremental` for its `--incremental-streaming-output`, `--stream-interval N` for a
+  chunk every N tokens, as its `--stream-interval`).
+- The gateway, on a SQLite store, sits in front; both are processes started through
+  bench/stack.py.
+- `--calls` calls one at a time, alternately directly from the engine (streamed: time to its first
+  chunk, and to its last) and through the gateway (Chat Completions streamed: time to the first
+  content delta, and to `[DONE]`, sent once the call is recorded); medians.
 - `--clients` concurrent calls through the gateway unstreamed, then as many streamed, the
-  gateway's CPU time over each batch: `stream_cpu_ratio` is its CPU per streamed call over its
-  CPU per unstreamed call. Last line:
-`ttft_ms_direct=A ttft_ms_gateway=B total_ms_gateway=C stream_cpu_ratio=R`.
+  gateway's CPU time over each batch: `stream_cpu_ratio` is its CPU per streamed call over its CPU
+  per unstreamed call.
+- Last line: `ttft_ms_direct=A ttft_ms_gateway=B total_ms_gateway=C stream_cpu_ratio=R`.
 """
 
 from __future__ import annotations
@@ -21,21 +21,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from bench.gateway import ADMIN_HEADERS, cpu_s, free_port, gateway_argv, wait
+from bench.gateway import cpu_s
 from bench.quick import parse_args
+from bench.stack import ADMIN_HEADERS, processes, tiny_tokenizer
 
 TEXT = "def area(radius):\n    return 3.14159 * radius ** 2  # the circle's area\n"
 
@@ -223,31 +220,16 @@ def main() -> None:
     if args.stand_in:
         return stand_in(args)
 
-    from engine import models
-
-    cache_dir = Path(os.environ.get("AGL_ENGINE_CACHE_DIR", "~/.cache/agl/models")).expanduser()
-    tokenizer = str(models.resolve("tiny", cache_dir))
-    engine_port, gateway_port = free_port(), free_port()
-    env = os.environ | {"OMP_NUM_THREADS": "1", "AGL_LOG_LEVEL": "WARNING"}
-    stand_in_argv = [sys.executable, "-m", "bench.streaming", "--stand-in", str(engine_port)]
-    stand_in_argv += ["--tokenizer", tokenizer, "--reply-tokens", str(args.reply_tokens)]
-    stand_in_argv += ["--tokens-per-s", str(args.tokens_per_s)]
-    stand_in_argv += ["--stream-interval", str(args.stream_interval)]
-    if args.incremental:
-        stand_in_argv.append("--incremental")
-    engine = f"http://127.0.0.1:{engine_port}"
-    gateway = f"http://127.0.0.1:{gateway_port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [subprocess.Popen(stand_in_argv, env=env)]
-        try:
-            wait(engine + "/model_info")
-            procs.append(subprocess.Popen(gateway_argv(engine, gateway_port, tmp), env=env))
-            wait(gateway + "/healthz")
-            out = asyncio.run(measure(gateway, engine, procs[1].pid, args))
-        finally:
-            for p in procs:
-                p.terminate()
-                p.wait()
+    with processes() as stack:
+        argv = [sys.executable, "-m", "bench.streaming", "--tokenizer", tiny_tokenizer()]
+        argv += ["--stand-in", str(stack.engine_port), "--reply-tokens", str(args.reply_tokens)]
+        argv += ["--tokens-per-s", str(args.tokens_per_s)]
+        argv += ["--stream-interval", str(args.stream_interval)]
+        if args.incremental:
+            argv.append("--incremental")
+        stack.start("engine", argv, stack.engine + "/model_info")
+        stack.start_gateway()
+        out = asyncio.run(measure(stack.url, stack.engine, stack.pid("gateway"), args))
     mode = "incremental" if args.incremental else "cumulative"
     print(
         f"replies of {args.reply_tokens} tokens at {args.tokens_per_s:g} tokens/s ({mode} chunks "

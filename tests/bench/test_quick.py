@@ -1,11 +1,10 @@
 """Every benchmark still runs: `python -m bench.NAME --quick` as a subprocess, its last line's names.
 
-A benchmark nothing runs rots: `bench/async_vs_sync.py` failed on the head for days before
-anyone ran it. Each one's quick mode (bench/quick.py) runs it through, smaller; this test runs
-it and checks that it exits 0 and that its last line is `key=value` pairs with exactly the names
-bench/README.md gives (scripts and the README's table read them by name). The figures of a quick
-run are not judged: a timed assertion here would fail on a busy machine, and the quick runs are
-too small to mean anything.
+- A benchmark nothing runs rots; each one's quick mode (bench/quick.py) runs it through, smaller.
+- This test runs it and checks that it exits 0 and that its last line is `key=value` pairs with
+  exactly the names bench/README.md gives (scripts and the README's table read them by name).
+- The figures of a quick run are not judged: a timed assertion here would fail on a busy machine,
+  and the quick runs are too small to mean anything.
 """
 
 from __future__ import annotations
@@ -116,6 +115,7 @@ VALUE = re.compile(r"-?(\d+(\.\d+)?(/\d+)?|nan)")
 def test_every_benchmark_is_listed() -> None:
     """A new benchmark gets a quick run here, and a row in bench/README.md."""
     modules = {p.stem for p in (ROOT / "bench").glob("*.py")}
+    modules |= {p.parent.name for p in (ROOT / "bench").glob("*/__main__.py")}  # bench/ablation/
     helpers = {"__init__", "quick", "postgres", "stack"}
     assert modules - helpers == set(LAST_LINE)
     table = (ROOT / "bench" / "README.md").read_text()

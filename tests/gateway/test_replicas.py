@@ -36,8 +36,8 @@ import sqlalchemy as sa
 
 from agl.store import Store, calls
 from bench import replicas
-from bench.gateway import ADMIN, ADMIN_HEADERS, free_port, wait
-from bench.stack import Balanced, balanced
+from bench.gateway import wait
+from bench.stack import ADMIN, ADMIN_HEADERS, Balanced, balanced, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 SERVER = os.environ.get("AGL_TEST_POSTGRES_URL", "")
