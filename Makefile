@@ -49,11 +49,9 @@ gpu-bundle: venv
 gpu-bundle-check:
 	bash bench/gpu_kit/check_venv.sh
 
-# Lines of code (not blank, not comments; docstrings count) of the control plane and of the CPU engine.
-LOC = find $(1) -name '*.py' -print0 | xargs -0 cat | grep -cvE '^\s*(\#|$$)'
+# Code lines per component, of the core path and of each optional feature (tools/loc.py).
 loc:
-	@for d in agl gateway controller trainer adapters engine; do printf '%-11s %5s\n' $$d "$$($(call LOC,$$d))"; done
-	@echo "control_plane_loc=$$($(call LOC,agl gateway controller trainer adapters)) engine_loc=$$($(call LOC,engine))"
+	$(PY) tools/loc.py
 
 bench: venv
 	$(BIN)/python -m bench.store

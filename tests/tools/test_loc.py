@@ -1,0 +1,39 @@
+"""tools/loc.py (`make loc`): every optional feature names modules that exist, and the split adds up.
+
+The tool runs as `make loc` runs it, a subprocess; its figures are read from its last line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_loc(*flags: str) -> str:
+    argv = [sys.executable, str(ROOT / "tools" / "loc.py"), *flags]
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+
+
+def test_core_and_optional_add_up_to_the_control_plane() -> None:
+    out = run_loc()
+    figures = dict(pair.split("=") for pair in out.strip().splitlines()[-1].split())
+    assert list(figures) == ["control_plane_loc", "core_loc", "optional_loc", "engine_loc"]
+    total, core, optional = (
+        int(figures[k]) for k in ("control_plane_loc", "core_loc", "optional_loc")
+    )
+    assert core > 0 and optional > 0
+    assert core + optional == total
+    components = out.splitlines()[:5]
+    assert sum(int(line.split()[-1]) for line in components) == total
+
+
+def test_each_features_modules_exist_once() -> None:
+    """A module renamed or moved fails here (the tool refuses), not silently as core."""
+    rows = [line for line in run_loc("--markdown").splitlines() if line.startswith("| ")][2:]
+    modules = [name for row in rows for name in row.split("|")[3].replace("`", "").split(", ")]
+    assert len(modules) == len(set(modules))
+    for name in modules:
+        assert (ROOT / name.strip()).is_file(), name
