@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -36,7 +37,6 @@ import sqlalchemy as sa
 
 from agl.store import Store, calls
 from bench import replicas
-from bench.gateway import wait
 from bench.stack import ADMIN, ADMIN_HEADERS, Balanced, balanced, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -233,33 +233,24 @@ def test_a_second_gateway_on_sqlite_is_refused_naming_postgresql(fleet: Balanced
     argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", fleet.engine]
     argv += ["--db", db, "--admin-key", ADMIN]
     first_port = free_port()
-    first = subprocess.Popen(
-        [*argv, "--port", str(first_port)], env=fleet.env, stderr=subprocess.DEVNULL
+    fleet.start("sqlite-first", [*argv, "--port", str(first_port)], healthz(first_port))
+    second = subprocess.run(
+        [*argv, "--port", str(free_port())],
+        env=fleet.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    try:
-        wait(f"http://127.0.0.1:{first_port}/healthz")
-        second = subprocess.run(
-            [*argv, "--port", str(free_port())],
-            env=fleet.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert second.returncode != 0
-        assert "PostgreSQL" in second.stderr and "SQLite" in second.stderr
-    finally:
-        first.terminate()
-        first.wait(30)
+    assert second.returncode != 0
+    assert "PostgreSQL" in second.stderr and "SQLite" in second.stderr
+    fleet.kill("sqlite-first", signal.SIGTERM)
     # once the first has stopped, a gateway starts on the store again
     restarted_port = free_port()
-    again = subprocess.Popen(
-        [*argv, "--port", str(restarted_port)], env=fleet.env, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait(f"http://127.0.0.1:{restarted_port}/healthz")
-    finally:
-        again.terminate()
-        again.wait(30)
+    fleet.start("sqlite-again", [*argv, "--port", str(restarted_port)], healthz(restarted_port))
+
+
+def healthz(port: int) -> str:
+    return f"http://127.0.0.1:{port}/healthz"
 
 
 class Forwarder:
