@@ -306,29 +306,24 @@ def test_a_replica_that_cannot_reach_the_database_answers_503_and_says_why(fleet
     port = free_port()
     argv = [sys.executable, "-m", "agl.cli", "gateway", "--engine-url", fleet.engine]
     argv += ["--db", db, "--admin-key", ADMIN, "--port", str(port)]
-    gateway = subprocess.Popen(argv, env=fleet.env, stderr=subprocess.DEVNULL)
+    fleet.start("unreachable-db", argv, healthz(port))
     base = f"http://127.0.0.1:{port}"
-    try:
-        wait(base + "/healthz")
-        made = rollout(base)
-        token = {"Authorization": f"Bearer {made['agent_token']}"}
-        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
-        forwarder.cut(False)
-        deadline = time.monotonic() + 15
+    made = rollout(base)
+    token = {"Authorization": f"Bearer {made['agent_token']}"}
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    forwarder.cut(False)
+    deadline = time.monotonic() + 15
+    health = httpx.get(base + "/healthz")
+    while health.status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
         health = httpx.get(base + "/healthz")
-        while health.status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            health = httpx.get(base + "/healthz")
-        assert health.status_code == 503 and "cannot be reached" in health.json()["store"]
-        reply = httpx.post(base + "/v1/chat/completions", json=body, headers=token, timeout=60)
-        assert reply.status_code == 503, reply.text
-        forwarder.cut(True)
-        deadline = time.monotonic() + 15
-        while httpx.get(base + "/healthz").status_code != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert httpx.get(base + "/healthz").status_code == 200
-        reply = httpx.post(base + "/v1/chat/completions", json=body, headers=token, timeout=60)
-        assert reply.status_code == 200
-    finally:
-        gateway.terminate()
-        gateway.wait(30)
+    assert health.status_code == 503 and "cannot be reached" in health.json()["store"]
+    reply = httpx.post(base + "/v1/chat/completions", json=body, headers=token, timeout=60)
+    assert reply.status_code == 503, reply.text
+    forwarder.cut(True)
+    deadline = time.monotonic() + 15
+    while httpx.get(base + "/healthz").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert httpx.get(base + "/healthz").status_code == 200
+    reply = httpx.post(base + "/v1/chat/completions", json=body, headers=token, timeout=60)
+    assert reply.status_code == 200
