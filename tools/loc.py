@@ -43,7 +43,15 @@ FEATURES: dict[str, tuple[str, list[str]]] = {
     ),
     "doctor": (
         "`agl doctor`: the stack checked before a run",
-        ["trainer/doctor.py"],
+        [
+            "trainer/doctor/__init__.py",
+            "trainer/doctor/cli.py",
+            "trainer/doctor/checkup.py",
+            "trainer/doctor/install.py",
+            "trainer/doctor/replies.py",
+            "trainer/doctor/probes.py",
+            "trainer/doctor/report.py",
+        ],
     ),
     "CPU training": (
         "verl's FSDP workers on the CPU",

@@ -23,19 +23,25 @@ from fastapi.responses import JSONResponse, Response
 from tests.sglang import SglangStandIn
 from trainer import doctor
 from trainer.config import load_config
-from trainer.doctor import (
-    CheckFailed,
-    MalformedReply,
-    Result,
-    check_cadence,
-    check_context,
+from trainer.doctor import checkup
+from trainer.doctor.install import (
+    agl_requirements,
     check_cuda,
     check_versions,
-    parse_generation,
+    extra_for,
     pins,
     pip_spec,
-    table,
 )
+from trainer.doctor.probes import SAMPLING
+from trainer.doctor.replies import (
+    MalformedReply,
+    check_cadence,
+    check_context,
+    parse_generation,
+    parse_stream,
+    stream_cadence,
+)
+from trainer.doctor.report import CheckFailed, Result, attempt, table
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "calculator" / "train.yaml"
@@ -86,8 +92,8 @@ def test_a_different_or_missing_pin_fails_with_the_pip_command() -> None:
 
 
 def test_this_machines_install_holds_the_train_extras_pins() -> None:
-    extra = doctor.extra_for("cpu")
-    assert "agl[train] hold" in check_versions(extra, pins(extra, doctor.agl_requirements()))
+    extra = extra_for("cpu")
+    assert "agl[train] hold" in check_versions(extra, pins(extra, agl_requirements()))
 
 
 # ------------------------------------------------------------------ cuda, context, replies
@@ -163,7 +169,7 @@ def test_the_cadence_is_the_one_sglang_streamed_on_an_h200(mode: str) -> None:
     lengths = real["stream_output_ids_lens"]
     interval = real["server_args"]["stream_interval"]
     counts = lengths if mode == "cumulative" else list(itertools.accumulate(lengths))
-    assert doctor.stream_cadence(20, interval) == counts
+    assert stream_cadence(20, interval) == counts
     assert check_cadence(counts, interval).startswith(f"chunks at {counts} tokens")
 
 
@@ -195,9 +201,9 @@ def test_a_stream_is_read_as_the_gateway_reads_it() -> None:
             },
         },
     ]
-    assert doctor.parse_stream(chunks) == ([1, 2], "length")
+    assert parse_stream(chunks) == ([1, 2], "length")
     with pytest.raises(MalformedReply, match="logprob ids"):
-        doctor.parse_stream([{**chunks[0], "output_ids": [8]}])
+        parse_stream([{**chunks[0], "output_ids": [8]}])
 
 
 def test_the_table_gives_the_first_failures_fix() -> None:
@@ -224,7 +230,7 @@ def test_cuda_on_a_machine_without_gpus_stops_before_ray(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The GPU config's pins cannot hold here: the versions check is given pins that do."""
-    monkeypatch.setattr(doctor, "agl_requirements", lambda: ['torch>=2; extra == "gpu"'])
+    monkeypatch.setattr(checkup, "agl_requirements", lambda: ['torch>=2; extra == "gpu"'])
     started = []
 
     def start(self: doctor.Doctor) -> str:
@@ -248,7 +254,7 @@ def test_skip_versions_skips_only_the_versions_check(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Pins that cannot hold here are not read: the cuda check still runs, and fails."""
-    monkeypatch.setattr(doctor, "agl_requirements", lambda: ['no-such-package==1; extra == "gpu"'])
+    monkeypatch.setattr(checkup, "agl_requirements", lambda: ['no-such-package==1; extra == "gpu"'])
     args = ["--skip-versions", str(GPU), "agl.admin_key=k", f"trainer.default_local_dir={tmp_path}"]
     code = doctor.main(args)
     rows = printed_table(capsys.readouterr().out)
@@ -308,7 +314,7 @@ def test_every_check_passes_on_the_cpu_path_and_the_engine_is_left_as_it_was(
     unstreamed = [body for body in generated if not body.get("stream")]
     streamed = [body for body in generated if body.get("stream")]
     assert len(unstreamed) == 3  # check 5, after the left stream's wake, after the push
-    assert unstreamed[0]["sampling_params"] == doctor.SAMPLING
+    assert unstreamed[0]["sampling_params"] == SAMPLING
     assert unstreamed[0]["return_logprob"] is True
     # 20 tokens; one aborted by its rid; one left (its 2,000 tokens outlast sglang's 2 s)
     assert [body["sampling_params"]["max_new_tokens"] for body in streamed[:1]] == [20]
@@ -336,11 +342,11 @@ def test_a_context_other_than_the_configured_one_fails_the_models_check(
             f"trainer.default_local_dir={tmp_path}",
             "actor_rollout_ref.rollout.max_model_len=2048",
         ]
-        checkup = doctor.Doctor(*load_config(DEMO, overrides))
-        checkup.backend = SimpleNamespace(engine=SimpleNamespace(endpoints=lambda: [url]))
-        result = doctor.attempt("v1/models", checkup.models)
-        checkup.backend = None
-        checkup.close()
+        preflight = doctor.Doctor(*load_config(DEMO, overrides))
+        preflight.backend = SimpleNamespace(engine=SimpleNamespace(endpoints=lambda: [url]))
+        result = attempt("v1/models", preflight.models)
+        preflight.backend = None
+        preflight.close()
     assert result.status == "FAIL"
     assert result.detail == (
         f"{url} serves max_model_len 4096, actor_rollout_ref.rollout.max_model_len is 2048"
