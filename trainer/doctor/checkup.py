@@ -249,7 +249,7 @@ class Doctor:
         return dict(kwargs.get("sglang") or {})
 
     def push(self) -> str:
-        """Check 6: the trainer's weights to every engine (sleep, push, wake), as after each
+        """Check 8: the trainer's weights to every engine (sleep, push, wake), as after each
         update."""
         assert self.backend is not None
         engine = self.backend.engine
