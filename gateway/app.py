@@ -30,12 +30,8 @@ from agl.store import (
 )
 from gateway import errors, wire
 from gateway.auth import Auth
-from gateway.engines import (
-    EngineClient,
-    EngineError,
-    EngineInfo,
-    Room,
-)
+from gateway.engine_replies import EngineError, EngineInfo
+from gateway.engines import EngineClient, Room
 from gateway.fleet import Replicas
 from gateway.proxy import Proxy
 from gateway.render import Renderer

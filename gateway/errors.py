@@ -23,7 +23,7 @@ from agl.store import (
     StoreUnavailable,
 )
 from gateway.auth import AuthError
-from gateway.engines import EngineAborted, EngineError, EngineRejected, EngineUnavailable
+from gateway.engine_replies import EngineAborted, EngineError, EngineRejected, EngineUnavailable
 from gateway.proxy import HeldTooLong, Proxy
 from gateway.types import ContextOverflow, RenderError, TooLarge
 

@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agl.store import Store
 from agl.types import JSON, Call, Charge, Rollout, Status
-from gateway.engines import EngineClient, EngineError, Generation, Room
+from gateway.engine_replies import EngineError, Generation
+from gateway.engines import EngineClient, Room
 from gateway.render import TOOL_MARKERS, Prompt, Renderer, parse_reply
 from gateway.rollouts import RolloutState, RolloutStates
 from gateway.settings import GatewaySettings

@@ -24,7 +24,8 @@ import torch
 from engine import models
 from engine.batcher import Engine
 from engine.server import VERSION, EngineSettings, create_app
-from gateway.engines import EngineClient, EngineRejected, EngineUnavailable
+from gateway.engine_replies import EngineRejected, EngineUnavailable
+from gateway.engines import EngineClient
 from tests.engine.conftest import SHORT_CONTEXT, loads_until
 from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn

@@ -20,7 +20,8 @@ from agl.store import Store
 from engine.batcher import Engine
 from engine.server import create_app as engine_app
 from gateway.app import make_app
-from gateway.engines import EngineClient, EngineInfo
+from gateway.engine_replies import EngineInfo
+from gateway.engines import EngineClient
 from gateway.settings import GatewaySettings
 from tests.gateway.conftest import serve
 from tests.sglang import SglangStandIn

@@ -19,14 +19,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from gateway.engines import (
-    EngineAborted,
-    EngineClient,
-    EngineError,
-    EngineRejected,
-    EngineUnavailable,
-    TransportError,
-)
+from gateway.engine_replies import EngineAborted, EngineError, EngineRejected, EngineUnavailable
+from gateway.engines import EngineClient, TransportError
 from tests.gateway.conftest import serve
 from tests.sglang import Reply, SglangStandIn
 
