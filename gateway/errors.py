@@ -24,7 +24,8 @@ from agl.store import (
 )
 from gateway.auth import AuthError
 from gateway.engine_replies import EngineAborted, EngineError, EngineRejected, EngineUnavailable
-from gateway.proxy import HeldTooLong, Proxy
+from gateway.gate import HeldTooLong
+from gateway.proxy import Proxy
 from gateway.types import ContextOverflow, RenderError, TooLarge
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ starts while the fleet is paused starts paused. A replica whose heartbeat is old
 (dead, or stalled that long) no longer counts, so it cannot hold a pause for ever. Two pauses at
 once share one epoch, and both return once it has drained.
 
-It does not hold calls itself (`gateway/proxy.py`'s `Gate` does, per process), nor serve HTTP.
+It does not hold calls itself (`gateway/gate.py`'s `Gate` does, per process), nor serve HTTP.
 """
 
 import asyncio

@@ -1,16 +1,19 @@
 """The recording path every harness call takes, whatever its wire format.
 
-Owns the pause gate (`pause()` returns once no call is in flight: each call is served under one
-model version), the context-length check, sampling, stop strings (engines see only token IDs),
-the `/metrics` counters, a rollout's `not_honoured` events (request fields the model could not be
-shown), and recording each call before its reply goes out, so every answered call is durable and
-a retry of a reply cut off by a crash gets the recorded one, not a new sample. What it keeps of a
-rollout between calls is one record (`gateway/rollouts.py`), forgotten when the rollout ends.
-It does not parse wire formats, authenticate or render templates (`wire/`, `auth.py`, `render.py`).
+- Owns: serving each call under one model version (held by `gateway/gate.py`'s `Gate` while
+  paused), and recording it before its reply goes out, so every answered call is durable and a
+  retry of a reply cut off by a crash gets the recorded one, not a new sample; a rollout's
+  storage budget (`charge`); its `prefix_mismatch` and `not_honoured` events (request fields the
+  model could not be shown); what it keeps of a rollout between calls: one record
+  (`gateway/rollouts.py`), forgotten when the rollout ends; with replicas, the calls another
+  gateway recorded, caught up on.
+- Uses: `gateway/sampling.py` for the token budget, sampling parameters and stop strings;
+  `gateway/metrics.py` for what `/metrics` counts.
+- Does not: parse wire formats, authenticate or render templates (`wire/`, `auth.py`,
+  `render.py`), nor speak the engine's HTTP (`engines.py`).
 """
 
 import asyncio
-import bisect
 import contextlib
 import json
 import logging
@@ -21,20 +24,20 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
 from agl.store import Store
 from agl.types import JSON, Call, Charge, Rollout, Status
 from gateway.engine_replies import EngineError, Generation
 from gateway.engines import EngineClient, Room
+from gateway.gate import Gate
+from gateway.metrics import Metrics
 from gateway.render import TOOL_MARKERS, Prompt, Renderer, parse_reply
 from gateway.rollouts import RolloutState, RolloutStates
+from gateway.sampling import Sampler
 from gateway.settings import GatewaySettings
 from gateway.stream import Detokenizer, Shown
 from gateway.types import (
     Ask,
     Completion,
-    ContextOverflow,
     Live,
     Message,
     Params,
@@ -44,114 +47,17 @@ from gateway.types import (
 
 log = logging.getLogger(__name__)
 RequestParser = Callable[[str, JSON], tuple[list[Message], list[JSON], Params]]
-# Distinct values a label takes from harnesses (agents, tool types); later ones count as "other".
-MAX_LABELS = 100
 INLINE_CHARS = 16_000  # prompts shorter than this render on the event loop (a few ms at most)
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)  # latency (s)
-
-
-class HeldTooLong(Exception):
-    """A call waited out the pause's maximum hold time."""
-
-
-class Gate:
-    """Pause/resume with drain: `enter`/`leave` around each call; `pause` waits for in-flight calls."""
-
-    def __init__(self) -> None:
-        self._open = asyncio.Event()
-        self._drained = asyncio.Event()  # no call in flight
-        self._open.set()
-        self._drained.set()
-        self.inflight = 0  # calls in flight
-        self.waiting = 0  # calls held by a pause
-
-    @property
-    def paused(self) -> bool:
-        return not self._open.is_set()
-
-    async def enter(self, max_hold_s: float) -> None:
-        if not self._open.is_set():
-            self.waiting += 1
-            try:
-                await self._wait_open(max_hold_s)
-            finally:
-                self.waiting -= 1
-        self.inflight += 1
-        self._drained.clear()
-
-    async def _wait_open(self, max_hold_s: float) -> None:
-        """Waits until the gate is open when this call runs. A call woken by a resume runs later
-        than the resume: if a pause closed the gate in between (replicas follow the store's pause
-        and resume within one sync), it waits again, or it would be served during that pause."""
-        deadline = time.monotonic() + max_hold_s
-        while not self._open.is_set():
-            left = deadline - time.monotonic()
-            try:
-                await asyncio.wait_for(self._open.wait(), max(left, 0))
-            except TimeoutError as e:
-                raise HeldTooLong(
-                    f"the gateway has been paused for more than {max_hold_s:.0f} s"
-                ) from e
-
-    def leave(self) -> None:
-        self.inflight -= 1
-        if self.inflight == 0:
-            self._drained.set()
-
-    async def pause(self) -> None:
-        self._open.clear()
-        await self._drained.wait()
-
-    def resume(self) -> None:
-        self._open.set()
-
-
-class Metrics:
-    """The gateway's Prometheus metrics, in a registry of their own (what `/metrics` shows)."""
-
-    def __init__(self, gate: Gate) -> None:
-        registry = CollectorRegistry()
-        self.registry = registry
-        self.calls = Counter(
-            "agl_calls", "Recorded model calls", ["agent", "api"], registry=registry
-        )
-        self.errors = Counter(
-            "agl_call_errors",
-            "Harness calls answered with an error",
-            ["status", "kind"],
-            registry=registry,
-        )
-        self.tokens = Counter("agl_tokens", "Tokens of recorded calls", ["kind"], registry=registry)
-        self.latency = Histogram(
-            "agl_call_latency_seconds",
-            "Time from receiving a call to recording it",
-            buckets=BUCKETS,
-            registry=registry,
-        )
-        inflight = Gauge("agl_inflight_calls", "Calls being served", registry=registry)
-        inflight.set_function(lambda: gate.inflight)
-        paused = Gauge("agl_paused", "1 while the gateway is paused", registry=registry)
-        paused.set_function(lambda: gate.paused)
-        self.rollouts = Gauge("agl_rollouts", "Rollouts by status", ["status"], registry=registry)
-        about = "Prompts by how they extend the rollout's calls"
-        self.prefix = Counter("agl_prefix", about, ["kind"], registry=registry)
-        about = "Requests refused: the rollout's storage budget"
-        self.over_budget = Counter("agl_over_budget", about, registry=registry)
-        about = "Rollouts that asked for what no prompt shows, by request field"
-        self.not_honoured = Counter("agl_not_honoured", about, ["field"], registry=registry)
 
 
 @dataclass(frozen=True)
-class _Sampled:
-    """A generation through its first stop string: the tokens and logprobs kept, why it finished,
-    the stop string that ended it ("" if none), its visible text, and that text before the cut."""
+class Served:
+    """One choice of a call, recorded: its completion, the token IDs sampled, and their text
+    before any stop string cut (None for a replayed call, whose text was not kept)."""
 
-    ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length" | "stop_sequence"
-    stop_sequence: str
-    text: str
-    sampled_text: str
+    completion: Completion
+    response_ids: list[int]
+    sampled_text: str | None
 
 
 class Proxy:
@@ -167,13 +73,13 @@ class Proxy:
         room: Room,
         honours_seed: bool,
     ) -> None:
+        """`room`: what the engine takes of one request; `honours_seed`: whether the engines use
+        a request's seed (sglang: only in deterministic mode)."""
         self.store = store
         self.engines = engines
         self.renderer = renderer
-        self.room = room  # what the engine takes of one request
         self.settings = settings
-        # the engines use a request's seed (sglang: only in deterministic mode)
-        self.honours_seed = honours_seed
+        self.sampler = Sampler(renderer, room, settings, store, honours_seed=honours_seed)
         # The version served: the latest registered until a resume names one.
         latest = store.latest_model()
         self.version = 0
@@ -188,8 +94,6 @@ class Proxy:
         self.parse_request: RequestParser | None = None
         self.started = time.time()
         self.rollouts = RolloutStates(since=self.started)
-        self.agents: set[str] = set()  # the agent labels in /metrics
-        self.fields: set[str] = set()  # the field labels of agl_not_honoured
 
     # ------------------------------------------------------------------ pause, resume, forget
 
@@ -272,16 +176,13 @@ class Proxy:
         recent = await self._recent(ask.rollout, state, params.n)
         await self._catch_up(state, recent)
         prompt = await self._render(state, messages, tools, params)
-        out = await self._serve(ask, state, prompt.ids, params, recent, parse=True, live=live)
+        served = await self._serve(ask, state, prompt.ids, params, recent, parse=True, live=live)
         self._classify(ask, prompt)
         self._not_honoured(ask, state, params)
-        first, ids, sampled_text = out[0]
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.
-        asyncio.get_running_loop().call_soon(
-            self._remember, state, prompt, ids, first.reply, sampled_text
-        )
-        return [c for c, _, _ in out]
+        asyncio.get_running_loop().call_soon(self._remember, state, prompt, served[0])
+        return [s.completion for s in served]
 
     async def complete(
         self, ask: Ask, prompt_ids: list[int], params: Params, live: Live | None = None
@@ -294,9 +195,9 @@ class Proxy:
             raise RenderError("the prompt has token IDs outside the vocabulary")
         state = self.rollouts.of(ask.rollout.id)
         recent = await self._recent(ask.rollout, state, params.n)
-        out = await self._serve(ask, state, prompt_ids, params, recent, parse=False, live=live)
+        served = await self._serve(ask, state, prompt_ids, params, recent, parse=False, live=live)
         self._not_honoured(ask, state, params)
-        return [c for c, _, _ in out]
+        return [s.completion for s in served]
 
     async def _recent(self, rollout: Rollout, state: RolloutState, n: int) -> list[Call]:
         """The rollout's last `n` calls, in order, for `_catch_up` and `_replayed`: with replicas
@@ -382,17 +283,14 @@ class Proxy:
             data = {"class": prompt.mismatch, "agent": ask.agent}
             self.store.append_event(ask.rollout.id, "prefix_mismatch", data)
 
-    def _remember(
-        self,
-        state: RolloutState,
-        prompt: Prompt,
-        response_ids: list[int],
-        reply: Message,
-        text: str | None,
-    ) -> None:
+    def _remember(self, state: RolloutState, prompt: Prompt, served: Served) -> None:
         """Keeps the transcript a call made in the rollout's record."""
         state.transcripts = self.renderer.remember(
-            state.transcripts, prompt, response_ids, reply, text
+            state.transcripts,
+            prompt,
+            served.response_ids,
+            served.completion.reply,
+            served.sampled_text,
         )
 
     def _not_honoured(self, ask: Ask, state: RolloutState, params: Params) -> None:
@@ -400,7 +298,7 @@ class Proxy:
         engine does not honour, in a `not_honoured` event. Once the call is recorded: a refused
         request stores only its error."""
         asked = set(params.not_honoured)
-        if params.seed is not None and not self.honours_seed:
+        if params.seed is not None and not self.sampler.honours_seed:
             asked.add("seed")
         fresh = sorted(asked - state.not_honoured)
         if not fresh:
@@ -408,7 +306,7 @@ class Proxy:
         state.not_honoured.update(fresh)
         self.store.append_event(ask.rollout.id, "not_honoured", {"fields": fresh})
         for name in fresh:
-            self.metrics.not_honoured.labels(self._label(self.fields, name)).inc()
+            self.metrics.count_not_honoured(name)
 
     async def _serve(
         self,
@@ -420,15 +318,21 @@ class Proxy:
         *,
         parse: bool,
         live: Live | None,
-    ) -> list[tuple[Completion, list[int], str | None]]:
-        """`params.n` replies, each one recorded call: (completion, sampled IDs, their text before
-        any stop string cut, if known). A retry after a crash gets the recorded ones (`recent`:
-        the rollout's last calls, as `_recent` read them). `live`: the first reply's text as it
-        is sampled."""
+    ) -> list[Served]:
+        """`params.n` replies, each one recorded call. A retry after a crash gets the recorded
+        ones (`recent`: the rollout's last calls, as `_recent` read them). `live`: the first
+        reply's text as it is sampled."""
         replayed = await self._replayed(ask, state, recent, params.n)
         if replayed is not None:
-            return [(self._completion(c, parse), list(c.response_ids), None) for c in replayed]
-        out: list[tuple[Completion, list[int], str | None]] = []
+            return [
+                Served(
+                    completion=self._completion(c, parse),
+                    response_ids=list(c.response_ids),
+                    sampled_text=None,
+                )
+                for c in replayed
+            ]
+        out: list[Served] = []
         for i in range(params.n):
             shown_to = live if i == 0 else None
             out.append(
@@ -462,11 +366,10 @@ class Proxy:
         *,
         parse: bool,
         live: Live | None,
-    ) -> tuple[Completion, list[int], str]:
-        """One sampled, recorded reply: (completion, sampled IDs, their text before any stop
-        string cut). `live`: its text as it is sampled."""
-        max_tokens = self._max_tokens(ask, len(prompt), params)
-        sampling = self._sampling(ask, params, max_tokens, index)
+    ) -> Served:
+        """One sampled, recorded reply. `live`: its text as it is sampled."""
+        max_tokens = self.sampler.max_tokens(ask, len(prompt), params)
+        sampling = self.sampler.sampling(ask, params, max_tokens, index)
         started = time.monotonic()
         await self.gate.enter(self.settings.max_hold_s)
         try:
@@ -477,7 +380,7 @@ class Proxy:
                 )
             else:
                 generation = await self._generate_live(ask, prompt, sampling, params, live, parse)
-            sampled = self._through_stop(generation, params.stop)
+            sampled = self.sampler.through_stop(generation, params.stop)
             response = {
                 "text": sampled.text,
                 "api": ask.api,
@@ -508,9 +411,11 @@ class Proxy:
             state.last_call = recorded
         latency_s = time.monotonic() - started
         asyncio.get_running_loop().call_soon(
-            self._count, ask, len(prompt), len(sampled.ids), latency_s
+            self.metrics.count_call, ask.agent, ask.api, len(prompt), len(sampled.ids), latency_s
         )
-        return completion, sampled.ids, sampled.sampled_text
+        return Served(
+            completion=completion, response_ids=sampled.ids, sampled_text=sampled.sampled_text
+        )
 
     def _record(self, ask: Ask, state: RolloutState, call: Call, index: int) -> "Future[Call]":
         """Records a sampled call, charged with the request's body if it is its first choice (the
@@ -560,92 +465,6 @@ class Proxy:
             raise EngineError(f"{replica}: the generation's stream ended without a finish reason")
         return Generation(output_ids=ids, logprobs=logprobs, finish_reason=finish, replica=replica)
 
-    def _max_tokens(self, ask: Ask, prompt_tokens: int, params: Params) -> int:
-        """The completion's budget: the request's, else the default as far as the engine has room
-        (`Room`: sglang's sizes). One past the room is lowered to it where `fit_max_tokens`
-        allows (an event says so), else refused; so is a prompt longer than the engine takes."""
-        room = self.room
-        if prompt_tokens > room.max_prompt:
-            raise ContextOverflow(
-                f"This model's maximum context length is {room.context_length} tokens, and a "
-                f"prompt may have at most {room.max_prompt} of them. However, your messages "
-                f"resulted in {prompt_tokens} tokens."
-            )
-        left = room.completion(prompt_tokens)
-        max_tokens = params.max_tokens
-        if max_tokens is None:
-            max_tokens = min(self.settings.default_max_tokens, left)
-        if max_tokens > left and 0 < self.settings.fit_max_tokens <= left:
-            lowered = {"asked": max_tokens, "to": left}
-            self.store.append_event(ask.rollout.id, "max_tokens_lowered", lowered)
-            max_tokens = left
-        if max_tokens > left:
-            raise ContextOverflow(
-                f"This model's maximum context length is {room.context_length} tokens. However, "
-                f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                f"messages, {max_tokens} in the completion); the messages leave room for {left}."
-            )
-        return max_tokens
-
-    def _sampling(self, ask: Ask, params: Params, max_tokens: int, index: int) -> JSON:
-        """The engine's sampling parameters: the request's, overridden by the rollout's own
-        (set by whoever made the rollout: greedy validation)."""
-        sampling: JSON = {
-            "max_new_tokens": max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "stop_token_ids": sorted(self.renderer.end_ids),
-        }
-        if params.seed is not None and self.honours_seed:
-            sampling["sampling_seed"] = params.seed + index
-        sampling |= ask.rollout.metadata.get("sampling") or {}
-        # "no top-k" in OpenAI-style APIs; sglang refuses 0 and spells it -1
-        if sampling["top_k"] == 0:
-            sampling["top_k"] = -1
-        return sampling
-
-    def _through_stop(self, generation: Generation, stops: list[str]) -> _Sampled:
-        """The generation cut after its first stop string, if it holds one (`_stop_at`)."""
-        ids = generation.output_ids
-        logprobs = generation.logprobs
-        finish = "stop"
-        if generation.finish_reason == "length":
-            finish = "length"
-        stop_sequence = ""
-        if stops:
-            kept, stop_sequence = self._stop_at(ids, stops)
-            ids = ids[:kept]
-            logprobs = logprobs[:kept]
-        sampled_text = self.renderer.reply_text(ids)
-        text = sampled_text
-        if stop_sequence:
-            finish = "stop_sequence"
-            text = sampled_text[: sampled_text.find(stop_sequence)]
-        return _Sampled(
-            ids=ids,
-            logprobs=logprobs,
-            finish_reason=finish,
-            stop_sequence=stop_sequence,
-            text=text,
-            sampled_text=sampled_text,
-        )
-
-    def _count(self, ask: Ask, prompt_tokens: int, response_tokens: int, latency_s: float) -> None:
-        self.metrics.calls.labels(self._label(self.agents, ask.agent), ask.api).inc()
-        self.metrics.tokens.labels("prompt").inc(prompt_tokens)
-        self.metrics.tokens.labels("response").inc(response_tokens)
-        self.metrics.latency.observe(latency_s)
-
-    @staticmethod
-    def _label(values: set[str], value: str) -> str:
-        """`value` as a metric label: harnesses name agents and tool types, so a label's values
-        are capped."""
-        if value not in values and len(values) >= MAX_LABELS:
-            return "other"
-        values.add(value)
-        return value
-
     def _completion(self, call: Call, parse: bool) -> Completion:
         """The reply of a recorded call; `parse`: split off its reasoning, and its tool calls if
         tools were offered (the request's `tools`, in every wire format; a call of a tool not
@@ -669,18 +488,3 @@ class Proxy:
             logprobs=call.logprobs,
             tokens=tokens,
         )
-
-    def _stop_at(self, ids: list[int], stops: list[str]) -> tuple[int, str]:
-        """How many sampled tokens to keep, and the stop string they end with: the fewest whose
-        text holds the first stop string whole. The tokens kept are exactly what was sampled."""
-        text = self.renderer.decode(ids)
-        found = [(text.find(s), s) for s in stops if s and s in text]
-        if not found:
-            return len(ids), ""
-        pos, stop = min(found)
-        # The text of ids[:k] grows with k: a binary search for the first k that reaches past the
-        # stop string.
-        kept = bisect.bisect_left(
-            range(len(ids)), pos + len(stop), lo=1, key=lambda k: len(self.renderer.decode(ids[:k]))
-        )
-        return kept, stop

@@ -14,7 +14,7 @@ import pytest
 from agl.store import Store
 from agl.types import Charge, Status
 from gateway.engines import Room
-from gateway.proxy import Gate, Proxy
+from gateway.proxy import Proxy
 from gateway.rollouts import RolloutStates
 from gateway.settings import GatewaySettings
 
@@ -87,23 +87,3 @@ def test_a_rollout_made_since_a_gateway_alone_on_sqlite_started_is_not_read_for_
     for rollout in (older, newer):
         asyncio.run(proxy._recent(rollout, proxy.rollouts.of(rollout.id), 1))
     assert reads == [older.id]
-
-
-def test_a_call_woken_by_a_resume_waits_again_if_a_pause_closed_the_gate_first():
-    """Replicas follow the store's pause and resume: a resume and the next pause can come before a
-    call the resume woke has run. That call must not be served during the new pause."""
-
-    async def scenario() -> None:
-        gate = Gate()
-        await gate.pause()
-        held = asyncio.create_task(gate.enter(5))
-        await asyncio.sleep(0)  # it waits at the gate
-        gate.resume()
-        paused = asyncio.create_task(gate.pause())  # before the woken call runs
-        await asyncio.sleep(0.05)
-        assert paused.done() and not held.done() and gate.inflight == 0
-        gate.resume()
-        await held
-        assert gate.inflight == 1
-
-    asyncio.run(scenario())

@@ -16,7 +16,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from bench import soak
-from gateway.proxy import INLINE_CHARS, MAX_LABELS
+from gateway.metrics import MAX_LABELS
+from gateway.proxy import INLINE_CHARS
 from gateway.render import Renderer
 from tests.gateway.stack import ADMIN, Stack, stack
 
