@@ -37,7 +37,7 @@ from gateway.proxy import Proxy
 from gateway.render import Renderer
 from gateway.routes import admin_routes, harness_routes, open_routes, rollout_routes
 from gateway.settings import GatewaySettings
-from gateway.types import RenderError, TooLarge
+from gateway.types import Peers, RenderError, TooLarge
 
 log = logging.getLogger(__name__)
 ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
@@ -201,11 +201,11 @@ def _error_handler(proxy: Proxy, store: Store) -> ErrorHandler:
 # ---------------------------------------------------------------------------- the app
 
 
-def make_app(
-    settings: GatewaySettings, store: Store, engines: EngineClient, info: EngineInfo
-) -> FastAPI:
-    """The gateway's ASGI app over an open store and engine client, given what the engine says of
-    itself."""
+def _proxy(
+    settings: GatewaySettings, store: Store, engines: EngineClient, info: EngineInfo, peers: Peers
+) -> Proxy:
+    """The recording path over an open store and engine client, given what the engine says of
+    itself; `peers`: the count of the other live gateways, which the fleet keeps."""
     from transformers import AutoTokenizer  # slow to import: only where a tokenizer is loaded
 
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or info.tokenizer_path)
@@ -220,10 +220,26 @@ def make_app(
     if honours_seed is None:
         # the embedded engine; sglang only with settings it cannot report
         honours_seed = info.owned_by == "agl"
-    room = Room(context_length=context_length, pool_tokens=info.pool_tokens)
-    proxy = Proxy(store, engines, renderer, settings, room=room, honours_seed=honours_seed)
-    proxy.parse_request = partial(wire.parse_recorded, thinking_switch=renderer.thinking_switch)
-    replicas = Replicas(store, proxy, address=f"{settings.host}:{settings.port}")
+    return Proxy(
+        store,
+        engines,
+        renderer,
+        settings,
+        room=Room(context_length=context_length, pool_tokens=info.pool_tokens),
+        honours_seed=honours_seed,
+        parse_request=partial(wire.parse_recorded, thinking_switch=renderer.thinking_switch),
+        peers=peers,
+    )
+
+
+def make_app(
+    settings: GatewaySettings, store: Store, engines: EngineClient, info: EngineInfo
+) -> FastAPI:
+    """The gateway's ASGI app over an open store and engine client, given what the engine says of
+    itself."""
+    peers = Peers()  # counted by `replicas`, read by `proxy`
+    proxy = _proxy(settings, store, engines, info, peers)
+    replicas = Replicas(store, proxy, peers, address=f"{settings.host}:{settings.port}")
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

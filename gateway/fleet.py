@@ -29,6 +29,7 @@ from dataclasses import replace
 from agl.store import Store
 from agl.types import Fleet, Gateway
 from gateway.proxy import Proxy
+from gateway.types import Peers
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,11 @@ TTL_S = 10.0  # a replica whose heartbeat is older than this no longer counts (s
 class Replicas:
     """Keeps this gateway registered and its gate following the fleet's pause and version."""
 
-    def __init__(self, store: Store, proxy: Proxy, address: str) -> None:
+    def __init__(self, store: Store, proxy: Proxy, peers: Peers, address: str) -> None:
+        """`peers`: the proxy's count of the other live gateways, kept here."""
         self.store = store
         self.proxy = proxy
+        self.peers = peers
         now = time.time()
         self.me = Gateway(
             id=proxy.id,
@@ -108,7 +111,7 @@ class Replicas:
                 return  # read before one already followed (a sync racing a pause or resume)
             self.serial = state.serial
             if state.version is not None:
-                self.proxy.version = state.version
+                self.proxy.serve_version(state.version)
             if state.paused and self.drained_epoch < state.epoch:
                 await self.proxy.pause()
                 self.drained_epoch = state.epoch
@@ -125,7 +128,7 @@ class Replicas:
         known to the others within `SYNC_S`, before long its first call."""
         state, alive = await asyncio.to_thread(self._read)
         await self._follow(state)
-        self.proxy.peers = sum(1 for g in alive if g.id != self.me.id)
+        self.peers.count = sum(1 for g in alive if g.id != self.me.id)
 
     def _read(self) -> tuple[Fleet, list[Gateway]]:
         """`_sync`'s two reads, in one trip to a thread (it runs ten times a second)."""

@@ -41,6 +41,7 @@ from gateway.types import (
     Live,
     Message,
     Params,
+    Peers,
     RenderError,
     TooLarge,
 )
@@ -72,14 +73,21 @@ class Proxy:
         *,
         room: Room,
         honours_seed: bool,
+        parse_request: RequestParser,
+        peers: Peers,
     ) -> None:
         """`room`: what the engine takes of one request; `honours_seed`: whether the engines use
-        a request's seed (sglang: only in deterministic mode)."""
+        a request's seed (sglang: only in deterministic mode); `parse_request`: a recorded request
+        of a wire format ("chat", "responses", "messages") parsed as when it came in (the proxy
+        does not parse wire formats); `peers`: the other live gateways on the store, which
+        `gateway/fleet.py` counts."""
         self.store = store
         self.engines = engines
         self.renderer = renderer
         self.settings = settings
         self.sampler = Sampler(renderer, room, settings, store, honours_seed=honours_seed)
+        self.parse_request = parse_request
+        self.peers = peers
         # The version served: the latest registered until a resume names one.
         latest = store.latest_model()
         self.version = 0
@@ -88,10 +96,6 @@ class Proxy:
         self.gate = Gate()
         self.metrics = Metrics(self.gate)
         self.id = uuid.uuid4().hex  # this gateway's, recorded on its calls
-        self.peers = 0  # the other live gateways on the store (`gateway/fleet.py` keeps it)
-        # A recorded request of a wire format ("chat", "responses", "messages") parsed as when it
-        # came in (`gateway/app.py` sets it; the proxy does not parse wire formats).
-        self.parse_request: RequestParser | None = None
         self.started = time.time()
         self.rollouts = RolloutStates(since=self.started)
 
@@ -106,8 +110,12 @@ class Proxy:
     def resume(self, version: int | None = None) -> None:
         """Serves the held calls and new ones, under model `version` from now on, if given."""
         if version is not None:
-            self.version = version
+            self.serve_version(version)
         self.gate.resume()
+
+    def serve_version(self, version: int) -> None:
+        """Serves model `version` from the next call on (a call in flight keeps its own)."""
+        self.version = version
 
     def state(self) -> JSON:
         """Whether calls are held, the model version served, and the calls in flight and held."""
@@ -206,7 +214,7 @@ class Proxy:
         read). Each is read through its chain back to the last call this gateway recorded or
         read (`RolloutState.last_call`; `Store.last_calls`): a link or two, whatever the
         conversation's length."""
-        if self.peers == 0 and (state.replay_checked or self._only_here(rollout)):
+        if self.peers.count == 0 and (state.replay_checked or self._only_here(rollout)):
             return []
         return await asyncio.to_thread(self.store.last_calls, rollout.id, n, known=state.last_call)
 
@@ -222,7 +230,7 @@ class Proxy:
         tokens that call sampled (prefix preservation whichever replica a call reaches): its
         request parsed as when it came in, its prompt IDs and sampled IDs as recorded. The call
         this gateway records next is stored as its extension (`Store.append_call`'s `follows`)."""
-        if self.peers == 0 or self.parse_request is None or not recent:
+        if self.peers.count == 0 or not recent:
             return
         call = recent[-1]
         if call.gateway == self.id or call.seq == state.caught_up:
@@ -407,7 +415,7 @@ class Proxy:
             recorded = await asyncio.wrap_future(appended)
         finally:
             self.gate.leave()
-        if self.peers:  # what a later read of this rollout's calls stops at (`_recent`)
+        if self.peers.count:  # what a later read of this rollout's calls stops at (`_recent`)
             state.last_call = recorded
         latency_s = time.monotonic() - started
         asyncio.get_running_loop().call_soon(

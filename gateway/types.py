@@ -1,6 +1,6 @@
 """The shapes the gateway's modules hand each other: a normalized chat message, a harness's
-call as received, its sampling parameters, one sampled reply, and the text of a reply shown
-while it is sampled. Standard library only; wire
+call as received, its sampling parameters, one sampled reply, the text of a reply shown
+while it is sampled, and the count of the gateway's live peers. Standard library only; wire
 schemas (pydantic) are in `gateway/wire/`, stored records in `agl/types.py`.
 """
 
@@ -169,3 +169,12 @@ class Live:
 
     prompt_tokens: int = 0
     parts: asyncio.Queue[Part | None] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class Peers:
+    """The other live gateways on the store: `gateway/fleet.py` counts them, the proxy reads the
+    count (a gateway alone reads a rollout's recorded calls less often: no other one records
+    them)."""
+
+    count: int = 0

@@ -10,6 +10,7 @@ import pytest
 
 from agl.store import Store
 from gateway.fleet import SYNC_S, Replicas
+from gateway.types import Peers
 
 
 def test_a_gateway_alone_on_a_sqlite_store_reads_the_fleet_only_when_it_starts(
@@ -26,10 +27,12 @@ def test_a_gateway_alone_on_a_sqlite_store_reads_the_fleet_only_when_it_starts(
             return fleet()
 
         monkeypatch.setattr(store, "fleet", counted)
-        proxy: Any = SimpleNamespace(id="g", version=0, peers=0, gate=SimpleNamespace(paused=False))
+        proxy: Any = SimpleNamespace(
+            id="g", serve_version=lambda version: None, gate=SimpleNamespace(paused=False)
+        )
 
         async def serve_a_while() -> None:
-            replicas = Replicas(store, proxy, address="127.0.0.1:0")
+            replicas = Replicas(store, proxy, Peers(), address="127.0.0.1:0")
             await replicas.join()
             await asyncio.sleep(5 * SYNC_S)
             await replicas.leave()

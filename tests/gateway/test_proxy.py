@@ -17,6 +17,7 @@ from gateway.engines import Room
 from gateway.proxy import Proxy
 from gateway.rollouts import RolloutStates
 from gateway.settings import GatewaySettings
+from gateway.types import Peers
 
 
 @pytest.fixture
@@ -28,7 +29,16 @@ def store(tmp_path: Path) -> Iterator[Store]:
 def proxy_on(store: Store) -> Proxy:
     unused: Any = None  # the engines and the renderer: no call is sampled
     room = Room(context_length=2048)
-    return Proxy(store, unused, unused, GatewaySettings(), room=room, honours_seed=True)
+    return Proxy(
+        store,
+        unused,
+        unused,
+        GatewaySettings(),
+        room=room,
+        honours_seed=True,
+        parse_request=unused,  # no call of another gateway is caught up on
+        peers=Peers(),
+    )
 
 
 def test_a_rollout_s_state_is_forgotten_when_it_ends_or_goes_back_to_the_queue(store: Store):
