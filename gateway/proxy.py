@@ -8,7 +8,7 @@
   (`gateway/rollouts.py`), forgotten when the rollout ends; with replicas, the calls another
   gateway recorded, caught up on.
 - Uses: `gateway/sampling.py` for the token budget, sampling parameters and stop strings;
-  `gateway/metrics.py` for what `/metrics` counts.
+  `gateway/air.py` for AIR's rewards; `gateway/metrics.py` for what `/metrics` counts.
 - Does not: parse wire formats, authenticate or render templates (`wire/`, `auth.py`,
   `render.py`), nor speak the engine's HTTP (`engines.py`).
 """
@@ -26,6 +26,7 @@ from functools import partial
 
 from agl.store import Store
 from agl.types import JSON, Call, Charge, Rollout, Status
+from gateway.air import Air
 from gateway.engine_replies import EngineError, Generation
 from gateway.engines import EngineClient, Room
 from gateway.gate import Gate
@@ -86,6 +87,7 @@ class Proxy:
         self.renderer = renderer
         self.settings = settings
         self.sampler = Sampler(renderer, room, settings, store, honours_seed=honours_seed)
+        self.air = Air(settings, store)
         self.parse_request = parse_request
         self.peers = peers
         # The version served: the latest registered until a resume names one.
@@ -177,9 +179,10 @@ class Proxy:
         params: Params,
         live: Live | None = None,
     ) -> list[Completion]:
-        """The replies to a chat call, on the rollout's transcripts; the prompt is classified and
-        the transcript kept once the calls are recorded. `live`: the reply's text is put there as
-        it is sampled (one choice)."""
+        """The replies to a chat call, on the rollout's transcripts; the prompt is classified,
+        the transcript kept and AIR's reward of the tool results it sends back posted once the
+        calls are recorded. `live`: the reply's text is put there as it is sampled (one choice)."""
+        penalty = await self.air.penalty(ask, messages)  # before this call is recorded
         state = self.rollouts.of(ask.rollout.id)
         recent = await self._recent(ask.rollout, state, params.n)
         await self._catch_up(state, recent)
@@ -190,6 +193,9 @@ class Proxy:
         # Bookkeeping runs once the reply is on its way. Still before this rollout's next call: a
         # request's task starts from a callback queued after this one.
         asyncio.get_running_loop().call_soon(self._remember, state, prompt, served[0])
+        # Once the call is recorded: a refused request changes nothing stored.
+        if penalty is not None:
+            await self.air.post(ask.rollout.id, penalty)
         return [s.completion for s in served]
 
     async def complete(

@@ -25,7 +25,7 @@ from gateway.auth import Auth, AuthError, Caller, Role, caller_of
 from gateway.fleet import Replicas
 from gateway.proxy import Proxy
 from gateway.settings import GatewaySettings
-from gateway.types import CONTENT, REASONING, Ask, Completion, Live, Message, Part, RenderError
+from gateway.types import CONTENT, REASONING, Ask, Completion, Live, Part, RenderError
 
 # Of a request body's JSON: tool schemas nest a few levels; the store's encoder stops near 1,000.
 MAX_DEPTH = 64
@@ -279,27 +279,6 @@ async def _next_part(live: Live, serving: "asyncio.Task[list[Completion]]") -> P
     return part
 
 
-async def _air_penalty(proxy: Proxy, ask: Ask, messages: list[Message]) -> JSON | None:
-    """AIR: `air_tool_error_reward` for each tool result this request sends back (after its last
-    assistant message) that reports an error (`is_error`, or `air_error_pattern` in its text), as
-    the `reward` of the agent's call that asked for the tools (its `call_seq`); None when none did,
-    or AIR is off."""
-    reward = proxy.settings.air_tool_error_reward
-    pattern = proxy.settings.air_error_pattern
-    last = (i for i in reversed(range(len(messages))) if messages[i].role == "assistant")
-    start = next(last, None)
-    if reward is None or start is None:
-        return None
-    results = [m for m in messages[start + 1 :] if m.role == "tool"]
-    failed = sum(m.is_error or bool(pattern and pattern.search(m.content)) for m in results)
-    if not failed:
-        return None
-    seq = await asyncio.to_thread(proxy.store.last_seq, ask.rollout.id, ask.agent)
-    if seq is None:
-        return None
-    return {"reward": failed * reward, "call_seq": seq}
-
-
 def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
     """The model calls, each with a live rollout's agent token; every reply is recorded first."""
     router = APIRouter()
@@ -313,17 +292,9 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             req = await body(request, schema)
             messages, tools, params = req.parse(proxy.renderer.thinking_switch)
             asked = _ask(request, rollout, api, req, charge)
-            air = await _air_penalty(proxy, asked, messages)
 
             async def serve(live: Live | None) -> list[Completion]:
-                completions = await proxy.chat(asked, messages, tools, params, live)
-                # Once the call is recorded: a refused request changes nothing stored.
-                if air:
-                    posted = proxy.store.set_reward(
-                        rollout.id, **air, source="air:tool_error", final=False
-                    )
-                    await wrap_future(posted)
-                return completions
+                return await proxy.chat(asked, messages, tools, params, live)
 
             return await _answer(request, proxy, req, serve)
 
