@@ -37,3 +37,34 @@ def test_each_features_modules_exist_once() -> None:
     assert len(modules) == len(set(modules))
     for name in modules:
         assert (ROOT / name.strip()).is_file(), name
+
+
+def reading_rows() -> list[str]:
+    lines = run_loc("--reading").splitlines()
+    return [line.split("|")[1].strip().strip("`") for line in lines if line.startswith("| `")]
+
+
+def test_every_core_module_is_on_the_reading_path_once() -> None:
+    """A new core module joins the path (or a feature); an optional one is not on it."""
+    path = reading_rows()
+    assert len(path) == len(set(path))
+    features = run_loc("--markdown").splitlines()[2:]
+    optional = {
+        n.strip() for row in features for n in row.split("|")[3].replace("`", "").split(",")
+    }
+    core = set()
+    for component in ["agl", "gateway", "controller", "trainer", "adapters"]:
+        for module in (ROOT / component).rglob("*.py"):
+            name = str(module.relative_to(ROOT))
+            if module.name != "__init__.py" and "migrations" not in module.parts:
+                core.add(name)
+    assert set(path) == core - optional
+    assert not set(path) & optional
+
+
+def test_docs_give_the_reading_path_in_the_tools_order() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Reading the code")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = [row.split("|")[1].strip().strip("`") for row in rows]
+    assert documented == reading_rows()
