@@ -41,21 +41,24 @@ def streamed(prompt: list[int], max_new_tokens: int, rid: str) -> dict[str, Any]
     }
 
 
+def fail_unless_ok(reply: httpx.Response, where: str, check: str) -> None:
+    """An answer other than a 200 fails `check`, naming `where`, the status and the reply's start."""
+    if reply.status_code != 200:
+        reply.read()  # a stream's body is not read yet
+        raise CheckFailed(f"{where}: {reply.status_code} {reply.text[:200]}", FIXES[check])
+
+
 def get_json(http: httpx.Client, url: str, route: str, check: str) -> Any:
     """A GET's JSON; an answer other than a 200 fails `check`."""
     reply = http.get(url.rstrip("/") + route)
-    if reply.status_code != 200:
-        detail = f"{url}{route}: {reply.status_code} {reply.text[:200]}"
-        raise CheckFailed(detail, FIXES[check])
+    fail_unless_ok(reply, f"{url}{route}", check)
     return reply.json()
 
 
 def generate_one(http: httpx.Client, url: str, body: dict[str, Any]) -> Sampled:
     """One engine's `/generate` reply, as the gateway would record it."""
     reply = http.post(url + "/generate", json=body)
-    if reply.status_code != 200:
-        detail = f"{url}/generate: {reply.status_code} {reply.text[:200]}"
-        raise CheckFailed(detail, FIXES["generate"])
+    fail_unless_ok(reply, f"{url}/generate", "generate")
     try:
         return parse_generation(reply.json())
     except MalformedReply as e:
@@ -73,10 +76,7 @@ def read_stream(
     `/abort_request` names its rid (the stream still read to its end)."""
     chunks: list[Any] = []
     with http.stream("POST", url + "/generate", json=body) as reply:
-        if reply.status_code != 200:
-            reply.read()
-            detail = f"{url}/generate: {reply.status_code} {reply.text[:200]}"
-            raise CheckFailed(detail, FIXES["stream"])
+        fail_unless_ok(reply, f"{url}/generate", "stream")
         for line in reply.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
