@@ -191,7 +191,7 @@ fleet = sa.Table(
     sa.Column("serial", sa.Integer, nullable=False),  # counts its changes: newer reads win
 )
 
-MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATIONS = Path(__file__).parent.parent / "migrations"
 # Rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each).
 MAX_CHAINS = 4096
 # SQLite: the write-ahead log's size past which the writer checkpoints it itself (bytes), when the
