@@ -13,20 +13,22 @@ anyone (it keeps only token hashes), speak HTTP, or decide policy such as when t
 gateway and the controller do.
 """
 
-from agl.store.store import (
-    MAX_CHAINS,
-    MIGRATIONS,
-    SQLITE_WAL_BOUND,
-    Created,
+from agl.store.errors import (
     IllegalTransition,
     InvalidData,
     NotFound,
     OverBudget,
     SchemaTooNew,
     SecondGateway,
-    Store,
     StoreError,
     StoreUnavailable,
+)
+from agl.store.store import (
+    MAX_CHAINS,
+    MIGRATIONS,
+    SQLITE_WAL_BOUND,
+    Created,
+    Store,
     calls,
     events,
     fleet,

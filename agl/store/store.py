@@ -39,6 +39,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from agl.settings import StoreSettings
+from agl.store.errors import (
+    IllegalTransition,
+    InvalidData,
+    NotFound,
+    OverBudget,
+    SchemaTooNew,
+    SecondGateway,
+    StoreError,
+    StoreUnavailable,
+)
 from agl.types import (
     ARRAYS,
     JSON,
@@ -56,38 +66,6 @@ from agl.types import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class StoreError(Exception):
-    """Base of the store's errors."""
-
-
-class NotFound(StoreError):
-    """A rollout (or other record) that does not exist."""
-
-
-class IllegalTransition(StoreError):
-    """A status change the rollout state machine does not allow, or a write to an ended rollout."""
-
-
-class InvalidData(StoreError):
-    """A malformed, oversized or inconsistent record; nothing was written."""
-
-
-class SchemaTooNew(StoreError):
-    """The database was migrated by a newer agl than this one."""
-
-
-class OverBudget(StoreError):
-    """A write that would take its rollout past its storage budget; nothing was written."""
-
-
-class StoreUnavailable(StoreError):
-    """The database could not be reached; nothing was written."""
-
-
-class SecondGateway(StoreError):
-    """A second gateway process on a SQLite store, which serves one."""
 
 
 # --------------------------------------------------------------------------- schema
