@@ -23,21 +23,23 @@ from agl.store.errors import (
     StoreError,
     StoreUnavailable,
 )
-from agl.store.store import (
-    MAX_CHAINS,
+from agl.store.schema import (
     MIGRATIONS,
     SQLITE_WAL_BOUND,
-    Created,
-    Store,
     calls,
     events,
     fleet,
     gateways,
-    hash_token,
     metadata,
     models,
-    new_token,
     rollouts,
+)
+from agl.store.store import (
+    MAX_CHAINS,
+    Created,
+    Store,
+    hash_token,
+    new_token,
     token_expired,
 )
 

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from agl.settings import StoreSettings
 from agl.store.errors import (
@@ -44,10 +44,24 @@ from agl.store.errors import (
     InvalidData,
     NotFound,
     OverBudget,
-    SchemaTooNew,
     SecondGateway,
     StoreError,
     StoreUnavailable,
+)
+from agl.store.schema import (
+    FLEET,
+    READ_ROLLOUT,
+    SQLITE_WAL_BOUND,
+    calls,
+    events,
+    fleet,
+    fleet_of,
+    gateways,
+    make_engine,
+    migrate,
+    models,
+    rollout_of,
+    rollouts,
 )
 from agl.types import (
     ARRAYS,
@@ -70,123 +84,19 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- schema
 
-metadata = sa.MetaData()
-
-rollouts = sa.Table(
-    "rollouts",
-    metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("task", sa.JSON, nullable=False),
-    sa.Column("group_id", sa.String(255), nullable=False, index=True),
-    sa.Column("mode", sa.String(16), nullable=False),
-    sa.Column("status", sa.String(16), nullable=False, index=True),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("reward", sa.Float, nullable=True),
-    sa.Column("failure_kind", sa.String(16), nullable=True),
-    sa.Column("metadata", sa.JSON, nullable=False),
-    sa.Column("agent_token_hash", sa.String(64), nullable=False, unique=True),
-    sa.Column("grader_token_hash", sa.String(64), nullable=True, unique=True),
-    sa.Column("n_calls", sa.Integer, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("started_at", sa.Float, nullable=True),
-    sa.Column("ended_at", sa.Float, nullable=True),
-    sa.Column("end_seq", sa.Integer, nullable=True, unique=True),
-    # Bytes its tokens' recorded requests and posted events have sent, against its budget.
-    sa.Column("sent_bytes", sa.BigInteger, nullable=False, server_default="0"),
-)
-
-calls = sa.Table(
-    "calls",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("rollout_id", sa.String(64), sa.ForeignKey("rollouts.id"), nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("seq", sa.Integer, nullable=False),
-    sa.Column("agent", sa.String(255), nullable=False),
-    sa.Column("model_version", sa.Integer, nullable=False),
-    sa.Column("request", sa.JSON, nullable=False),
-    sa.Column("response", sa.JSON, nullable=False),
-    sa.Column("prompt_ids", sa.LargeBinary, nullable=False),
-    sa.Column("response_ids", sa.LargeBinary, nullable=False),
-    sa.Column("logprobs", sa.LargeBinary, nullable=False),
-    sa.Column("finish_reason", sa.String(32), nullable=False),
-    sa.Column("latency_ms", sa.Float, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Column("temperature", sa.Float, nullable=True),  # NULL: recorded before 0002 (unknown)
-    # What it extends (`_Chains`); NULL: stored whole.
-    sa.Column("base", sa.JSON(none_as_null=True), nullable=True),
-    # The gateway (its `gateways.id`) that recorded it; NULL: recorded before 0004.
-    sa.Column("gateway", sa.String(64), nullable=True),
-    # Its request's fingerprint, which gateways read to find a retry before #58; since, they read
-    # the last call whole (`Store.last_calls`) and it is no longer written (NULL).
-    sa.Column("request_hash", sa.String(32), nullable=True),
-    sa.UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
-)
-
-events = sa.Table(
-    "events",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("rollout_id", sa.String(64), sa.ForeignKey("rollouts.id"), nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("data", sa.JSON, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-    sa.Index("ix_events_rollout", "rollout_id", "id"),
-)
-
-models = sa.Table(
-    "models",
-    metadata,
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("path", sa.Text, nullable=False),
-    sa.Column("endpoints", sa.JSON, nullable=False),
-    sa.Column("metadata", sa.JSON, nullable=False),
-    sa.Column("created_at", sa.Float, nullable=False),
-)
-
-# The gateways serving from this database (replicas, or one process): registered at start, each
-# with a heartbeat, and the pause epoch each last drained for.
-gateways = sa.Table(
-    "gateways",
-    metadata,
-    sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("address", sa.String(255), nullable=False),  # host:port, for people
-    sa.Column("pid", sa.Integer, nullable=False),
-    sa.Column("started_at", sa.Float, nullable=False),
-    sa.Column("heartbeat_at", sa.Float, nullable=False),
-    sa.Column("drained_epoch", sa.Integer, nullable=False),
-)
-
-# One row (id 1): whether the gateways hold new calls, the pause's number, the version served.
-fleet = sa.Table(
-    "fleet",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("paused", sa.Boolean, nullable=False),
-    sa.Column("epoch", sa.Integer, nullable=False),
-    sa.Column("version", sa.Integer, nullable=True),  # None: the latest registered model
-    sa.Column("serial", sa.Integer, nullable=False),  # counts its changes: newer reads win
-)
-
-MIGRATIONS = Path(__file__).parent.parent / "migrations"
 # Rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each).
 MAX_CHAINS = 4096
-# SQLite: the write-ahead log's size past which the writer checkpoints it itself (bytes), when the
-# checkpoint thread falls behind a burst of writes; the thread keeps it smaller in steady traffic.
-SQLITE_WAL_BOUND = 64 * 2**20
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(
     rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt
 )
-# The writes' statements, built once: SQLAlchemy then finds them compiled in its cache without
-# rebuilding their key.
-_READ_ROLLOUT = sa.select(rollouts).where(rollouts.c.id == sa.bindparam("rollout_id"))
+# Statements built once: SQLAlchemy then finds them compiled in its cache without rebuilding
+# their key.
 # The writes' read of a rollout, locked (PostgreSQL; SQLite's BEGIN IMMEDIATE already holds the
 # whole database) until the write commits, so that two gateway replicas changing one rollout take
 # turns. FOR NO KEY UPDATE: no write changes a rollout's id, and an event or call inserted for it
 # (whose foreign key takes a KEY SHARE lock) does not wait for this one.
-_ROLLOUT = _READ_ROLLOUT.with_for_update(key_share=True)
+_ROLLOUT = READ_ROLLOUT.with_for_update(key_share=True)
 # SET: the other parameters.
 _UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))
 # What appending a run of calls needs of their rollouts, locked as `_ROLLOUT` is: a replica that
@@ -284,15 +194,6 @@ def token_expired(token: str) -> bool:
 
 
 # --------------------------------------------------------------------------- row conversion
-
-
-def _rollout(row: Any) -> Rollout:
-    """A rollout from its row, or from a dict of its column values (those left out: unset)."""
-    values = row
-    if not isinstance(row, dict):
-        values = row._mapping
-    has_grader = values.get("grader_token_hash") is not None
-    return Rollout.from_dict({**values, "group": values["group_id"], "has_grader": has_grader})
 
 
 @dataclass(frozen=True)
@@ -508,7 +409,7 @@ def _rollout_row(conn: Connection, rollout_id: str) -> Any:
 def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollout:
     """Change some of a rollout's columns; the rollout as it now is."""
     conn.execute(_UPDATE_ROLLOUT, {"rollout_id": row.id, **values})
-    return _rollout({**row._mapping, **values})
+    return rollout_of({**row._mapping, **values})
 
 
 def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
@@ -541,7 +442,7 @@ def _op_create_rollout(
 ) -> Created:
     conn.execute(_INSERT_ROLLOUT, values)
     _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
-    return Created(rollout=_rollout(values), agent_token=agent, grader_token=grader)
+    return Created(rollout=rollout_of(values), agent_token=agent, grader_token=grader)
 
 
 def _op_transition(
@@ -580,9 +481,8 @@ def _op_transition(
     return _update_rollout(conn, row, values)
 
 
-# PostgreSQL advisory locks (any 64-bit keys no other lock of the database uses).
+# PostgreSQL advisory lock (a 64-bit key no other lock of the database uses).
 _ENDS_LOCK = 0x61676C_656E6473  # "agl", "ends": orders the ends
-_MIGRATE_LOCK = 0x61676C_6D6967  # "agl", "mig": one migration at a time
 
 
 def _serialize_ends(conn: Connection) -> None:
@@ -730,7 +630,7 @@ def _op_append_event(
     An event that changes none (the gateway's own: a prefix mismatch, fields not honoured) does not
     lock the rollout: its writer does not wait for another replica's writes to the rollout."""
     if not values and charge is None:
-        rows = conn.execute(_READ_ROLLOUT, {"rollout_id": rollout_id}).all()
+        rows = conn.execute(READ_ROLLOUT, {"rollout_id": rollout_id}).all()
         if not rows:
             raise NotFound(f"unknown rollout {rollout_id!r}")
         return _insert_event(conn, rollout_id, rows[0].attempt, kind, data)
@@ -770,7 +670,6 @@ def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
     return model
 
 
-_FLEET = sa.select(fleet).where(fleet.c.id == 1)
 # Read by every gateway ten times a second (`gateway/fleet.py`), so built once.
 _LIVE_GATEWAYS = (
     sa.select(gateways)
@@ -781,11 +680,7 @@ _LIVE_GATEWAYS = (
 
 def _fleet(conn: Connection) -> Fleet:
     """The fleet's row, locked until the write commits (PostgreSQL)."""
-    return _fleet_of(conn.execute(_FLEET.with_for_update()).one())
-
-
-def _fleet_of(row: Any) -> Fleet:
-    return Fleet(paused=row.paused, epoch=row.epoch, version=row.version, serial=row.serial)
+    return fleet_of(conn.execute(FLEET.with_for_update()).one())
 
 
 def _op_register_gateway(
@@ -874,69 +769,6 @@ def _file_bytes(path: Path) -> int:
         return 0
 
 
-def _make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
-    """An engine for the writer (one connection) or the readers; SQLite in WAL mode, its writer's
-    transactions taking the write lock at BEGIN. PostgreSQL's readers run each statement in
-    autocommit and are not pinged before use: a read is one round trip, not four (ping, BEGIN, the
-    statement, ROLLBACK); `Store._read` reconnects once if the server closed the connection."""
-    if not url.startswith("sqlite"):
-        if writer:
-            return sa.create_engine(url, pool_pre_ping=True, pool_size=1)
-        return sa.create_engine(url, pool_size=8, isolation_level="AUTOCOMMIT")
-    if url in ("sqlite://", "sqlite:///:memory:"):
-        raise StoreError(
-            "an in-memory SQLite store cannot be shared between threads; use a file URL"
-        )
-    engine = sa.create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below own transactions
-        dbapi_conn.execute("PRAGMA journal_mode=WAL")
-        dbapi_conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
-        dbapi_conn.execute("PRAGMA foreign_keys=ON")
-        if writer and settings.sqlite_checkpoint_s:
-            # The store checkpoints the log itself (`Store._checkpoint`), never inside a commit;
-            # a log grown past its bound is cut back to it once reused.
-            dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
-            dbapi_conn.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_BOUND}")
-
-    if writer:  # reads run in autocommit: each statement sees the latest commit
-
-        @sa.event.listens_for(engine, "begin")
-        def _on_begin(conn: Connection) -> None:
-            # The write lock at once, not at the first write; on a driver cursor, as SQLAlchemy's
-            # execute costs more.
-            conn.connection.cursor().execute("BEGIN IMMEDIATE")
-
-    return engine
-
-
-def _migrate(engine: Engine) -> None:
-    """Bring the schema to this code's head revision; refuse a database that is ahead of it."""
-    from alembic import command
-    from alembic.config import Config
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    known = {script.revision for script in ScriptDirectory.from_config(cfg).walk_revisions()}
-    with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            # Replicas starting at once on a new database: one migrates, the others then find it
-            # done (two at once collided on creating the tables).
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATE_LOCK})
-        current = MigrationContext.configure(conn).get_current_revision()
-        if current is not None and current not in known:
-            raise SchemaTooNew(
-                f"the database's schema revision {current!r} is newer than this agl knows "
-                f"({', '.join(sorted(known))}); upgrade agl to open it"
-            )
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
-
-
 # --------------------------------------------------------------------------- the store
 
 
@@ -974,15 +806,15 @@ class Store(contextlib.AbstractContextManager["Store"]):
         self.settings = settings or StoreSettings()
         # psycopg 3's dialect for a plain PostgreSQL URL.
         self.url = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", url or self.settings.url)
-        self._write_engine = _make_engine(self.url, self.settings, writer=True)
+        self._write_engine = make_engine(self.url, self.settings, writer=True)
         # SQLite serves one gateway process (`SecondGateway`); PostgreSQL, replicas.
         self.single_process = self._write_engine.dialect.name == "sqlite"
         try:
-            _migrate(self._write_engine)
+            migrate(self._write_engine)
         except BaseException:
             self._write_engine.dispose()
             raise
-        self._read_engine = _make_engine(self.url, self.settings, writer=False)
+        self._read_engine = make_engine(self.url, self.settings, writer=False)
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: stop
         self._conn: Connection | None = None
         self._chains = _Chains(MAX_CHAINS)  # the writer thread's only
@@ -1290,10 +1122,10 @@ class Store(contextlib.AbstractContextManager["Store"]):
             return list(conn.execute(statement, parameters))
 
     def get_rollout(self, rollout_id: str) -> Rollout:
-        rows = self._read(_READ_ROLLOUT, {"rollout_id": rollout_id})
+        rows = self._read(READ_ROLLOUT, {"rollout_id": rollout_id})
         if not rows:
             raise NotFound(f"unknown rollout {rollout_id!r}")
-        return _rollout(rows[0])
+        return rollout_of(rows[0])
 
     def rollout_for_token(self, token: str) -> tuple[Rollout, str] | None:
         """The rollout a token belongs to and the token's role, `agent` or `grader`."""
@@ -1302,8 +1134,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
         if not rows:
             return None
         if rows[0].agent_token_hash == digest:
-            return _rollout(rows[0]), "agent"
-        return _rollout(rows[0]), "grader"
+            return rollout_of(rows[0]), "agent"
+        return rollout_of(rows[0]), "grader"
 
     def list_rollouts(
         self,
@@ -1324,7 +1156,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
             query = query.where(rollouts.c.status == Status(status).value)
         if group is not None:
             query = query.where(rollouts.c.group_id == group)
-        return [_rollout(row) for row in self._read(query)]
+        return [rollout_of(row) for row in self._read(query)]
 
     def terminal_after(self, cursor: int = 0, limit: int = 1000) -> list[Rollout]:
         """Rollouts that ended after `cursor`, in the order they ended. The next cursor is the last
@@ -1336,7 +1168,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
             .order_by(rollouts.c.end_seq)
             .limit(limit)
         )
-        return [_rollout(row) for row in self._read(query)]
+        return [rollout_of(row) for row in self._read(query)]
 
     def calls_for(
         self, rollout_ids: Iterable[str], *, all_attempts: bool = False
@@ -1432,7 +1264,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def fleet(self) -> Fleet:
         """What every gateway follows: paused or not, the pause's epoch, the version served."""
-        return _fleet_of(self._read(_FLEET)[0])
+        return fleet_of(self._read(FLEET)[0])
 
     def gateways(self, *, alive_since: float = 0.0) -> list[Gateway]:
         """The registered gateways whose heartbeat is not older than `alive_since`."""
