@@ -13,6 +13,7 @@ anyone (it keeps only token hashes), speak HTTP, or decide policy such as when t
 gateway and the controller do.
 """
 
+from agl.store.credentials import Created, hash_token, new_token, token_expired
 from agl.store.errors import (
     IllegalTransition,
     InvalidData,
@@ -36,11 +37,7 @@ from agl.store.schema import (
 )
 from agl.store.store import (
     MAX_CHAINS,
-    Created,
     Store,
-    hash_token,
-    new_token,
-    token_expired,
 )
 
 __all__ = [

@@ -22,7 +22,6 @@ import os
 import pickle
 import queue
 import re
-import secrets
 import threading
 import time
 import uuid
@@ -39,6 +38,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from agl.settings import StoreSettings
+from agl.store.credentials import Created, hash_token, new_token
 from agl.store.errors import (
     IllegalTransition,
     InvalidData,
@@ -161,36 +161,6 @@ _CHAIN_ROWS = (
 _INSERT_CALLS = calls.insert()
 _INSERT_EVENT = events.insert()
 _INSERT_ROLLOUT = rollouts.insert()
-
-
-# --------------------------------------------------------------------------- tokens
-
-
-def hash_token(token: str) -> str:
-    """What the store keeps of a token: its SHA-256, hex."""
-    # surrogatepass: whatever a path decoded to.
-    return hashlib.sha256(token.encode(errors="surrogatepass")).hexdigest()
-
-
-def new_token(ttl_s: float | None) -> str:
-    """A random token; with `ttl_s`, prefixed by its expiry (Unix seconds), which its stored hash
-    covers."""
-    token = secrets.token_urlsafe(32)
-    if not ttl_s:
-        return token
-    return f"{int(time.time() + ttl_s)}.{token}"
-
-
-def token_expired(token: str) -> bool:
-    """Whether the token carries an expiry (`new_token`) that has passed."""
-    head, dot, _ = token.partition(".")
-    return (
-        bool(dot)
-        and head.isascii()
-        and head.isdigit()
-        and len(head) < 20
-        and int(head) < time.time()
-    )
 
 
 # --------------------------------------------------------------------------- row conversion
@@ -426,15 +396,6 @@ def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, da
     return Event(
         rollout_id=rollout_id, kind=kind, data=data, attempt=attempt, id=event_id, created_at=now
     )
-
-
-@dataclass(frozen=True)
-class Created:
-    """A new rollout and its plaintext credentials (only their hashes are stored)."""
-
-    rollout: Rollout
-    agent_token: str
-    grader_token: str | None
 
 
 def _op_create_rollout(
