@@ -13,6 +13,7 @@ anyone (it keeps only token hashes), speak HTTP, or decide policy such as when t
 gateway and the controller do.
 """
 
+from agl.store.chains import MAX_CHAINS
 from agl.store.credentials import Created, hash_token, new_token, token_expired
 from agl.store.errors import (
     IllegalTransition,
@@ -35,10 +36,7 @@ from agl.store.schema import (
     models,
     rollouts,
 )
-from agl.store.store import (
-    MAX_CHAINS,
-    Store,
-)
+from agl.store.store import Store
 
 __all__ = [
     "MAX_CHAINS",

@@ -62,7 +62,7 @@ calls = sa.Table(
     sa.Column("latency_ms", sa.Float, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("temperature", sa.Float, nullable=True),  # NULL: recorded before 0002 (unknown)
-    # What it extends (`_Chains`); NULL: stored whole.
+    # What it extends (`chains.py`); NULL: stored whole.
     sa.Column("base", sa.JSON(none_as_null=True), nullable=True),
     # The gateway (its `gateways.id`) that recorded it; NULL: recorded before 0004.
     sa.Column("gateway", sa.String(64), nullable=True),

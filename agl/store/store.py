@@ -14,22 +14,19 @@ gateway and the controller do.
 """
 
 import contextlib
-import hashlib
 import itertools
 import logging
 import math
 import os
-import pickle
 import queue
 import re
 import threading
 import time
 import uuid
 from array import array
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,6 +35,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from agl.settings import StoreSettings
+from agl.store.chains import CHAIN_ROWS, MAX_CHAINS, Chains, calls_of, chain, request_keys
 from agl.store.credentials import Created, hash_token, new_token
 from agl.store.errors import (
     IllegalTransition,
@@ -84,8 +82,6 @@ log = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- schema
 
-# Rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each).
-MAX_CHAINS = 4096
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(
     rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt
@@ -132,228 +128,9 @@ _LAST_ROWS = (
     )
     .order_by(calls.c.seq)
 )
-# The rows of a rollout's calls `seqs` and of the calls each extends (its `base`), back to one
-# stored whole or to call `known`, whose row is not read.
-_BASE_SEQ = calls.c.base["seq"].as_integer()
-_CHAIN = (
-    sa.select(calls.c.seq, _BASE_SEQ.label("base"))
-    .where(
-        calls.c.rollout_id == sa.bindparam("rollout_id"),
-        calls.c.seq.in_(sa.bindparam("seqs", expanding=True)),
-    )
-    .cte("chain", recursive=True)
-)
-_CHAIN = _CHAIN.union(
-    sa.select(calls.c.seq, _BASE_SEQ).where(
-        calls.c.rollout_id == sa.bindparam("rollout_id"),
-        calls.c.seq == _CHAIN.c.base,
-        calls.c.seq != sa.bindparam("known"),
-    )
-)
-_CHAIN_ROWS = (
-    sa.select(calls)
-    .join(
-        _CHAIN,
-        sa.and_(calls.c.rollout_id == sa.bindparam("rollout_id"), calls.c.seq == _CHAIN.c.seq),
-    )
-    .order_by(calls.c.seq)
-)
 _INSERT_CALLS = calls.insert()
 _INSERT_EVENT = events.insert()
 _INSERT_ROLLOUT = rollouts.insert()
-
-
-# --------------------------------------------------------------------------- row conversion
-
-
-@dataclass(frozen=True)
-class _Read:
-    """What `_calls` keeps of a call read, to rebuild a later one that extends it."""
-
-    ids: np.ndarray  # prompt + response
-    request: JSON
-    agent: str
-
-
-def _calls(rows: Iterable[Any], known: Call | None = None) -> Iterator[Call]:
-    """Whole calls from their rows, in (rollout, seq) order: each chained one after the call it
-    extends. That is an earlier call of its agent, most often the last: a call recorded by one
-    gateway replica extends the last call that replica recorded or read (`_Chains.follow`).
-    `known`: a call the caller holds whole, which a row may extend without the call's own row
-    being read (if read, it is not decoded)."""
-    read: dict[int, _Read] = {}  # seq -> the call, of the rollout being read
-    rollout_id = None
-    for row in rows:
-        if row.rollout_id != rollout_id:
-            rollout_id = row.rollout_id
-            read = {}
-            if known is not None and known.rollout_id == rollout_id:
-                read[known.seq] = _Read(ids=_ids(known), request=known.request, agent=known.agent)
-        if known is not None and (row.rollout_id, row.seq) == (known.rollout_id, known.seq):
-            yield known
-            continue
-        values = dict(row._mapping)
-        base = values.pop("base")
-        values.pop("request_hash")  # not part of a call
-        found = _decode_arrays(values)
-        if base is not None:
-            previous = read.get(base["seq"])
-            if previous is None or previous.agent != values["agent"]:
-                raise StoreError(
-                    f"call {values['seq']} of rollout {rollout_id} extends call {base['seq']}, "
-                    "not read"
-                )
-            kept = previous.ids[: base["prompt_from"]]
-            found["prompt_ids"] = np.concatenate([kept, found["prompt_ids"]])
-            values["request"] = _unchain(values["request"], previous.request, base)
-        read[values["seq"]] = _Read(
-            ids=np.concatenate([found["prompt_ids"], found["response_ids"]]),
-            request=values["request"],
-            agent=values["agent"],
-        )
-        arrays = {name: array(ARRAYS[name], a.tobytes()) for name, a in found.items()}
-        yield Call(**values | arrays)
-
-
-def _ids(call: Call) -> np.ndarray:
-    """A call's prompt and response IDs, in one array."""
-    return np.concatenate([np.asarray(call.prompt_ids, "i"), np.asarray(call.response_ids, "i")])
-
-
-def _decode_arrays(values: JSON) -> dict[str, np.ndarray]:
-    """A row's token arrays (little-endian bytes) in the host's byte order."""
-    try:
-        return {
-            name: np.frombuffer(values[name], "<" + code).astype(code)
-            for name, code in ARRAYS.items()
-        }
-    except ValueError as e:
-        raise StoreError(f"corrupt token array: {e}") from e
-
-
-# --------------------------------------------------------------------------- chains
-# A call whose agent called before in the same attempt (and this writer remembers it) is stored
-# as its extension: `base` = {"seq": that call's seq, "prompt_from": k, "same": [keys], "from":
-# {key: n}}. The prompt is the first k IDs of that call's prompt and response, then its own
-# `prompt_ids`; a request key in `same` (stored as null) has that call's value; one in `from`, a
-# list, that call's first n items, then its own.
-
-
-def _fingerprint(value: Any) -> bytes:
-    """Equal only for equal values: a pickle is exact (in JSON text NaN can read as null) and 3x
-    quicker to make; it is never loaded."""
-    return hashlib.blake2b(pickle.dumps(value, protocol=5), digest_size=16).digest()
-
-
-@dataclass(frozen=True)
-class _Link:
-    """What the writer keeps of an agent's last call: its IDs and its request's fingerprints (key ->
-    value's, or for a list each item's), not the request itself: a long conversation's request is
-    megabytes of objects."""
-
-    attempt: int
-    seq: int
-    ids: np.ndarray  # prompt + response
-    keys: dict[str, Any]
-
-
-class _Chains:
-    """The writer thread's links: `committed` (its calls are stored) and `pending` (in the open
-    transaction)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        # rollout -> agent -> link, the least recently used rollout first
-        self.committed: OrderedDict[str, dict[str, _Link]] = OrderedDict()
-        self.pending: dict[tuple[str, str], _Link] = {}
-
-    def get(self, rollout_id: str, agent: str) -> _Link | None:
-        """The agent's last call in the rollout: in the open transaction, else committed."""
-        pending = self.pending.get((rollout_id, agent))
-        if pending is not None:
-            return pending
-        return self.committed.get(rollout_id, {}).get(agent)
-
-    def follow(self, call: Call) -> None:
-        """The agent's next call extends `call`, a stored call read whole (another gateway
-        replica recorded it), unless the link kept is of the same call or a later one. So a call
-        that changed replica extends the call it continues, and a replica that reads it back
-        finds, one link away, the call it recorded itself (`Store.last_calls`'s `known`)."""
-        link = self.get(call.rollout_id, call.agent)
-        if link is not None and (link.attempt, link.seq) >= (call.attempt, call.seq):
-            return
-        self.pending[call.rollout_id, call.agent] = _Link(
-            attempt=call.attempt, seq=call.seq, ids=_ids(call), keys=_request_keys(call.request)
-        )
-
-    def commit(self, outcomes: list[Any]) -> None:
-        """The open transaction committed (its writes' `outcomes`): its links are now stored."""
-        for (rollout_id, agent), link in self.pending.items():
-            self.committed.setdefault(rollout_id, {})[agent] = link
-            self.committed.move_to_end(rollout_id)
-        for outcome in outcomes:
-            # Ended, or a new attempt: nothing will extend its calls.
-            if isinstance(outcome, Rollout) and outcome.status is not Status.RUNNING:
-                self.committed.pop(outcome.id, None)
-        while len(self.committed) > self.size:
-            self.committed.popitem(last=False)
-        self.pending.clear()
-
-
-def _chain(
-    call: Call, prompt: np.ndarray, response: np.ndarray, chains: _Chains, keys: dict[str, Any]
-) -> tuple[JSON, JSON | None]:
-    """The call's prompt IDs and request as stored (its `base`'s extension, if it has one), and
-    `base`. `keys`: its request's `_request_keys`."""
-    link = chains.get(call.rollout_id, call.agent)
-    chains.pending[call.rollout_id, call.agent] = _Link(
-        attempt=call.attempt, seq=call.seq, ids=np.concatenate([prompt, response]), keys=keys
-    )
-    if link is None or link.attempt != call.attempt:
-        return {"prompt_ids": prompt.tobytes(), "request": call.request}, None
-    n = min(len(prompt), len(link.ids))
-    differ = prompt[:n] != link.ids[:n]
-    start = n
-    if differ.any():
-        start = int(differ.argmax())  # the first True
-    base: JSON = {"seq": link.seq, "prompt_from": start, "same": [], "from": {}}
-    request = dict(call.request)
-    for key, value in call.request.items():
-        old = link.keys.get(key)
-        if old == keys[key]:
-            base["same"].append(key)
-            request[key] = None
-        elif isinstance(old, list) and old and keys[key][: len(old)] == old:
-            base["from"][key] = len(old)
-            request[key] = value[len(old) :]
-    return {"prompt_ids": prompt[start:].tobytes(), "request": request}, base
-
-
-def _request_keys(request: JSON) -> dict[str, Any]:
-    """Each of a request's values' fingerprints (`_fingerprints`), by key."""
-    return {key: _fingerprints(value) for key, value in request.items()}
-
-
-def _fingerprints(value: Any) -> Any:
-    """A request value's fingerprint; a list's, each item's (so that an extended list is seen)."""
-    if isinstance(value, list):
-        return [_fingerprint(item) for item in value]
-    return _fingerprint(value)
-
-
-def _unchain(stored: JSON, previous: JSON, base: JSON) -> JSON:
-    """A chained call's whole request from its stored one and that of the call it extends."""
-    same = set(base["same"])
-    extended = base["from"]
-    request: JSON = {}
-    for key, value in stored.items():
-        if key in same:
-            request[key] = previous[key]
-        elif key in extended:
-            request[key] = previous[key][: extended[key]] + value
-        else:
-            request[key] = value
-    return request
 
 
 # --------------------------------------------------------------------------- write operations
@@ -511,7 +288,7 @@ _CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base", "
 
 class _Append(NamedTuple):
     """A call to record, the most entries a token array may have, its charge, and the stored call
-    it follows (`_Chains.follow`), if it was read from the store."""
+    it follows (`Chains.follow`), if it was read from the store."""
 
     call: Call
     limit: int
@@ -531,7 +308,7 @@ def _charged(row: Any, sent: int, charge: Charge | None) -> int:
     return sent + charge.size
 
 
-def _op_append_calls(conn: Connection, run: list[_Append], chains: _Chains) -> list[Any]:
+def _op_append_calls(conn: Connection, run: list[_Append], chains: Chains) -> list[Any]:
     """Record a run of calls, one query per table (calls are most writes); each as recorded, or
     what kept it out. Each call's charge is counted in the same transaction."""
     ids = list({append.call.rollout_id for append in run})
@@ -554,8 +331,8 @@ def _op_append_calls(conn: Connection, run: list[_Append], chains: _Chains) -> l
         recorded = replace(call, attempt=row.attempt, seq=seq, created_at=now)
         if follows is not None:
             chains.follow(follows)
-        keys = _request_keys(call.request)
-        stored, base = _chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains, keys)
+        keys = request_keys(call.request)
+        stored, base = chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains, keys)
         values = {name: getattr(recorded, name) for name in _CALL_COLUMNS}
         values |= {
             "base": base,
@@ -733,7 +510,7 @@ def _file_bytes(path: Path) -> int:
 # --------------------------------------------------------------------------- the store
 
 
-def _run(conn: Connection, group: list[_Write], chains: _Chains) -> list[Any]:
+def _run(conn: Connection, group: list[_Write], chains: Chains) -> list[Any]:
     """Each write's result (a run of call appends: one query per table); raises if a write does."""
     outcomes: list[Any] = []
     for op, writes in itertools.groupby(group, key=lambda write: write.op):
@@ -778,7 +555,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         self._read_engine = make_engine(self.url, self.settings, writer=False)
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: stop
         self._conn: Connection | None = None
-        self._chains = _Chains(MAX_CHAINS)  # the writer thread's only
+        self._chains = Chains(MAX_CHAINS)  # the writer thread's only
         self._closed = False
         self._closing = threading.Lock()  # no write is queued behind the stop signal
         self._stopping = threading.Event()  # stops the checkpoint thread
@@ -1143,7 +920,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         )
         if not all_attempts:
             query = query.join(rollouts, _CURRENT_ATTEMPT)
-        for call in _calls(self._read(query)):
+        for call in calls_of(self._read(query)):
             result[call.rollout_id].append(call)
         return result
 
@@ -1165,8 +942,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
         bases = {row.base["seq"] for row in rows if row.base and row.seq != known_seq} - read
         if bases:
             chain = {"rollout_id": rollout_id, "seqs": sorted(bases), "known": known_seq}
-            rows = self._read(_CHAIN_ROWS, chain) + rows  # older: smaller seqs
-        return list(_calls(rows, known))[-n:]
+            rows = self._read(CHAIN_ROWS, chain) + rows  # older: smaller seqs
+        return list(calls_of(rows, known))[-n:]
 
     def last_seq(self, rollout_id: str, agent: str) -> int | None:
         """The seq of the agent's last call in the rollout's current attempt (None: it made none)."""

@@ -1,4 +1,4 @@
-"""A call may be stored as the extension of an earlier call of its rollout (`agl.store._Chains`)."""
+"""A call may be stored as the extension of an earlier call of its rollout (`agl/store/chains.py`)."""
 
 import sqlalchemy as sa
 from alembic import op
