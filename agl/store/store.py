@@ -17,32 +17,28 @@ import contextlib
 import itertools
 import logging
 import math
-import os
 import queue
 import re
 import threading
 import time
 import uuid
-from array import array
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from agl.settings import StoreSettings
-from agl.store.chains import CHAIN_ROWS, MAX_CHAINS, Chains, calls_of, chain, request_keys
+from agl.store import writes
+from agl.store.chains import CHAIN_ROWS, MAX_CHAINS, Chains, calls_of
 from agl.store.credentials import Created, hash_token, new_token
 from agl.store.errors import (
     IllegalTransition,
     InvalidData,
     NotFound,
-    OverBudget,
-    SecondGateway,
     StoreError,
     StoreUnavailable,
 )
@@ -52,7 +48,6 @@ from agl.store.schema import (
     SQLITE_WAL_BOUND,
     calls,
     events,
-    fleet,
     fleet_of,
     gateways,
     make_engine,
@@ -62,9 +57,7 @@ from agl.store.schema import (
     rollouts,
 )
 from agl.types import (
-    ARRAYS,
     JSON,
-    TRANSITIONS,
     Call,
     Charge,
     Event,
@@ -86,23 +79,11 @@ log = logging.getLogger(__name__)
 _CURRENT_ATTEMPT = sa.and_(
     rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt
 )
-# Statements built once: SQLAlchemy then finds them compiled in its cache without rebuilding
-# their key.
-# The writes' read of a rollout, locked (PostgreSQL; SQLite's BEGIN IMMEDIATE already holds the
-# whole database) until the write commits, so that two gateway replicas changing one rollout take
-# turns. FOR NO KEY UPDATE: no write changes a rollout's id, and an event or call inserted for it
-# (whose foreign key takes a KEY SHARE lock) does not wait for this one.
-_ROLLOUT = READ_ROLLOUT.with_for_update(key_share=True)
-# SET: the other parameters.
-_UPDATE_ROLLOUT = rollouts.update().where(rollouts.c.id == sa.bindparam("rollout_id"))
-# What appending a run of calls needs of their rollouts, locked as `_ROLLOUT` is: a replica that
-# appends to a rollout another is appending to reads its `n_calls` once the other has committed, so
-# seq numbers stay unique and dense. Locked in id order, so two runs never wait on each other.
-_RUN_ROWS = (
-    sa.select(*rollouts.c["id", "status", "attempt", "n_calls", "sent_bytes"])
-    .where(rollouts.c.id.in_(sa.bindparam("ids")))
-    .order_by(rollouts.c.id)
-    .with_for_update(key_share=True)
+# Read by every gateway ten times a second (`gateway/fleet.py`), so built once.
+_LIVE_GATEWAYS = (
+    sa.select(gateways)
+    .where(gateways.c.heartbeat_at >= sa.bindparam("alive_since"))
+    .order_by(gateways.c.id)
 )
 # The rollout a token's hash belongs to.
 _TOKEN_HOLDER = sa.select(rollouts).where(
@@ -128,13 +109,9 @@ _LAST_ROWS = (
     )
     .order_by(calls.c.seq)
 )
-_INSERT_CALLS = calls.insert()
-_INSERT_EVENT = events.insert()
-_INSERT_ROLLOUT = rollouts.insert()
 
 
-# --------------------------------------------------------------------------- write operations
-# Each runs on the writer thread and raises to undo itself (`Store._commit` rolls it back).
+# --------------------------------------------------------------------------- the writer thread
 
 
 class _Write(NamedTuple):
@@ -143,357 +120,6 @@ class _Write(NamedTuple):
     op: Callable[..., Any]
     args: tuple[Any, ...]
     future: "Future[Any]"
-
-
-def _rollout_row(conn: Connection, rollout_id: str) -> Any:
-    """The rollout's row; raises `NotFound`."""
-    row = conn.execute(_ROLLOUT, {"rollout_id": rollout_id}).first()
-    if row is None:
-        raise NotFound(f"unknown rollout {rollout_id!r}")
-    return row
-
-
-def _update_rollout(conn: Connection, row: Any, values: dict[str, Any]) -> Rollout:
-    """Change some of a rollout's columns; the rollout as it now is."""
-    conn.execute(_UPDATE_ROLLOUT, {"rollout_id": row.id, **values})
-    return rollout_of({**row._mapping, **values})
-
-
-def _insert_event(conn: Connection, rollout_id: str, attempt: int, kind: str, data: JSON) -> Event:
-    """Append an event to the rollout's log; the event with its id."""
-    now = time.time()
-    values = {
-        "rollout_id": rollout_id,
-        "attempt": attempt,
-        "kind": kind,
-        "data": data,
-        "created_at": now,
-    }
-    (event_id,) = conn.execute(_INSERT_EVENT, values).inserted_primary_key or (None,)
-    return Event(
-        rollout_id=rollout_id, kind=kind, data=data, attempt=attempt, id=event_id, created_at=now
-    )
-
-
-def _op_create_rollout(
-    conn: Connection, values: dict[str, Any], agent: str, grader: str | None
-) -> Created:
-    conn.execute(_INSERT_ROLLOUT, values)
-    _insert_event(conn, values["id"], 1, "lifecycle", {"to": Status.QUEUED.value})
-    return Created(rollout=rollout_of(values), agent_token=agent, grader_token=grader)
-
-
-def _op_transition(
-    conn: Connection,
-    rollout_id: str,
-    to: Status,
-    failure_kind: FailureKind | None,
-    reason: str,
-    attempt: int | None,
-) -> Rollout:
-    """Move the rollout to `to`, as `_check_transition` allows: a lifecycle event, and its columns
-    (a retry starts attempt + 1 afresh; an end takes the next `end_seq`)."""
-    row = _rollout_row(conn, rollout_id)
-    _check_transition(row, to, failure_kind, attempt)
-    if to is Status.TIMED_OUT:  # a time-out is the policy's failure, named or not
-        failure_kind = FailureKind.TASK
-    attempt_after = row.attempt
-    if to is Status.QUEUED:
-        attempt_after = row.attempt + 1
-    data: JSON = {"from": row.status, "to": to.value, "attempt": attempt_after}
-    values: dict[str, Any] = {"status": to.value, "failure_kind": None}
-    if failure_kind:
-        data["failure_kind"] = failure_kind.value
-        values["failure_kind"] = failure_kind.value
-    if reason:
-        data["reason"] = reason
-    if Status(to).terminal:
-        _serialize_ends(conn)
-    event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
-    if to is Status.QUEUED:  # a fresh attempt
-        values.update(attempt=attempt_after, started_at=None, failure_kind=None, reward=None)
-    elif to is Status.RUNNING:
-        values["started_at"] = event.created_at
-    else:
-        values.update(ended_at=event.created_at, end_seq=event.id)
-    return _update_rollout(conn, row, values)
-
-
-# PostgreSQL advisory lock (a 64-bit key no other lock of the database uses).
-_ENDS_LOCK = 0x61676C_656E6473  # "agl", "ends": orders the ends
-
-
-def _serialize_ends(conn: Connection) -> None:
-    """Holds, until the write commits, the lock that makes ends commit in `end_seq` order.
-
-    `end_seq` is the ending event's id, which the database numbers when the event is inserted, not
-    when it commits. With two writers (gateway replicas on PostgreSQL), an end numbered 10 could
-    commit after one numbered 11 was read, and `Store.terminal_after`'s cursor would skip it for
-    ever. Under this lock an end is numbered only once every earlier one has committed. SQLite
-    needs none: `BEGIN IMMEDIATE` already makes its writers take turns."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ENDS_LOCK})
-
-
-def _check_transition(row: Any, to: Status, kind: FailureKind | None, attempt: int | None) -> None:
-    """Raise `IllegalTransition` unless the rollout (its `row`) may move to `to` with `kind`:
-    `TRANSITIONS` allows it, `attempt` (if given) is the current one, only an infra failure goes
-    back to queued, a failure names its kind, a time-out names none or `task`, and a success or a
-    cancel names none."""
-    where = f"rollout {row.id}"
-    current = Status(row.status)
-    if attempt is not None and attempt != row.attempt:
-        raise IllegalTransition(
-            f"{where}: attempt {attempt} is stale (current attempt {row.attempt})"
-        )
-    if to not in TRANSITIONS[current]:
-        raise IllegalTransition(f"{where}: {current.value} -> {to.value} is not allowed")
-    if to is Status.QUEUED and kind is not FailureKind.INFRA:
-        raise IllegalTransition(f"{where}: only an infra failure is retried (back to queued)")
-    if to is Status.FAILED and kind is None:
-        raise IllegalTransition(f"{where}: a failure needs a failure kind (task or infra)")
-    if to is Status.TIMED_OUT and kind not in (None, FailureKind.TASK):
-        raise IllegalTransition(f"{where}: a time-out is a task failure, not {kind}")
-    if to in (Status.SUCCEEDED, Status.CANCELLED) and kind is not None:
-        raise IllegalTransition(f"{where}: {to.value} takes no failure kind")
-
-
-def _encode_call(call: Call, limit: int) -> dict[str, np.ndarray]:
-    """A call's token arrays, validated, little-endian; `InvalidData` names what is wrong."""
-    where = f"rollout {call.rollout_id}"
-    found: dict[str, np.ndarray] = {}
-    for name, typecode in ARRAYS.items():
-        dtype = np.dtype("<" + typecode)
-        # array() is strict: no floats or strings as IDs, nothing out of int32's range.
-        try:
-            found[name] = np.asarray(array(typecode, getattr(call, name)), dtype)
-        except (TypeError, OverflowError, ValueError) as e:
-            raise InvalidData(f"{where}: {name}: not an array of {dtype.name}: {e}") from e
-        if len(found[name]) > limit:
-            raise InvalidData(
-                f"{where}: {name}: {len(found[name])} entries, more than the limit of {limit}"
-            )
-    prompt, response, logprobs = found.values()
-    if len(logprobs) != len(response):
-        raise InvalidData(f"{where}: {len(response)} response_ids but {len(logprobs)} logprobs")
-    if not (np.isfinite(logprobs).all() and (logprobs <= 1e-3).all()):
-        raise InvalidData(f"{where}: logprobs must be finite and at most 0")
-    if (prompt < 0).any() or (response < 0).any():
-        raise InvalidData(f"{where}: negative token id")
-    return found
-
-
-_CALL_COLUMNS = [c.name for c in calls.columns if c.name not in ("id", "base", "request_hash")]
-
-
-class _Append(NamedTuple):
-    """A call to record, the most entries a token array may have, its charge, and the stored call
-    it follows (`Chains.follow`), if it was read from the store."""
-
-    call: Call
-    limit: int
-    charge: Charge | None
-    follows: Call | None
-
-
-def _charged(row: Any, sent: int, charge: Charge | None) -> int:
-    """The rollout's bytes sent once `charge` is counted on top of `sent`; raises `OverBudget`."""
-    if charge is None:
-        return sent
-    if sent + charge.size > charge.budget:
-        raise OverBudget(
-            f"rollout {row.id} has sent {sent} bytes; {charge.size} more would pass its storage "
-            f"budget of {charge.budget} (AGL_GATEWAY_ROLLOUT_MAX_BYTES)"
-        )
-    return sent + charge.size
-
-
-def _op_append_calls(conn: Connection, run: list[_Append], chains: Chains) -> list[Any]:
-    """Record a run of calls, one query per table (calls are most writes); each as recorded, or
-    what kept it out. Each call's charge is counted in the same transaction."""
-    ids = list({append.call.rollout_id for append in run})
-    rows = {row.id: row for row in conn.execute(_RUN_ROWS, {"ids": ids})}
-    outcomes: list[Any] = []
-    inserts: list[dict[str, Any]] = []
-    next_seq: dict[str, int] = {}
-    sent: dict[str, int] = {}
-    now = time.time()
-    for call, limit, charge, follows in run:
-        try:
-            arrays = _encode_call(call, limit)
-            row = _open_row(call, rows)
-            sent[row.id] = _charged(row, sent.get(row.id, row.sent_bytes), charge)
-        except StoreError as e:
-            outcomes.append(e)
-            continue
-        seq = next_seq.get(row.id, row.n_calls)
-        next_seq[row.id] = seq + 1
-        recorded = replace(call, attempt=row.attempt, seq=seq, created_at=now)
-        if follows is not None:
-            chains.follow(follows)
-        keys = request_keys(call.request)
-        stored, base = chain(recorded, arrays["prompt_ids"], arrays["response_ids"], chains, keys)
-        values = {name: getattr(recorded, name) for name in _CALL_COLUMNS}
-        values |= {
-            "base": base,
-            "response_ids": arrays["response_ids"].tobytes(),
-            "logprobs": arrays["logprobs"].tobytes(),
-        }
-        inserts.append(values | stored)  # `stored`: its prompt IDs and request, as chained
-        outcomes.append(recorded)
-    if inserts:
-        conn.execute(_INSERT_CALLS, inserts)
-        counts = [
-            {"rollout_id": rid, "n_calls": n, "sent_bytes": sent[rid]}
-            for rid, n in next_seq.items()
-        ]
-        conn.execute(_UPDATE_ROLLOUT, counts)
-    return outcomes
-
-
-def _open_row(call: Call, rows: dict[str, Any]) -> Any:
-    """The row of the call's rollout (among `rows`); raises unless it exists and has not ended."""
-    row = rows.get(call.rollout_id)
-    if row is None:
-        raise NotFound(f"unknown rollout {call.rollout_id!r}")
-    if Status(row.status).terminal:
-        raise IllegalTransition(f"rollout {row.id} has ended ({row.status}); no more calls")
-    return row
-
-
-def _op_append_event(
-    conn: Connection, rollout_id: str, kind: str, data: JSON, values: JSON, charge: Charge | None
-) -> Event:
-    """An event, and the rollout's columns it changes (`values`: a final reward; the bytes sent).
-    An event that changes none (the gateway's own: a prefix mismatch, fields not honoured) does not
-    lock the rollout: its writer does not wait for another replica's writes to the rollout."""
-    if not values and charge is None:
-        rows = conn.execute(READ_ROLLOUT, {"rollout_id": rollout_id}).all()
-        if not rows:
-            raise NotFound(f"unknown rollout {rollout_id!r}")
-        return _insert_event(conn, rollout_id, rows[0].attempt, kind, data)
-    row = _rollout_row(conn, rollout_id)
-    if charge is not None:
-        values = values | {"sent_bytes": _charged(row, row.sent_bytes, charge)}
-    if values:
-        _update_rollout(conn, row, values)
-    return _insert_event(conn, rollout_id, row.attempt, kind, data)
-
-
-def _op_rotate_tokens(
-    conn: Connection, rollout_id: str, agent: str, grader: str, attempt: int | None
-) -> Created:
-    """New token hashes for the rollout's current attempt (a grader's only if it has one)."""
-    row = _rollout_row(conn, rollout_id)
-    if Status(row.status).terminal or (attempt is not None and attempt != row.attempt):
-        raise IllegalTransition(
-            f"rollout {rollout_id}: no new tokens ({row.status}, attempt {row.attempt})"
-        )
-    values = {"agent_token_hash": hash_token(agent), "grader_token_hash": None}
-    grader_token = None
-    if row.grader_token_hash is not None:
-        values["grader_token_hash"] = hash_token(grader)
-        grader_token = grader
-    _insert_event(conn, rollout_id, row.attempt, "tokens", {"rotated": True})
-    rollout = _update_rollout(conn, row, values)
-    return Created(rollout=rollout, agent_token=agent, grader_token=grader_token)
-
-
-def _op_register_model(conn: Connection, model: ModelVersion) -> ModelVersion:
-    """Add a model version newer than every other."""
-    latest = conn.execute(sa.select(sa.func.max(models.c.version))).scalar()
-    if latest is not None and model.version <= latest:
-        raise InvalidData(f"model version {model.version} is not newer than the latest, {latest}")
-    conn.execute(models.insert(), asdict(model))
-    return model
-
-
-# Read by every gateway ten times a second (`gateway/fleet.py`), so built once.
-_LIVE_GATEWAYS = (
-    sa.select(gateways)
-    .where(gateways.c.heartbeat_at >= sa.bindparam("alive_since"))
-    .order_by(gateways.c.id)
-)
-
-
-def _fleet(conn: Connection) -> Fleet:
-    """The fleet's row, locked until the write commits (PostgreSQL)."""
-    return fleet_of(conn.execute(FLEET.with_for_update()).one())
-
-
-def _op_register_gateway(
-    conn: Connection, gateway: Gateway, expired_before: float, single_process: bool
-) -> Fleet:
-    """Registers a starting gateway, drained for the current pause if there is one (it holds no
-    call yet); drops registrations whose heartbeat stopped before `expired_before`, and one at its
-    own address (a gateway that listened there has died: this one has its port). With
-    `single_process` (SQLite) refuses while another registered gateway's process runs."""
-    conn.execute(gateways.delete().where(gateways.c.heartbeat_at < expired_before))
-    conn.execute(gateways.delete().where(gateways.c.address == gateway.address))
-    if single_process:
-        for row in conn.execute(sa.select(gateways)):
-            if _process_runs(row.pid):
-                raise SecondGateway(
-                    f"another gateway (pid {row.pid}, {row.address}) serves from this SQLite "
-                    "store, which serves one gateway process; for replicas use PostgreSQL "
-                    "(--db postgresql+psycopg://USER:PASSWORD@HOST/DB)"
-                )
-        conn.execute(gateways.delete())
-    state = _fleet(conn)
-    drained = 0
-    if state.paused:
-        drained = state.epoch
-    conn.execute(gateways.insert(), asdict(replace(gateway, drained_epoch=drained)))
-    return state
-
-
-def _process_runs(pid: int) -> bool:
-    """Whether a process of this machine has this pid (a SQLite store's gateways share one)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
-
-
-def _op_heartbeat(conn: Connection, gateway: Gateway) -> None:
-    """A gateway's heartbeat and the latest pause it drained for; registers it again if another
-    dropped its registration as expired (it was stalled that long)."""
-    values = {"heartbeat_at": gateway.heartbeat_at, "drained_epoch": gateway.drained_epoch}
-    updated = conn.execute(gateways.update().where(gateways.c.id == gateway.id).values(values))
-    if updated.rowcount == 0:
-        conn.execute(gateways.insert(), asdict(gateway))
-
-
-def _op_deregister_gateway(conn: Connection, gateway_id: str) -> None:
-    conn.execute(gateways.delete().where(gateways.c.id == gateway_id))
-
-
-def _op_pause_fleet(conn: Connection) -> Fleet:
-    """Holds every gateway's new calls: a new pause (the next epoch), or the one under way."""
-    state = _fleet(conn)
-    if state.paused:
-        return state
-    changed = replace(state, paused=True, epoch=state.epoch + 1, serial=state.serial + 1)
-    return _set_fleet(conn, changed)
-
-
-def _op_resume_fleet(conn: Connection, version: int | None) -> Fleet:
-    """Serves the held calls and new ones, under `version` from now on if given."""
-    state = _fleet(conn)
-    changed = replace(state, paused=False, serial=state.serial + 1)
-    if version is not None:
-        changed = replace(changed, version=version)
-    return _set_fleet(conn, changed)
-
-
-def _set_fleet(conn: Connection, state: Fleet) -> Fleet:
-    conn.execute(fleet.update().where(fleet.c.id == 1).values(asdict(state)))
-    return state
 
 
 # --------------------------------------------------------------------------- engines and migrations
@@ -513,11 +139,11 @@ def _file_bytes(path: Path) -> int:
 def _run(conn: Connection, group: list[_Write], chains: Chains) -> list[Any]:
     """Each write's result (a run of call appends: one query per table); raises if a write does."""
     outcomes: list[Any] = []
-    for op, writes in itertools.groupby(group, key=lambda write: write.op):
-        if op is _op_append_calls:
-            outcomes += op(conn, [write.args[0] for write in writes], chains)
+    for op, run in itertools.groupby(group, key=lambda write: write.op):
+        if op is writes.append_calls:
+            outcomes += op(conn, [write.args[0] for write in run], chains)
         else:
-            outcomes += [op(conn, *write.args) for write in writes]
+            outcomes += [op(conn, *write.args) for write in run]
     return outcomes
 
 
@@ -752,7 +378,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         if grader:
             grader_token = new_token(token_ttl_s)
             values["grader_token_hash"] = hash_token(grader_token)
-        return self._submit(_op_create_rollout, values, agent, grader_token)
+        return self._submit(writes.create_rollout, values, agent, grader_token)
 
     def transition(
         self,
@@ -773,7 +399,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
                 kind = FailureKind(failure_kind)
         except ValueError as e:
             raise IllegalTransition(str(e)) from e
-        return self._submit(_op_transition, rollout_id, target, kind, reason, attempt)
+        return self._submit(writes.transition, rollout_id, target, kind, reason, attempt)
 
     def append_call(
         self, call: Call, charge: Charge | None = None, *, follows: Call | None = None
@@ -782,10 +408,10 @@ class Store(contextlib.AbstractContextManager["Store"]):
         (not its id). `charge`: counted against the rollout's storage budget in the same
         transaction (`OverBudget`: nothing recorded). `follows`: the rollout's last call, read
         whole (`last_calls`), that this one continues: it is stored as its extension."""
-        append = _Append(
+        append = writes.Append(
             call=call, limit=self.settings.max_tokens_per_array, charge=charge, follows=follows
         )
-        return self._submit(_op_append_calls, append)
+        return self._submit(writes.append_calls, append)
 
     def append_event(
         self, rollout_id: str, kind: str, data: JSON | None = None, charge: Charge | None = None
@@ -796,7 +422,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
             raise InvalidData("event kind must be a non-empty string of at most 32 characters")
         if data is not None and not isinstance(data, dict):
             raise InvalidData("event data must be a JSON object")
-        return self._submit(_op_append_event, rollout_id, kind, data or {}, {}, charge)
+        return self._submit(writes.append_event, rollout_id, kind, data or {}, {}, charge)
 
     def set_reward(
         self,
@@ -818,7 +444,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         columns = {}
         if final:
             columns["reward"] = float(reward)
-        return self._submit(_op_append_event, rollout_id, "reward", data, columns, None)
+        return self._submit(writes.append_event, rollout_id, "reward", data, columns, None)
 
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
@@ -827,7 +453,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         not create it."""
         agent = new_token(token_ttl_s)
         grader = new_token(token_ttl_s)
-        return self._submit(_op_rotate_tokens, rollout_id, agent, grader, attempt)
+        return self._submit(writes.rotate_tokens, rollout_id, agent, grader, attempt)
 
     def register_model(self, model: ModelVersion) -> Future[ModelVersion]:
         """Add a policy version; versions only grow."""
@@ -835,7 +461,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
             raise InvalidData("model version must be >= 0")
         if not model.created_at:
             model = replace(model, created_at=time.time())
-        return self._submit(_op_register_model, model)
+        return self._submit(writes.register_model, model)
 
     # ---- reads
 
@@ -984,21 +610,21 @@ class Store(contextlib.AbstractContextManager["Store"]):
         return int(self._read(sa.select(sa.func.max(rollouts.c.end_seq)))[0][0] or 0)
 
     def register_gateway(self, gateway: Gateway, *, expired_before: float) -> Future[Fleet]:
-        """Registers a starting gateway (see `_op_register_gateway`); the fleet's state."""
-        return self._submit(_op_register_gateway, gateway, expired_before, self.single_process)
+        """Registers a starting gateway (see `writes.register_gateway`); the fleet's state."""
+        return self._submit(writes.register_gateway, gateway, expired_before, self.single_process)
 
     def heartbeat(self, gateway: Gateway) -> Future[None]:
-        return self._submit(_op_heartbeat, gateway)
+        return self._submit(writes.heartbeat, gateway)
 
     def deregister_gateway(self, gateway_id: str) -> Future[None]:
-        return self._submit(_op_deregister_gateway, gateway_id)
+        return self._submit(writes.deregister_gateway, gateway_id)
 
     def pause_fleet(self) -> Future[Fleet]:
         """Holds every gateway's new calls; the pause's state (its epoch)."""
-        return self._submit(_op_pause_fleet)
+        return self._submit(writes.pause_fleet)
 
     def resume_fleet(self, version: int | None = None) -> Future[Fleet]:
-        return self._submit(_op_resume_fleet, version)
+        return self._submit(writes.resume_fleet, version)
 
     def fleet(self) -> Fleet:
         """What every gateway follows: paused or not, the pause's epoch, the version served."""
