@@ -11,6 +11,15 @@ replicas): a write locks the rows of the rollouts it changes, ends commit in `en
 call's chain names the call it extends. Reads run on the caller's thread. It does not authenticate
 anyone (it keeps only token hashes), speak HTTP, or decide policy such as when to retry: the
 gateway and the controller do.
+
+This package re-exports the public names; its modules, in reading order:
+- `store.py`: `Store`, the API: opening a database, the reads, each write's checks.
+- `writes.py`: what each write checks and changes, inside the writer's transaction.
+- `writer.py`: `Writer`, the thread that groups writes and commits them; SQLite's checkpoints.
+- `chains.py`: a call stored as the extension of its agent's previous call, and read back whole.
+- `schema.py`: the tables, the engines, migrating.
+- `credentials.py`: tokens and their hashes; `Created`.
+- `errors.py`: the store's exceptions.
 """
 
 from agl.store.chains import MAX_CHAINS

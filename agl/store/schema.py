@@ -167,7 +167,7 @@ def make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         dbapi_conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
         if writer and settings.sqlite_checkpoint_s:
-            # The store checkpoints the log itself (`Store._checkpoint`), never inside a commit;
+            # The store checkpoints the log itself (`Writer._checkpoint`), never inside a commit;
             # a log grown past its bound is cut back to it once reused.
             dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
             dbapi_conn.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_BOUND}")

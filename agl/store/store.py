@@ -1,51 +1,40 @@
-"""The durable store: rollouts, calls, events and model versions (docs/architecture.md, "The data model").
+"""`Store`: the store's API, one thread-safe handle on one database.
 
-Owns the schema (SQLAlchemy Core; changed only by the Alembic migrations in `agl/migrations/`),
-the rollout state machine and the token arrays' layout (little-endian int32 IDs, float32
-logprobs), and the calls' chains: a call is stored as the extension of its agent's previous call,
-so a rollout's bytes grow with its new tokens (reads return whole calls). One writer thread
-commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves
-once committed (an acknowledged write is durable), and a failing write changes nothing: the rest
-of its group commits without it. Several stores may write one PostgreSQL database at once (gateway
-replicas): a write locks the rows of the rollouts it changes, ends commit in `end_seq` order, and a
-call's chain names the call it extends. Reads run on the caller's thread. It does not authenticate
-anyone (it keeps only token hashes), speak HTTP, or decide policy such as when to retry: the
-gateway and the controller do.
+- Owns opening a database (its engines and migrating it: `schema.py`), checking each write's
+  arguments before handing it to the writer thread (`writer.py`), and every read: rollouts, calls
+  (read back whole through their chains: `chains.py`), events, model versions, gateways and the
+  fleet. Reads run on the caller's thread, on reader connections that see the latest commit.
+- Does not run a write itself: `writes.py` does, on the writer thread, and each write returns a
+  `concurrent.futures.Future` that resolves once committed.
+- Does not authenticate anyone (it keeps only token hashes), speak HTTP, or decide policy such as
+  when to retry: the gateway and the controller do.
 """
 
 import contextlib
-import itertools
-import logging
 import math
-import queue
 import re
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
 
 from agl.settings import StoreSettings
 from agl.store import writes
-from agl.store.chains import CHAIN_ROWS, MAX_CHAINS, Chains, calls_of
+from agl.store.chains import CHAIN_ROWS, calls_of
 from agl.store.credentials import Created, hash_token, new_token
 from agl.store.errors import (
     IllegalTransition,
     InvalidData,
     NotFound,
-    StoreError,
     StoreUnavailable,
 )
 from agl.store.schema import (
     FLEET,
     READ_ROLLOUT,
-    SQLITE_WAL_BOUND,
     calls,
     events,
     fleet_of,
@@ -56,6 +45,7 @@ from agl.store.schema import (
     rollout_of,
     rollouts,
 )
+from agl.store.writer import Writer
 from agl.types import (
     JSON,
     Call,
@@ -70,15 +60,12 @@ from agl.types import (
     Status,
 )
 
-log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------- schema
-
 # Joins a call to its rollout when it is of the rollout's current attempt.
 _CURRENT_ATTEMPT = sa.and_(
     rollouts.c.id == calls.c.rollout_id, rollouts.c.attempt == calls.c.attempt
 )
+# The reads' statements, built once: SQLAlchemy then finds them compiled in its cache without
+# rebuilding their key.
 # Read by every gateway ten times a second (`gateway/fleet.py`), so built once.
 _LIVE_GATEWAYS = (
     sa.select(gateways)
@@ -111,56 +98,6 @@ _LAST_ROWS = (
 )
 
 
-# --------------------------------------------------------------------------- the writer thread
-
-
-class _Write(NamedTuple):
-    """A queued write: the operation, its arguments, and the future its caller waits on."""
-
-    op: Callable[..., Any]
-    args: tuple[Any, ...]
-    future: "Future[Any]"
-
-
-# --------------------------------------------------------------------------- engines and migrations
-
-
-def _file_bytes(path: Path) -> int:
-    """The size of the file at `path`; 0 when there is none."""
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-# --------------------------------------------------------------------------- the store
-
-
-def _run(conn: Connection, group: list[_Write], chains: Chains) -> list[Any]:
-    """Each write's result (a run of call appends: one query per table); raises if a write does."""
-    outcomes: list[Any] = []
-    for op, run in itertools.groupby(group, key=lambda write: write.op):
-        if op is writes.append_calls:
-            outcomes += op(conn, [write.args[0] for write in run], chains)
-        else:
-            outcomes += [op(conn, *write.args) for write in run]
-    return outcomes
-
-
-def _write_error(e: Exception) -> StoreError:
-    """What the caller of a lone write that failed gets: a store error (the database's refusal of
-    bad data: `InvalidData`), its cause chained."""
-    if isinstance(e, StoreError):
-        return e
-    error = StoreError(f"write failed: {e}")
-    if isinstance(e, sa.exc.IntegrityError):
-        error = InvalidData(f"rejected by the database: {e.orig}")
-    elif isinstance(e, sa.exc.OperationalError):
-        error = StoreUnavailable(f"the database cannot be reached: {e.orig}")
-    error.__cause__ = e
-    return error
-
-
 class Store(contextlib.AbstractContextManager["Store"]):
     """Thread-safe handle on one database: `Store(url)` migrates it and starts the writer. Reads
     block (from asyncio: `await asyncio.to_thread(store.get_rollout, id)`); writes return a
@@ -179,164 +116,17 @@ class Store(contextlib.AbstractContextManager["Store"]):
             self._write_engine.dispose()
             raise
         self._read_engine = make_engine(self.url, self.settings, writer=False)
-        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: stop
-        self._conn: Connection | None = None
-        self._chains = Chains(MAX_CHAINS)  # the writer thread's only
-        self._closed = False
-        self._closing = threading.Lock()  # no write is queued behind the stop signal
-        self._stopping = threading.Event()  # stops the checkpoint thread
-        self._checkpoint_now = threading.Event()  # the log is long: the thread's turn comes early
-        self._checkpointing = threading.Lock()  # one checkpoint at a time (SQLite skips a second)
-        self._checkpointer: threading.Thread | None = None
-        self._wal: Path | None = None  # SQLite's write-ahead log, when the thread checkpoints it
-        if self.url.startswith("sqlite") and self.settings.sqlite_checkpoint_s:
-            self._wal = Path(f"{sa.make_url(self.url).database}-wal")
-            self._checkpointer = threading.Thread(
-                target=self._checkpoint_loop, name="agl-store-checkpoint", daemon=True
-            )
-            self._checkpointer.start()
-        # Last: the writer uses all of the above.
-        self._writer = threading.Thread(
-            target=self._write_loop, name="agl-store-writer", daemon=True
-        )
-        self._writer.start()
+        self._writer = Writer(self.url, self._write_engine, self._read_engine, self.settings)
 
     def close(self) -> None:
         """Commit what is queued, stop the writer, release connections."""
-        with self._closing:
-            if self._closed:
-                return
-            self._closed = True
-            self._queue.put(None)
-        self._writer.join()
-        self._stopping.set()
-        self._checkpoint_now.set()
-        if self._checkpointer is not None:
-            self._checkpointer.join()
+        if not self._writer.close():
+            return  # closed before
         self._write_engine.dispose()
         self._read_engine.dispose()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ---- the writer thread
-
-    def _submit(self, op: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Queue a write for the writer thread; its future resolves once it is committed."""
-        future: Future[Any] = Future()
-        with self._closing:
-            if self._closed:
-                raise StoreError("store is closed")
-            self._queue.put(_Write(op=op, args=args, future=future))
-        return future
-
-    def _write_loop(self) -> None:
-        """The writer thread: commit what is queued, a group at a time, until the stop signal."""
-        expected = 1  # how many writes recent groups held
-        stop = False
-        while not stop:
-            group, stop = self._next_group(expected)
-            if not group:
-                continue
-            try:
-                self._commit(group)
-            except Exception as e:  # a bug must not leave writers waiting forever
-                log.exception("store writer: a group failed unexpectedly")
-                for write in group:
-                    if not write.future.done():
-                        write.future.set_exception(StoreError(f"write failed: {e}"))
-            expected = max(len(group), (expected + len(group)) // 2)  # decays after a burst
-            if self._wal is not None:
-                self._bound_log(_file_bytes(self._wal))
-        if self._conn is not None:
-            self._conn.close()
-
-    def _next_group(self, expected: int) -> tuple[list[_Write], bool]:
-        """The next group of writes, and whether the stop signal followed it. While fewer writes are
-        queued than recent groups held (`expected`), wait up to `group_wait_ms` for the rest: their
-        writers are about to write again, and one commit beats several."""
-        group: list[_Write] = []
-        write = self._queue.get()
-        deadline = time.monotonic() + self.settings.group_wait_ms / 1000
-        while write is not None:
-            write.future.set_running_or_notify_cancel()  # from now on its caller cannot cancel it
-            group.append(write)
-            if len(group) >= self.settings.max_batch:
-                break
-            wait = 0.0
-            if len(group) < expected:
-                wait = max(deadline - time.monotonic(), 0)
-            try:
-                write = self._queue.get(timeout=wait)
-            except queue.Empty:
-                break
-        return group, write is None
-
-    def _commit(self, group: list[_Write], *, retry: bool = True) -> None:
-        """One transaction for the group; if it fails, each write again in a transaction of its own
-        (a lone write too, on a fresh connection, if the database failed rather than the write)."""
-        try:
-            if self._conn is None:  # the writer's own connection, kept between groups
-                self._conn = self._write_engine.connect()
-            with self._conn.begin():
-                outcomes = _run(self._conn, group, self._chains)
-            self._chains.commit(outcomes)
-        except Exception as e:  # noqa: BLE001 - undone; retried alone, or handed to its caller
-            self._chains.pending.clear()
-            # The database's or the connection's fault, not a refused write.
-            fresh = not isinstance(e, StoreError)
-            if fresh:
-                self._drop_connection()
-            if len(group) > 1 or (fresh and retry):
-                for write in group:
-                    self._commit([write], retry=False)
-                return
-            outcomes = [_write_error(e)]
-        for write, outcome in zip(group, outcomes, strict=True):
-            # Cancelled while queued (asyncio cancels a wrapped future): the write stands.
-            if write.future.cancelled():
-                continue
-            if isinstance(outcome, Exception):
-                write.future.set_exception(outcome)
-            else:
-                write.future.set_result(outcome)
-
-    def _bound_log(self, size: int) -> None:
-        """SQLite, after a commit: with the log (`size` bytes) past a quarter of its bound, call the
-        checkpoint thread at once; past the bound (the thread fallen behind a burst), checkpoint
-        here, once the thread's checkpoint is done, so that the next write reuses the log."""
-        if size > SQLITE_WAL_BOUND:
-            self._checkpoint()
-        elif size > SQLITE_WAL_BOUND // 4:
-            self._checkpoint_now.set()
-
-    def _checkpoint_loop(self) -> None:
-        """SQLite: copy the write-ahead log into the database every `sqlite_checkpoint_s`, or at
-        once when the writer finds the log long (`_bound_log`), beside the writer rather than
-        inside one of its commits."""
-        while True:
-            self._checkpoint_now.wait(self.settings.sqlite_checkpoint_s)
-            self._checkpoint_now.clear()
-            if self._stopping.is_set():
-                return
-            self._checkpoint()
-
-    def _checkpoint(self) -> None:
-        """A passive checkpoint: it waits for no reader or writer; the writer reuses the log from
-        its start once a checkpoint has caught up with it. One at a time: SQLite skips a second
-        checkpoint while one runs."""
-        try:
-            with self._checkpointing, self._read_engine.connect() as conn:
-                conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)")
-        except Exception as e:  # noqa: BLE001 - the next one may succeed; the log grows meanwhile
-            log.warning("store: WAL checkpoint failed: %s", e)
-
-    def _drop_connection(self) -> None:
-        """Close the writer's connection (it may be broken); the next group opens a fresh one."""
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-        self._conn = None
 
     # ---- writes: each returns a Future that resolves once committed
 
@@ -378,7 +168,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         if grader:
             grader_token = new_token(token_ttl_s)
             values["grader_token_hash"] = hash_token(grader_token)
-        return self._submit(writes.create_rollout, values, agent, grader_token)
+        return self._writer.submit(writes.create_rollout, values, agent, grader_token)
 
     def transition(
         self,
@@ -399,7 +189,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
                 kind = FailureKind(failure_kind)
         except ValueError as e:
             raise IllegalTransition(str(e)) from e
-        return self._submit(writes.transition, rollout_id, target, kind, reason, attempt)
+        return self._writer.submit(writes.transition, rollout_id, target, kind, reason, attempt)
 
     def append_call(
         self, call: Call, charge: Charge | None = None, *, follows: Call | None = None
@@ -411,7 +201,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         append = writes.Append(
             call=call, limit=self.settings.max_tokens_per_array, charge=charge, follows=follows
         )
-        return self._submit(writes.append_calls, append)
+        return self._writer.submit(writes.append_calls, append)
 
     def append_event(
         self, rollout_id: str, kind: str, data: JSON | None = None, charge: Charge | None = None
@@ -422,7 +212,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
             raise InvalidData("event kind must be a non-empty string of at most 32 characters")
         if data is not None and not isinstance(data, dict):
             raise InvalidData("event data must be a JSON object")
-        return self._submit(writes.append_event, rollout_id, kind, data or {}, {}, charge)
+        return self._writer.submit(writes.append_event, rollout_id, kind, data or {}, {}, charge)
 
     def set_reward(
         self,
@@ -444,7 +234,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         columns = {}
         if final:
             columns["reward"] = float(reward)
-        return self._submit(writes.append_event, rollout_id, "reward", data, columns, None)
+        return self._writer.submit(writes.append_event, rollout_id, "reward", data, columns, None)
 
     def rotate_tokens(
         self, rollout_id: str, *, attempt: int | None = None, token_ttl_s: float | None = None
@@ -453,7 +243,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
         not create it."""
         agent = new_token(token_ttl_s)
         grader = new_token(token_ttl_s)
-        return self._submit(writes.rotate_tokens, rollout_id, agent, grader, attempt)
+        return self._writer.submit(writes.rotate_tokens, rollout_id, agent, grader, attempt)
 
     def register_model(self, model: ModelVersion) -> Future[ModelVersion]:
         """Add a policy version; versions only grow."""
@@ -461,7 +251,7 @@ class Store(contextlib.AbstractContextManager["Store"]):
             raise InvalidData("model version must be >= 0")
         if not model.created_at:
             model = replace(model, created_at=time.time())
-        return self._submit(writes.register_model, model)
+        return self._writer.submit(writes.register_model, model)
 
     # ---- reads
 
@@ -611,20 +401,22 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def register_gateway(self, gateway: Gateway, *, expired_before: float) -> Future[Fleet]:
         """Registers a starting gateway (see `writes.register_gateway`); the fleet's state."""
-        return self._submit(writes.register_gateway, gateway, expired_before, self.single_process)
+        return self._writer.submit(
+            writes.register_gateway, gateway, expired_before, self.single_process
+        )
 
     def heartbeat(self, gateway: Gateway) -> Future[None]:
-        return self._submit(writes.heartbeat, gateway)
+        return self._writer.submit(writes.heartbeat, gateway)
 
     def deregister_gateway(self, gateway_id: str) -> Future[None]:
-        return self._submit(writes.deregister_gateway, gateway_id)
+        return self._writer.submit(writes.deregister_gateway, gateway_id)
 
     def pause_fleet(self) -> Future[Fleet]:
         """Holds every gateway's new calls; the pause's state (its epoch)."""
-        return self._submit(writes.pause_fleet)
+        return self._writer.submit(writes.pause_fleet)
 
     def resume_fleet(self, version: int | None = None) -> Future[Fleet]:
-        return self._submit(writes.resume_fleet, version)
+        return self._writer.submit(writes.resume_fleet, version)
 
     def fleet(self) -> Fleet:
         """What every gateway follows: paused or not, the pause's epoch, the version served."""

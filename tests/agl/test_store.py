@@ -646,7 +646,7 @@ def test_a_write_cancelled_while_queued_does_not_disturb_its_group(store):
         started.set()
         release.wait(10)
 
-    store._submit(hold_the_writer)
+    store._writer.submit(hold_the_writer)
     assert started.wait(10)
     futures = [store.append_call(make_call(rid)) for _ in range(3)]
     assert futures[1].cancel()
@@ -675,13 +675,13 @@ def test_a_write_that_raises_after_writing_is_undone_alone_or_in_a_group(store):
         release.wait(10)
 
     with pytest.raises(InvalidData, match="refused after writing"):
-        store._submit(write_then_fail).result(timeout=10)  # a group of one
+        store._writer.submit(write_then_fail).result(timeout=10)  # a group of one
     assert store.append_call(make_call(rid)).result(timeout=10).seq == 0
-    store._submit(hold_the_writer)
+    store._writer.submit(hold_the_writer)
     assert started.wait(10)
     futures = [
         store.append_call(make_call(rid)),
-        store._submit(write_then_fail),
+        store._writer.submit(write_then_fail),
         store.append_call(make_call(rid)),
     ]
     futures.append(store.append_event(rid, "harness", {"k": 1}))
