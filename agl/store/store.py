@@ -314,8 +314,8 @@ class Store(contextlib.AbstractContextManager["Store"]):
 
     def terminal_after(self, cursor: int = 0, limit: int = 1000) -> list[Rollout]:
         """Rollouts that ended after `cursor`, in the order they ended. The next cursor is the last
-        one's `end_seq`: ends commit in `end_seq` order, whatever the writers (`_serialize_ends`), so
-        paging this way sees each once."""
+        one's `end_seq`: ends commit in `end_seq` order, whatever the writers
+        (`writes._serialize_ends`), so paging this way sees each once."""
         query = (
             sa.select(rollouts)
             .where(rollouts.c.end_seq > cursor)
