@@ -1,16 +1,17 @@
 """The durable store: rollouts, calls, events and model versions (docs/architecture.md, "The data model").
 
-Owns the schema (SQLAlchemy Core; changed only by the Alembic migrations in `agl/migrations/`),
-the rollout state machine and the token arrays' layout (little-endian int32 IDs, float32
-logprobs), and the calls' chains: a call is stored as the extension of its agent's previous call,
-so a rollout's bytes grow with its new tokens (reads return whole calls). One writer thread
-commits the checked writes in groups; each returns a `concurrent.futures.Future` that resolves
-once committed (an acknowledged write is durable), and a failing write changes nothing: the rest
-of its group commits without it. Several stores may write one PostgreSQL database at once (gateway
-replicas): a write locks the rows of the rollouts it changes, ends commit in `end_seq` order, and a
-call's chain names the call it extends. Reads run on the caller's thread. It does not authenticate
-anyone (it keeps only token hashes), speak HTTP, or decide policy such as when to retry: the
-gateway and the controller do.
+- Owns the schema (changed only by the Alembic migrations in `agl/migrations/`), the rollout state
+  machine, the token arrays' layout (little-endian int32 IDs, float32 logprobs) and the calls'
+  chains: a call is stored as the extension of its agent's previous call, and read back whole.
+- Writes: one writer thread commits them in groups; each returns a `concurrent.futures.Future`
+  that resolves once committed. An acknowledged write is durable; a failing one changes nothing
+  and the rest of its group commits without it.
+- Replicas: several stores may write one PostgreSQL database at once. A write locks the rows of
+  the rollouts it changes, ends commit in `end_seq` order, and a call's chain names the call it
+  extends.
+- Reads run on the caller's thread.
+- Does not authenticate anyone (it keeps only token hashes), speak HTTP, or decide policy such
+  as when to retry: the gateway and the controller do.
 
 This package re-exports the public names; its modules, in reading order:
 - `store.py`: `Store`, the API: opening a database, the reads, each write's checks.
