@@ -31,7 +31,8 @@ from gateway.engine_replies import EngineError, Generation
 from gateway.engines import EngineClient, Room
 from gateway.gate import Gate
 from gateway.metrics import Metrics
-from gateway.render import TOOL_MARKERS, Prompt, Renderer, parse_reply
+from gateway.render import Prompt, Renderer
+from gateway.reply_parsing import TOOL_MARKERS, parse_reply
 from gateway.rollouts import RolloutState, RolloutStates
 from gateway.sampling import Sampler
 from gateway.settings import GatewaySettings

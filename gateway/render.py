@@ -1,11 +1,13 @@
-"""Messages to token IDs and sampled IDs back to messages, with the model's own chat template.
+"""Messages to token IDs and sampled IDs back to text, with the model's own chat template.
 
-Owns rendering, parsing a sampled reply into content, reasoning and tool calls (a registry of
-tool-call formats), and prefix-preserving mode: a prompt that re-sends an earlier call's
-conversation and reply is built on that reply's sampled IDs (its transcript); any other prompt is
-classified. Also that marker text inside messages stays text, and that text no context can hold
-is refused before it is tokenized. It keeps no rollout's transcripts (the proxy's per-rollout
-record does: `gateway/rollouts.py`), and does not talk to engines, store, or know wire formats.
+- Owns rendering a conversation, and prefix-preserving mode: a prompt that re-sends an earlier
+  call's conversation and reply is built on that reply's sampled IDs (its transcript); any other
+  prompt is classified (`PrefixBreak`).
+- Marker text inside messages stays text; text no context can hold is refused before it is
+  tokenized.
+- Keeps no rollout's transcripts (the proxy's per-rollout record does: `gateway/rollouts.py`);
+  the sampled text becomes a message in `gateway/reply_parsing.py`. Does not talk to engines or
+  the store, or know wire formats.
 """
 
 from __future__ import annotations  # array[int] is not subscriptable at run time before Python 3.12
@@ -17,72 +19,16 @@ import json
 import re
 import secrets
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agl.types import JSON, PrefixBreak
+from gateway.reply_parsing import TOOL_PARSERS
 from gateway.types import ContextOverflow, Message, RenderError, ToolCall
 
-# ---------------------------------------------------------------------------- reply parsing
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 TRANSCRIPTS = 8  # a rollout's transcripts kept: its latest conversations (sub-agents, retries)
 FIRST_HEADS = 64  # first messages whose history's length `_after` keeps (a group starts alike)
-
-
-def parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
-    """Qwen / Hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks."""
-    calls = []
-
-    def take(match: re.Match[str]) -> str:
-        try:
-            data = json.loads(match.group(1))
-            name = data["name"]
-            args = data.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
-            # not a well-formed call: left in the content for the harness to see
-            return match.group(0)
-        if not isinstance(args, str):
-            args = json.dumps(args, ensure_ascii=False)
-        calls.append(ToolCall(name=str(name), arguments=args))
-        return ""
-
-    rest = _HERMES.sub(take, text)
-    if not calls:
-        return text, calls
-    return rest.strip(), calls
-
-
-TOOL_PARSERS: dict[str, Callable[[str], tuple[str, list[ToolCall]]]] = {
-    "hermes": parse_hermes,
-    "none": lambda text: (text, []),
-}
-# The text that begins a tool call, by parser: a stream holds back what follows it.
-TOOL_MARKERS = {"hermes": "<tool_call>", "none": ""}
-
-
-def parse_reply(text: str, tool_parser: str = "hermes", *, thinking: bool = False) -> Message:
-    """A sampled reply as an assistant message: reasoning split off, tool calls parsed by
-    `tool_parser`. The reply starts with reasoning if the prompt opened a thinking block
-    (`thinking`: `Renderer.opens_thinking`) or if it opens one itself; the reasoning runs to the
-    first `</think>`, and a block never closed (the reply was cut while thinking) is all reasoning,
-    as sglang's reasoning parsers read it."""
-    reasoning = ""
-    head = text.lstrip()
-    if thinking or head.startswith(THINK_OPEN):
-        if not thinking:
-            text = head.removeprefix(THINK_OPEN)
-        reasoning, _, text = text.partition(THINK_CLOSE)
-        reasoning = reasoning.strip()
-        text = text.lstrip()
-    content, calls = TOOL_PARSERS[tool_parser](text)
-    return Message(role="assistant", content=content, tool_calls=tuple(calls), reasoning=reasoning)
-
-
-# ---------------------------------------------------------------------------- rendering and transcripts
 
 
 def _digest(previous: int, message: Message) -> int:

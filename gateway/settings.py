@@ -83,7 +83,7 @@ class GatewaySettings(BaseSettings):
         ),
     )
     tool_parser: str = Field(
-        "hermes", description="Tool-call format of the model family (gateway/render.py)."
+        "hermes", description="Tool-call format of the model family (gateway/reply_parsing.py)."
     )
     air_tool_error_reward: float | None = Field(
         None, description="AIR: reward of a call whose tool call failed."

@@ -1,7 +1,7 @@
 """A reply shown while it is sampled: its token IDs decoded a few at a time, and the part of its
 text a harness may already see.
 
-What a stream shows must be what the recorded reply says (`render.parse_reply` of the text
+What a stream shows must be what the recorded reply says (`reply_parsing.parse_reply` of the text
 recorded), so text is held back while it could still turn out to be something else:
 - a suffix that could begin a stop string (the reply is cut before it), a tool-call marker, or
   the end of a thinking block;
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gateway.render import THINK_CLOSE, THINK_OPEN
+from gateway.reply_parsing import THINK_CLOSE, THINK_OPEN
 from gateway.types import CONTENT, REASONING, Part
 
 

@@ -87,6 +87,7 @@ READING_PATH: list[tuple[str, str]] = [
     ("gateway/sampling.py", "the token budget, sampling parameters and stop strings"),
     ("gateway/rollouts.py", "what the gateway keeps of each rollout between its calls"),
     ("gateway/render.py", "messages to token IDs and back, with the model's chat template"),
+    ("gateway/reply_parsing.py", "a sampled reply as a message: reasoning, content, tool calls"),
     ("gateway/engines.py", "the client of the engine replicas (sglang's HTTP API)"),
     ("gateway/engine_replies.py", "what the engine's replies, chunks and aborts mean"),
     ("gateway/wire/base.py", "what the wire formats share: requests, `Stream`, error objects"),

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.render import Renderer, Transcript, parse_reply
+from gateway.render import Renderer, Transcript
+from gateway.reply_parsing import parse_reply
 from gateway.types import Message, RenderError, ToolCall
 from gateway.wire.base import message_from_openai
 from tests.gateway.qwen import CHATML_REASONING, CHATML_THINKING, CHATML_TOOLS, qwen_tokenizer
@@ -182,25 +183,6 @@ def test_template_variables_render_and_a_transcript_extends_only_calls_rendered_
     tok.chat_template = "{{ note }}{{ messages[0].content }}"
     forged = Renderer(tok).prompt([], messages, [], template={"note": "<|im_end|>"})
     assert forged.text == "<|im_end|>hi" and r.turn_end not in forged.ids
-
-
-def test_reply_parsing():
-    msg = parse_reply(
-        '<think>\nhmm\n</think>\n\nok\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
-    )
-    assert (
-        msg.reasoning,
-        msg.content,
-        [(c.name, json.loads(c.arguments)) for c in msg.tool_calls],
-    ) == (
-        "hmm",
-        "ok",
-        [("f", {"x": 1})],
-    )
-    broken = parse_reply("<tool_call>{not json}</tool_call>")
-    assert broken.tool_calls == () and "not json" in broken.content
-    assert parse_reply("plain").content == "plain"
-    assert parse_reply("thought</think>answer", thinking=True).reasoning == "thought"
 
 
 def test_message_validation():

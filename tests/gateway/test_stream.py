@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from gateway.render import Renderer, parse_reply
+from gateway.render import Renderer
+from gateway.reply_parsing import parse_reply
 from gateway.stream import Detokenizer, Shown
 from gateway.types import CONTENT, REASONING
 from tests.gateway.qwen import CHATML_TOOLS, qwen_tokenizer

@@ -20,7 +20,7 @@ import openai
 import pytest
 from transformers import AutoModelForCausalLM
 
-from gateway.render import parse_reply
+from gateway.reply_parsing import parse_reply
 from tests.gateway.stack import Stack, sglang_stack
 from tests.sglang import Reply, SglangStandIn, fake_logprob
 from trainer.engines import DiskEngine
