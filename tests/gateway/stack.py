@@ -4,6 +4,10 @@ The engine is the embedded one running the tiny random model, optionally in scri
 texts given in order, with the model's real teacher-forced logprobs), which is what lets real harnesses
 reach a deterministic end; or the scripted sglang stand-in (tests/sglang.py), which answers as sglang
 0.5.13 does. Everything else is real: uvicorn servers, HTTP, SQLite.
+
+The SDK clients a test opens through the Stack (`openai_client`, `anthropic_client`) are closed
+with it, before its servers stop: a client left to the garbage collector can leave its socket to be
+finalized during a later test, where the ResourceWarning fails that test instead.
 """
 
 from __future__ import annotations
@@ -11,10 +15,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import anthropic
 import httpx
+import openai
 
 from agl.store import Store
 from engine.batcher import Engine
@@ -36,6 +42,7 @@ class Stack:
     engine: Engine | None  # the embedded engine, when it is the one served
     store: Store
     admin: httpx.Client
+    clients: ExitStack = field(default_factory=ExitStack)  # closes the SDK clients tests open
 
     def train_overrides(self, run_dir: Path) -> list[str]:
         """`agl train` pointed at this stack: one torch thread, quick polling, no warm-up, checkpoints and
@@ -50,6 +57,23 @@ class Stack:
         reply = self.admin.post("/api/rollouts", json={"task": {"q": 1}, "group": group, **body})
         reply.raise_for_status()
         return reply.json()
+
+    def openai_client(
+        self, token: str, max_retries: int = openai.DEFAULT_MAX_RETRIES, base_url: str = ""
+    ) -> openai.OpenAI:
+        """An OpenAI client calling this gateway (or `base_url`) with an agent `token`, closed with
+        the stack."""
+        client = openai.OpenAI(
+            base_url=base_url or self.url + "/v1", api_key=token, max_retries=max_retries
+        )
+        return self.clients.enter_context(client)
+
+    def anthropic_client(
+        self, token: str, max_retries: int = anthropic.DEFAULT_MAX_RETRIES
+    ) -> anthropic.Anthropic:
+        """An Anthropic client calling this gateway with an agent `token`, closed with the stack."""
+        client = anthropic.Anthropic(base_url=self.url, api_key=token, max_retries=max_retries)
+        return self.clients.enter_context(client)
 
 
 def read_engine_info(url: str, key: str = "") -> EngineInfo:
@@ -77,7 +101,10 @@ def gateway(
         client = stack.enter_context(
             httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"})
         )
-        yield Stack(url, engine_url, None, store, client)
+        s = Stack(url=url, engine_url=engine_url, engine=None, store=store, admin=client)
+        # the SDK clients tests opened close first, before the gateway they call stops
+        stack.enter_context(s.clients)
+        yield s
 
 
 @contextmanager

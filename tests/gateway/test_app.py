@@ -92,7 +92,7 @@ def check_fidelity(s: Stack, rollout_id: str) -> list[dict]:
 
 def test_openai_sync_records_exact_tokens(free: Stack):
     r = free.rollout()
-    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+    client = free.openai_client(r["agent_token"])
     out = client.chat.completions.create(
         model="solver",
         messages=[{"role": "user", "content": "hello"}],
@@ -114,7 +114,7 @@ def test_calls_record_their_temperature_and_a_rollouts_sampling_overrides_the_ha
     messages = [{"role": "user", "content": "hello"}]
     plain, greedy = free.rollout(), free.rollout(sampling={"temperature": 0})
     for r in (plain, greedy):
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        client = free.openai_client(r["agent_token"])
         for _ in range(2):
             client.chat.completions.create(
                 model="m", messages=messages, max_tokens=8, temperature=0.3
@@ -175,7 +175,7 @@ def test_openai_async_concurrent_and_n(free: Stack):
 def test_openai_streaming_tool_call_round_trip(tiny_path: Path, tmp_path: Path):
     with scripted(tiny_path, tmp_path, [CALL_TEXT, "All done."]) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        client = s.openai_client(r["agent_token"])
         messages: list = [
             {"role": "system", "content": "You run commands."},
             {"role": "user", "content": "list"},
@@ -252,7 +252,7 @@ def test_litellm_openai_model(tiny_path: Path, tmp_path: Path):
 def test_responses_api(tiny_path: Path, tmp_path: Path):
     with scripted(tiny_path, tmp_path, [CALL_TEXT, "Listed."]) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        client = s.openai_client(r["agent_token"])
         tool = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
         first = client.responses.create(
             model="codex", instructions="be brief", input="list files", tools=[tool]
@@ -318,8 +318,8 @@ def test_thinking_and_template_variables_reach_the_template(thinking: Stack):
     """Chat's `chat_template_kwargs`, Anthropic's `thinking` and Responses' `reasoning` set the template's
     `enable_thinking` (off: an empty think block after the generation prompt); a budget has no switch."""
     r = thinking.rollout()
-    chat = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
-    claude = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+    chat = thinking.openai_client(r["agent_token"])
+    claude = thinking.anthropic_client(r["agent_token"])
     user, empty = [{"role": "user", "content": "hi"}], "<think>\n\n</think>\n\n"
 
     def last_prompt_ends() -> str:
@@ -348,9 +348,7 @@ def test_what_no_prompt_shows_is_named_once_per_rollout_and_counted(free: Stack)
     """On a template without a thinking switch, Anthropic's `thinking` is not honoured: a `not_honoured`
     event names it once per rollout, and /metrics counts it. A refused request names nothing."""
     r = free.rollout()
-    claude = anthropic.Anthropic(
-        base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0
-    )
+    claude = free.anthropic_client(r["agent_token"], max_retries=0)
     user, think = [{"role": "user", "content": "hi"}], {"type": "enabled", "budget_tokens": 4}
     for _ in range(2):
         claude.messages.create(model="c", max_tokens=8, messages=user, thinking=think)
@@ -389,7 +387,7 @@ def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(
             ]
 
         r = s.rollout()
-        chat = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).chat.completions
+        chat = s.openai_client(r["agent_token"]).chat.completions
         asked = [{"role": "user", "content": "list"}]
         first = (
             chat.create(model="m", messages=asked, tools=[TOOL], max_tokens=64).choices[0].message
@@ -420,7 +418,7 @@ def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(
         ]
 
         r = s.rollout()
-        client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+        client = s.anthropic_client(r["agent_token"])
         tools = [
             {"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}
         ]
@@ -439,7 +437,7 @@ def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(
         assert [(d["value"], d["call_seq"]) for d in rewards(r["id"])] == [(-0.5, seqs[0])]
 
         r = s.rollout()
-        responses = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"]).responses
+        responses = s.openai_client(r["agent_token"]).responses
         tool = {"type": "function", "name": "bash", "parameters": TOOL["function"]["parameters"]}
         (fc,) = [
             i
@@ -470,7 +468,7 @@ def test_air_gives_a_failed_tool_calls_reward_to_the_call_that_asked_for_it(
 def test_anthropic_tool_use_and_streaming(tiny_path: Path, tmp_path: Path):
     with scripted(tiny_path, tmp_path, [CALL_TEXT, "Here they are."]) as s:
         r = s.rollout()
-        client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+        client = s.anthropic_client(r["agent_token"])
         tools = [
             {"name": "bash", "description": "run", "input_schema": TOOL["function"]["parameters"]}
         ]
@@ -511,15 +509,13 @@ def test_no_tool_calls_are_parsed_when_no_tools_were_offered(tiny_path: Path, tm
     is recorded the same."""
     with scripted(tiny_path, tmp_path, [CALL_TEXT, CALL_TEXT]) as s:
         r = s.rollout()
-        claude = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key=r["agent_token"])
+        claude = s.anthropic_client(r["agent_token"])
         title = claude.messages.create(
             model="claude", max_tokens=64, tools=[], messages=[{"role": "user", "content": "t"}]
         )
         assert title.stop_reason == "end_turn" and [b.type for b in title.content] == ["text"]
         assert title.content[0].text == CALL_TEXT
-        chat = openai.OpenAI(
-            base_url=r["base_url"], api_key=r["agent_token"]
-        ).chat.completions.create(
+        chat = s.openai_client(r["agent_token"]).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "t"}], max_tokens=64
         )
         assert chat.choices[0].finish_reason == "stop" and not chat.choices[0].message.tool_calls
@@ -560,7 +556,7 @@ def test_anthropic_system_turns_inside_messages_are_rendered_as_system_messages(
 
 def test_anthropic_errors_are_in_anthropic_format(free: Stack):
     r = free.rollout()
-    client = anthropic.Anthropic(base_url=r["anthropic_base_url"], api_key="wrong", max_retries=0)
+    client = free.anthropic_client("wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as e:
         client.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "x"}])
     assert e.value.body["type"] == "error"  # type: ignore[index]
@@ -578,7 +574,7 @@ def test_anthropic_errors_are_in_anthropic_format(free: Stack):
 def test_completions_with_text_and_token_prompts_and_path_token(free: Stack):
     r = free.rollout()
     base = f"{free.url}/r/{r['agent_token']}/v1"
-    client = openai.OpenAI(base_url=base, api_key="ignored-when-the-path-has-a-token")
+    client = free.openai_client("ignored-when-the-path-has-a-token", base_url=base)
     text = client.completions.create(model="raw", prompt="Once upon", max_tokens=5)
     ids = client.completions.create(model="raw", prompt=[1, 2, 3], max_tokens=5)
     assert text.choices[0].finish_reason in ("stop", "length") and ids.usage.prompt_tokens == 3  # type: ignore[union-attr]
@@ -588,7 +584,7 @@ def test_completions_with_text_and_token_prompts_and_path_token(free: Stack):
 
 def test_context_overflow_is_context_length_exceeded(free: Stack):
     r = free.rollout()
-    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+    client = free.openai_client(r["agent_token"], max_retries=0)
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="m",
@@ -608,7 +604,7 @@ def test_context_overflow_is_context_length_exceeded(free: Stack):
 def test_stop_strings_cut_the_recorded_tokens_too(tiny_path: Path, tmp_path: Path):
     with scripted(tiny_path, tmp_path, ["alpha END beta gamma"]) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"])
+        client = s.openai_client(r["agent_token"])
         out = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}], stop=["END"]
         )
@@ -798,7 +794,7 @@ def test_a_rollouts_token_may_start_and_end_it_but_not_retry_or_cancel_it(free: 
 
 def test_token_dies_with_its_rollout(free: Stack):
     r = free.rollout()
-    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+    client = free.openai_client(r["agent_token"], max_retries=0)
     client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2
     )
@@ -856,7 +852,7 @@ def test_an_agent_that_always_asks_for_32k_tokens_is_fitted_to_the_room_left(
     event) when at least that many tokens are left; a prompt that leaves less is still refused."""
     with stack(tiny_path, tmp_path, context_length=300, fit_max_tokens=50) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         out = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=32_000
         )

@@ -126,7 +126,7 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
     budget, pad = 30_000, "y" * 4_000
     with stack(tiny_path, tmp_path, rollout_max_bytes=budget) as s:
         r, other = s.rollout(), s.rollout()
-        oa = openai.OpenAI(base_url=s.url + "/v1", api_key=r["agent_token"], max_retries=0)
+        oa = s.openai_client(r["agent_token"], max_retries=0)
         for _ in range(5):  # about 20 KB of the 30 KB
             oa.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": pad}], max_tokens=1
@@ -138,7 +138,7 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
         assert (
             refused.value.status_code == 413 and "storage budget of 30000" in refused.value.message
         )
-        ant = anthropic.Anthropic(base_url=s.url, api_key=r["agent_token"], max_retries=0)
+        ant = s.anthropic_client(r["agent_token"], max_retries=0)
         with pytest.raises(anthropic.APIStatusError) as refused_too:
             ant.messages.create(
                 model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1
@@ -161,9 +161,7 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
         assert not [
             e for e in s.store.events(r["id"]) if e.kind == "note" and e.data != event["data"]
         ]
-        oa_other = openai.OpenAI(
-            base_url=s.url + "/v1", api_key=other["agent_token"], max_retries=0
-        )
+        oa_other = s.openai_client(other["agent_token"], max_retries=0)
         oa_other.chat.completions.create(
             model="m", messages=[{"role": "user", "content": pad * 3}], max_tokens=1
         )
@@ -172,7 +170,7 @@ def test_a_rollout_past_its_storage_budget_is_refused_with_nothing_stored(
     with stack(
         tiny_path, tmp_path, rollout_max_bytes=50_000
     ) as s:  # a restart, on the same database
-        oa = openai.OpenAI(base_url=s.url + "/v1", api_key=r["agent_token"], max_retries=0)
+        oa = s.openai_client(r["agent_token"], max_retries=0)
         seed = s.store.sent_bytes(r["id"])
         assert 20_000 < seed < 21_000
         with pytest.raises(openai.APIStatusError, match=f"has sent {seed} bytes"):

@@ -36,7 +36,7 @@ def test_the_gateway_starts_and_records_what_sglang_sampled(
     sglang = SglangStandIn(tiny_path, ["Hi there."], context_len=1024)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         out = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=32)
         (call,) = s.admin.get(f"/api/rollouts/{r['id']}/calls").json()
         too_long = client.chat.completions.with_raw_response.create
@@ -58,7 +58,7 @@ def test_top_k_0_is_sent_as_minus_1_from_the_harness_and_from_the_rollout(
     sglang = SglangStandIn(tiny_path, ["one", "two"])
     with sglang_stack(sglang, tmp_path) as s:
         for r, extra in ((s.rollout(), {"top_k": 0}), (s.rollout(sampling={"top_k": 0}), {})):
-            client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+            client = s.openai_client(r["agent_token"], max_retries=0)
             client.chat.completions.create(
                 model="m", messages=MESSAGES, max_tokens=8, extra_body=extra
             )
@@ -73,7 +73,7 @@ def test_a_seed_is_not_sent_to_sglang_and_is_named_not_honoured(
     sglang = SglangStandIn(tiny_path, ["one", "two"])
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         for _ in range(2):
             client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, seed=7)
         named = events(s, r["id"], "not_honoured")
@@ -86,7 +86,7 @@ def test_a_seed_is_not_sent_to_sglang_and_is_named_not_honoured(
         sglang, tmp_path / "honoured", seed_honoured=True
     ) as s:  # deterministic sglang
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, seed=7)
         assert events(s, r["id"], "not_honoured") == []
     assert generate_bodies(sglang)[0]["sampling_params"]["sampling_seed"] == 7
@@ -95,7 +95,7 @@ def test_a_seed_is_not_sent_to_sglang_and_is_named_not_honoured(
 def test_the_embedded_engine_honours_a_seed(tiny_path: Path, tmp_path: Path) -> None:
     with stack(tiny_path, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         first = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, seed=7)
         again = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8, seed=7)
         assert events(s, r["id"], "not_honoured") == []
@@ -110,7 +110,7 @@ def test_an_aborted_generation_is_a_retryable_503_and_is_not_recorded(
     sglang = SglangStandIn(tiny_path, [Reply("cut short here", abort_after=2), "Whole."])
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         with pytest.raises(openai.InternalServerError, match="aborted") as refused:
             client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=32)
         assert s.admin.get(f"/api/rollouts/{r['id']}/calls").json() == []

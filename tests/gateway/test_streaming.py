@@ -11,7 +11,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
@@ -36,31 +35,6 @@ REPLY = (
 MESSAGES = [{"role": "user", "content": "What files are here?"}]
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}
 CHAT_TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": SCHEMA}}]
-
-
-OPENED: list[openai.OpenAI | anthropic.Anthropic] = []  # the SDK clients of the running test
-
-
-@pytest.fixture(autouse=True)
-def close_clients() -> Iterator[None]:
-    """Each test's SDK clients are closed after it, and their pooled connections with them."""
-    yield
-    while OPENED:
-        OPENED.pop().close()
-
-
-def openai_client(r: dict) -> openai.OpenAI:
-    client = openai.OpenAI(base_url=r["base_url"], api_key=r["agent_token"], max_retries=0)
-    OPENED.append(client)
-    return client
-
-
-def anthropic_client(r: dict) -> anthropic.Anthropic:
-    client = anthropic.Anthropic(
-        base_url=r["anthropic_base_url"], api_key=r["agent_token"], max_retries=0
-    )
-    OPENED.append(client)
-    return client
 
 
 class Clock:
@@ -101,7 +75,7 @@ def test_chat_completions_stream_as_sampled(
     sglang = SglangStandIn(tiny_path, [REPLY], token_delay_s=DELAY_S, incremental=incremental)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai_client(r)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         clock = Clock()
         stream = client.chat.completions.create(
             model="m",
@@ -144,7 +118,7 @@ def test_responses_stream_as_sampled(tiny_path: Path, tmp_path: Path) -> None:
     tools = [{"type": "function", "name": "bash", "parameters": SCHEMA}]
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai_client(r)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         clock = Clock()
         reasoning, text, kinds, final = "", "", [], None
         with client.responses.stream(
@@ -180,7 +154,7 @@ def test_anthropic_messages_stream_as_sampled(tiny_path: Path, tmp_path: Path) -
     tools = [{"name": "bash", "description": "Run a command", "input_schema": SCHEMA}]
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = anthropic_client(r)
+        client = s.anthropic_client(r["agent_token"], max_retries=0)
         clock = Clock()
         thinking, text = "", ""
         with client.messages.stream(
@@ -215,7 +189,7 @@ def test_a_stop_string_split_across_tokens_never_reaches_the_harness(
     )
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai_client(r)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         stream = client.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=100, stop=[" END"], stream=True
         )
@@ -244,7 +218,7 @@ def test_a_stream_ended_early_then_pause_and_sleep_leave_sglang_alive(
     model = AutoModelForCausalLM.from_pretrained(tiny_path)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai_client(r)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         stops = [" word word"] if ending == "a stop string" else None
         stream = client.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=1000, stop=stops, stream=True
@@ -279,7 +253,7 @@ def test_an_engine_failure_mid_stream_ends_each_format_with_its_error(
     )
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        chat = openai_client(r)
+        chat = s.openai_client(r["agent_token"], max_retries=0)
         failing = chat.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=100, stream=True
         )
@@ -290,7 +264,7 @@ def test_an_engine_failure_mid_stream_ends_each_format_with_its_error(
         with chat.responses.stream(model="m", input="hi", max_output_tokens=100) as stream:
             kinds = [event.type for event in stream]
         assert kinds[-1] == "response.failed"
-        claude = anthropic_client(r)
+        claude = s.anthropic_client(r["agent_token"], max_retries=0)
         failing = claude.messages.stream(model="c", max_tokens=100, messages=MESSAGES)
         with (
             pytest.raises(anthropic.APIStatusError, match="failed the generation"),
@@ -340,7 +314,7 @@ def test_a_pause_waits_for_the_stream_in_flight_and_a_held_call_streams_once_res
     sglang = SglangStandIn(tiny_path, ["first " * 30, "second reply"], token_delay_s=DELAY_S)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai_client(r)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         texts: list[str] = []
 
         def call() -> None:
@@ -373,7 +347,7 @@ def test_several_choices_stream_each_once_all_are_recorded(tiny_path: Path, tmp_
     sglang = SglangStandIn(tiny_path, ["the first", "the second"], token_delay_s=DELAY_S)
     with sglang_stack(sglang, tmp_path) as s:
         r = s.rollout()
-        client = openai_client(r)
+        client = s.openai_client(r["agent_token"], max_retries=0)
         stream = client.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=20, n=2, stream=True
         )

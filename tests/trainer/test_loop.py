@@ -516,7 +516,7 @@ def test_a_restart_while_harnesses_call_pauses_the_gateway_before_the_engine_sle
             "/api/resume", json={"version": 3}
         ).raise_for_status()  # as the last trainer left it
         r = gw.rollout()
-        harness = StreamingHarness(r)
+        harness = StreamingHarness(gw.openai_client(r["agent_token"], max_retries=0))
         harness.start()
         harness.wait_for_answers(1)
         backend = DiskBackend(gw.engine_url, tiny_path, tmp_path / "run" / "weights")
@@ -535,11 +535,9 @@ def test_a_restart_while_harnesses_call_pauses_the_gateway_before_the_engine_sle
 class StreamingHarness(threading.Thread):
     """A harness that streams one call after another until stopped, as a coding agent does."""
 
-    def __init__(self, rollout: dict[str, Any]) -> None:
+    def __init__(self, client: openai.OpenAI) -> None:
         super().__init__(daemon=True)
-        self.client = openai.OpenAI(
-            base_url=rollout["base_url"], api_key=rollout["agent_token"], max_retries=0
-        )
+        self.client = client
         self.answered: list[str] = []
         self.errors: list[Exception] = []
         self.stopped = threading.Event()
@@ -568,4 +566,3 @@ class StreamingHarness(threading.Thread):
     def stop(self) -> None:
         self.stopped.set()
         self.join(30)
-        self.client.close()
