@@ -167,10 +167,12 @@ def make_engine(url: str, settings: StoreSettings, *, writer: bool) -> Engine:
         dbapi_conn.execute(f"PRAGMA synchronous={settings.sqlite_synchronous}")
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
         if writer and settings.sqlite_checkpoint_s:
-            # The store checkpoints the log itself (`Writer._checkpoint`), never inside a commit;
-            # a log grown past its bound is cut back to it once reused.
+            # The store checkpoints the log itself (`Writer._checkpoint`), never inside a commit.
+            # A log grown past a quarter of its bound is cut back to that once reused, so that
+            # the file's size says how long the log is (the writer calls the checkpoint thread
+            # early past it: a high-water mark left there called it after every commit).
             dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
-            dbapi_conn.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_BOUND}")
+            dbapi_conn.execute(f"PRAGMA journal_size_limit={SQLITE_WAL_BOUND // 4}")
 
     if writer:  # reads run in autocommit: each statement sees the latest commit
 

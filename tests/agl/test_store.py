@@ -619,6 +619,32 @@ def test_a_burst_between_the_checkpoint_threads_turns_keeps_the_log_bounded(tmp_
     assert max(wal_sizes) < 1.5 * SQLITE_WAL_BOUND < 40 * 4 * tokens
 
 
+def test_after_a_burst_small_writes_do_not_call_the_checkpoint_thread_each(tmp_path, monkeypatch):
+    """A burst grows the log's file past a quarter of SQLITE_WAL_BOUND (the size at which the
+    writer calls the checkpoint thread early); once reused, the file is cut back to that size, so
+    the small writes after it leave the thread to its own turns (it was called after every commit,
+    a checkpoint per call)."""
+    db = tmp_path / "agl.db"
+    wal = tmp_path / "agl.db-wal"
+    settings = StoreSettings(sqlite_checkpoint_s=3600)
+    tokens = 1_048_576  # 4 MiB of prompt IDs a call
+    with Store(f"sqlite:///{db}", settings) as store:
+        checkpoints = []
+        checkpoint = store._writer._checkpoint
+        monkeypatch.setattr(store._writer, "_checkpoint", lambda: checkpoints.append(checkpoint()))
+        rid = _drive_to(store, Status.RUNNING)
+        for i in range(8):
+            ids = array("i", range(i * tokens, (i + 1) * tokens))
+            store.append_call(replace(make_call(rid), prompt_ids=ids)).result()
+        assert checkpoints  # the thread was called early
+        store._writer._checkpoint()  # once the thread's has ended: the log is copied whole
+        after_burst = len(checkpoints)
+        for _ in range(50):
+            store.append_call(make_call(rid)).result()
+        assert len(checkpoints) <= after_burst + 1
+        assert wal.stat().st_size <= SQLITE_WAL_BOUND // 4
+
+
 def test_a_failing_write_does_not_disturb_its_group(store):
     """Good and bad writes committed in the same group: the bad ones are undone, the rest land."""
     rid = _drive_to(store, Status.RUNNING)
