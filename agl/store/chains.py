@@ -8,7 +8,7 @@ first n items, then its own. So a rollout's stored bytes grow with its new token
 
 - Owns the `base` layout, the writer's memory of each agent's last call (`Chains`), turning a call
   into its stored extension (`chain`) and rows back into whole calls (`calls_of`), and the query
-  that reads a call's chain back to one stored whole (`CHAIN_ROWS`).
+  that reads calls through their chains back to one stored whole (`chain_rows`).
 - Does not open transactions or write rows: `writes.py` inserts what `chain` returns, and the
   writer thread (`writer.py`) commits it and calls `Chains.commit`.
 """
@@ -30,32 +30,30 @@ from agl.types import ARRAYS, JSON, Call, Rollout, Status
 
 # Rollouts whose last calls the writer keeps to chain the next (about 4 bytes per token each).
 MAX_CHAINS = 4096
-# The rows of a rollout's calls `seqs` and of the calls each extends (its `base`), back to one
-# stored whole or to call `known`, whose row is not read.
-_BASE_SEQ = calls.c.base["seq"].as_integer()
-_CHAIN = (
-    sa.select(calls.c.seq, _BASE_SEQ.label("base"))
-    .where(
-        calls.c.rollout_id == sa.bindparam("rollout_id"),
-        calls.c.seq.in_(sa.bindparam("seqs", expanding=True)),
+# A call row's `base` seq: the call it extends (NULL: stored whole).
+BASE_SEQ = calls.c.base["seq"].as_integer()
+
+
+def chain_rows(anchor: sa.Select[Any]) -> sa.Select[Any]:
+    """The rows of the calls `anchor` selects (`seq`, and `BASE_SEQ` as `base`, of the rollout
+    bound as `rollout_id`) and of the calls each extends, back to one stored whole or to call
+    `known` (a bound seq: a call the reader holds whole, whose row is not read unless `anchor`
+    selects it, and whose chain is not), in seq order: one query, whatever the chain's length."""
+    chain = anchor.cte("chain", recursive=True)
+    chain = chain.union(
+        sa.select(calls.c.seq, BASE_SEQ).where(
+            calls.c.rollout_id == sa.bindparam("rollout_id"),
+            calls.c.seq == chain.c.base,
+            calls.c.seq != sa.bindparam("known"),
+            chain.c.seq != sa.bindparam("known"),
+        )
     )
-    .cte("chain", recursive=True)
-)
-_CHAIN = _CHAIN.union(
-    sa.select(calls.c.seq, _BASE_SEQ).where(
-        calls.c.rollout_id == sa.bindparam("rollout_id"),
-        calls.c.seq == _CHAIN.c.base,
-        calls.c.seq != sa.bindparam("known"),
+    rollout = calls.c.rollout_id == sa.bindparam("rollout_id")
+    return (
+        sa.select(calls)
+        .join(chain, sa.and_(rollout, calls.c.seq == chain.c.seq))
+        .order_by(calls.c.seq)
     )
-)
-CHAIN_ROWS = (
-    sa.select(calls)
-    .join(
-        _CHAIN,
-        sa.and_(calls.c.rollout_id == sa.bindparam("rollout_id"), calls.c.seq == _CHAIN.c.seq),
-    )
-    .order_by(calls.c.seq)
-)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from agl.settings import StoreSettings
 from agl.store import writes
-from agl.store.chains import CHAIN_ROWS, calls_of
+from agl.store.chains import BASE_SEQ, calls_of, chain_rows
 from agl.store.credentials import Created, hash_token, new_token
 from agl.store.errors import (
     IllegalTransition,
@@ -80,10 +80,10 @@ _TOKEN_HOLDER = sa.select(rollouts).where(
     )
 )
 # A rollout's last `n` calls of its current attempt (their seqs end at its `n_calls` - 1): a
-# range of the (rollout_id, seq) index, whatever the planner's statistics.
-_LAST_ROWS = (
-    sa.select(calls)
-    .where(
+# range of the (rollout_id, seq) index, whatever the planner's statistics; read with the calls
+# they extend (`chain_rows`).
+_LAST_ROWS = chain_rows(
+    sa.select(calls.c.seq, BASE_SEQ.label("base")).where(
         calls.c.rollout_id == sa.bindparam("rollout_id"),
         calls.c.seq
         >= sa.select(rollouts.c.n_calls - sa.bindparam("n"))
@@ -94,7 +94,6 @@ _LAST_ROWS = (
         .where(rollouts.c.id == sa.bindparam("rollout_id"))
         .scalar_subquery(),
     )
-    .order_by(calls.c.seq)
 )
 
 
@@ -346,19 +345,13 @@ class Store(contextlib.AbstractContextManager["Store"]):
         `known`, a call of the rollout the caller holds whole: no other call is read. A gateway
         replica passes the last call it recorded or read, and a call recorded after it read one is
         stored as that call's extension (`append_call`'s `follows`): then this reads a link or
-        two, however long the conversation."""
+        two, however long the conversation. One query (`chain_rows`), one round trip."""
         if n <= 0:
             return []
         known_seq = -1
         if known is not None:
             known_seq = known.seq
-        rows = self._read(_LAST_ROWS, {"rollout_id": rollout_id, "n": n})
-        # The calls they extend that neither they nor `known` are: read in one more query.
-        read = {row.seq for row in rows} | {known_seq}
-        bases = {row.base["seq"] for row in rows if row.base and row.seq != known_seq} - read
-        if bases:
-            chain = {"rollout_id": rollout_id, "seqs": sorted(bases), "known": known_seq}
-            rows = self._read(CHAIN_ROWS, chain) + rows  # older: smaller seqs
+        rows = self._read(_LAST_ROWS, {"rollout_id": rollout_id, "n": n, "known": known_seq})
         return list(calls_of(rows, known))[-n:]
 
     def last_seq(self, rollout_id: str, agent: str) -> int | None:
