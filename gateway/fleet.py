@@ -125,14 +125,12 @@ class Replicas:
 
     async def _sync(self) -> None:
         """Follows the fleet's state, and counts the other live gateways: a replica that joins is
-        known to the others within `SYNC_S`, before long its first call."""
-        state, alive = await asyncio.to_thread(self._read)
+        known to the others within `SYNC_S`, before long its first call. One read."""
+        alive_since = time.time() - TTL_S
+        read = self.store.fleet_and_peers
+        state, peers = await asyncio.to_thread(read, self.me.id, alive_since=alive_since)
         await self._follow(state)
-        self.peers.count = sum(1 for g in alive if g.id != self.me.id)
-
-    def _read(self) -> tuple[Fleet, list[Gateway]]:
-        """`_sync`'s two reads, in one trip to a thread (it runs ten times a second)."""
-        return self.store.fleet(), self.store.gateways(alive_since=time.time() - TTL_S)
+        self.peers.count = peers
 
     async def _every(self, period_s: float, step: Callable[[], Awaitable[None]]) -> None:
         """Runs `step` every `period_s`; a store that cannot be reached is reported, not fatal."""

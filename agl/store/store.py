@@ -37,6 +37,7 @@ from agl.store.schema import (
     READ_ROLLOUT,
     calls,
     events,
+    fleet,
     fleet_of,
     gateways,
     make_engine,
@@ -66,12 +67,24 @@ _CURRENT_ATTEMPT = sa.and_(
 )
 # The reads' statements, built once: SQLAlchemy then finds them compiled in its cache without
 # rebuilding their key.
-# Read by every gateway ten times a second (`gateway/fleet.py`), so built once.
 _LIVE_GATEWAYS = (
     sa.select(gateways)
     .where(gateways.c.heartbeat_at >= sa.bindparam("alive_since"))
     .order_by(gateways.c.id)
 )
+# The fleet's row and how many other gateways are alive: what every gateway reads ten times a
+# second (`gateway/fleet.py`), in one round trip.
+_FLEET_AND_PEERS = sa.select(
+    *fleet.c,
+    sa.select(sa.func.count())
+    .select_from(gateways)
+    .where(
+        gateways.c.heartbeat_at >= sa.bindparam("alive_since"),
+        gateways.c.id != sa.bindparam("gateway_id"),
+    )
+    .scalar_subquery()
+    .label("peers"),
+).where(fleet.c.id == 1)
 # The rollout a token's hash belongs to.
 _TOKEN_HOLDER = sa.select(rollouts).where(
     sa.or_(
@@ -414,6 +427,13 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def fleet(self) -> Fleet:
         """What every gateway follows: paused or not, the pause's epoch, the version served."""
         return fleet_of(self._read(FLEET)[0])
+
+    def fleet_and_peers(self, gateway_id: str, *, alive_since: float) -> tuple[Fleet, int]:
+        """`fleet`, and how many registered gateways but `gateway_id` have a heartbeat not older
+        than `alive_since`: one read."""
+        values = {"gateway_id": gateway_id, "alive_since": alive_since}
+        [row] = self._read(_FLEET_AND_PEERS, values)
+        return fleet_of(row), int(row.peers)
 
     def gateways(self, *, alive_since: float = 0.0) -> list[Gateway]:
         """The registered gateways whose heartbeat is not older than `alive_since`."""

@@ -20,13 +20,13 @@ def test_a_gateway_alone_on_a_sqlite_store_reads_the_fleet_only_when_it_starts(
     every `SYNC_S` (ten reads a second were 12 of an idle gateway's 16 ms of CPU a second)."""
     with Store(f"sqlite:///{tmp_path}/agl.db") as store:
         reads = []
-        fleet = store.fleet
+        fleet = store.fleet_and_peers
 
-        def counted() -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
             reads.append(1)
-            return fleet()
+            return fleet(*args, **kwargs)
 
-        monkeypatch.setattr(store, "fleet", counted)
+        monkeypatch.setattr(store, "fleet_and_peers", counted)
         proxy: Any = SimpleNamespace(
             id="g", serve_version=lambda version: None, gate=SimpleNamespace(paused=False)
         )
