@@ -67,11 +67,14 @@ class Tokens:
     `changed` follows each change to a rollout, and a read that overlapped a change is not cached
     (`changes` counts them). Another replica's changes (an end, rotated tokens) are seen once the
     entry is `TTL_S` old: until then this gateway still admits the old token, and the store refuses
-    the calls it records to a rollout that ended. A gateway alone on a store that serves one
-    gateway process (SQLite) is its only writer, and reads each token once. At most `size` tokens
-    are kept, the oldest dropped first."""
+    the calls it records to a rollout that ended. Entries that old are read again together, in one
+    read (`_refresh`): a replica that serves every rollout's calls would otherwise read each
+    rollout's token every `TTL_S`. A gateway alone on a store that serves one gateway process
+    (SQLite) is its only writer, and reads each token once. At most `size` tokens are kept, the
+    oldest dropped first."""
 
     TTL_S = 2.0  # with replicas
+    REFRESH = 1000  # most entries read again in one read
 
     def __init__(self, store: Store, size: int = 100_000) -> None:
         self.store = store
@@ -81,6 +84,7 @@ class Tokens:
         # rollout id -> its cached token hashes
         self.of_rollout: defaultdict[str, set[str]] = defaultdict(set)
         self.changes = 0
+        self._refreshing = asyncio.Lock()
 
     async def lookup(self, token: str) -> tuple[Rollout, Role] | None:
         if token_expired(token):
@@ -89,10 +93,9 @@ class Tokens:
                 "this token has expired; a launcher gets new ones from /api/rollouts/{id}/tokens",
             )
         digest = hash_token(token)
-        read_at = self.read_at.get(digest)
-        if read_at is not None and (
-            self.store.single_process or time.monotonic() - read_at < self.TTL_S
-        ):
+        if digest in self.found and not self._fresh(digest):
+            await self._refresh()
+        if digest in self.found and self._fresh(digest):
             return self.found[digest]
         changes = self.changes
         found = await asyncio.to_thread(self.store.rollout_for_token, token)
@@ -102,6 +105,32 @@ class Tokens:
         if changes == self.changes:
             self._add(digest, rollout, Role(role))
         return rollout, Role(role)
+
+    def _fresh(self, digest: str) -> bool:
+        """Whether a cached entry may be used without reading it again."""
+        return self.store.single_process or time.monotonic() - self.read_at[digest] < self.TTL_S
+
+    async def _refresh(self) -> None:
+        """Reads the entries `TTL_S` old again (the oldest `REFRESH`), in one read; a token no
+        longer its rollout's (rotated) is dropped. Lookups meanwhile wait for this read rather
+        than make their own. An entry changed during the read keeps its change."""
+        async with self._refreshing:
+            stale: dict[str, float] = {}  # digest -> when it was read
+            for digest in self.found:  # oldest first: the stale ones lead
+                if self._fresh(digest) or len(stale) == self.REFRESH:
+                    break
+                stale[digest] = self.read_at[digest]
+            if not stale:
+                return  # read by the refresh this lookup waited for
+            holders = await asyncio.to_thread(self.store.token_holders, list(stale))
+            for digest, read_at in stale.items():
+                if self.read_at.get(digest) != read_at:
+                    continue  # changed (or dropped) meanwhile
+                if digest in holders:
+                    rollout, role = holders[digest]
+                    self._add(digest, rollout, Role(role))
+                else:
+                    self._drop(digest)
 
     def issued(self, created: Created) -> None:
         self._add(hash_token(created.agent_token), created.rollout, Role.AGENT)

@@ -92,6 +92,13 @@ _TOKEN_HOLDER = sa.select(rollouts).where(
         rollouts.c.grader_token_hash == sa.bindparam("digest"),
     )
 )
+# The rollouts some tokens' hashes belong to.
+_TOKEN_HOLDERS = sa.select(rollouts).where(
+    sa.or_(
+        rollouts.c.agent_token_hash.in_(sa.bindparam("digests", expanding=True)),
+        rollouts.c.grader_token_hash.in_(sa.bindparam("digests", expanding=True)),
+    )
+)
 # A rollout's last `n` calls of its current attempt (their seqs end at its `n_calls` - 1): a
 # range of the (rollout_id, seq) index, whatever the planner's statistics; read with the calls
 # they extend (`chain_rows`).
@@ -302,6 +309,19 @@ class Store(contextlib.AbstractContextManager["Store"]):
         if rows[0].agent_token_hash == digest:
             return rollout_of(rows[0]), "agent"
         return rollout_of(rows[0]), "grader"
+
+    def token_holders(self, digests: list[str]) -> dict[str, tuple[Rollout, str]]:
+        """`rollout_for_token` of many tokens at once, by their hashes (`hash_token`): one read.
+        A hash no rollout holds (now) is left out."""
+        asked = set(digests)
+        found = {}
+        for row in self._read(_TOKEN_HOLDERS, {"digests": digests}):
+            rollout = rollout_of(row)
+            if row.agent_token_hash in asked:
+                found[row.agent_token_hash] = (rollout, "agent")
+            if row.grader_token_hash in asked:
+                found[row.grader_token_hash] = (rollout, "grader")
+        return found
 
     def list_rollouts(
         self,

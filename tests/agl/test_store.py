@@ -24,6 +24,7 @@ from agl.store import (
     StoreError,
     calls,
     events,
+    hash_token,
     rollouts,
 )
 from agl.types import TRANSITIONS, Call, Charge, FailureKind, ModelVersion, Status
@@ -71,8 +72,15 @@ def test_create_rollout_returns_tokens_and_stores_only_hashes(store):
     assert store.rollout_for_token(created.agent_token) == (r, "agent")
     assert store.rollout_for_token(created.grader_token) == (r, "grader")
     assert store.rollout_for_token("nope") is None
+    other = store.create_rollout({"q": 1}, "g1").result()
+    digests = [hash_token(t) for t in (created.agent_token, created.grader_token, "nope")]
+    assert store.token_holders([*digests, hash_token(other.agent_token)]) == {
+        digests[0]: (r, "agent"),
+        digests[1]: (r, "grader"),
+        hash_token(other.agent_token): (other.rollout, "agent"),
+    }
     with store._read_engine.connect() as conn:
-        row = conn.execute(sa.select(rollouts)).one()
+        row = conn.execute(sa.select(rollouts).where(rollouts.c.id == r.id)).one()
     assert created.agent_token not in str(tuple(row))
     assert store.get_rollout(r.id) == r
     assert [e.kind for e in store.events(r.id)] == ["lifecycle"]

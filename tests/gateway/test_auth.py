@@ -48,13 +48,48 @@ def test_a_cached_token_is_read_again_only_where_a_replica_may_change_its_rollou
     running = rollout("a", Status.RUNNING)
     reads = []
 
-    def rollout_for_token(token: str) -> tuple[Rollout, str]:
-        reads.append(token)
-        return running, "agent"
+    def token_holders(digests: list[str]) -> dict[str, tuple[Rollout, str]]:
+        reads.append(digests)
+        return {hash_token("a-agent"): (running, "agent")}
 
-    store: Any = SimpleNamespace(single_process=single_process, rollout_for_token=rollout_for_token)
+    store: Any = SimpleNamespace(single_process=single_process, token_holders=token_holders)
     auth = Auth("admin", store)
     auth.tokens.issued(Created(rollout=running, agent_token="a-agent", grader_token=None))
     auth.tokens.read_at[hash_token("a-agent")] -= Tokens.TTL_S  # read that long ago
     assert asyncio.run(auth.tokens.lookup("a-agent")) == (running, Role.AGENT)
     assert len(reads) == (0 if single_process else 1)
+
+
+def test_with_replicas_the_tokens_read_ttl_ago_are_read_again_in_one_read() -> None:
+    """A replica that serves every rollout's calls (round-robin) holds every token: they go stale
+    together and are read again together, in one read. A token its rollout no longer holds
+    (rotated by another replica) is dropped, and its next lookup reads it alone (here: unknown,
+    401); one the gateway changed during the read keeps its change."""
+    stale = [rollout(name, Status.RUNNING) for name in "abc"]
+    ended = rollout("c", Status.SUCCEEDED)
+    reads: list[Any] = []
+
+    def token_holders(digests: list[str]) -> dict[str, tuple[Rollout, str]]:
+        reads.append(sorted(digests))
+        tokens.changed("c", ended)  # the gateway's own change, while the read is under way
+        return {
+            hash_token("a-agent"): (stale[0], "agent"),
+            hash_token("c-agent"): (stale[2], "agent"),
+        }
+
+    def rollout_for_token(token: str) -> None:
+        reads.append(token)
+
+    store: Any = SimpleNamespace(
+        single_process=False, token_holders=token_holders, rollout_for_token=rollout_for_token
+    )
+    tokens = Tokens(store)
+    for r in stale:
+        tokens.issued(Created(rollout=r, agent_token=f"{r.id}-agent", grader_token=None))
+        tokens.read_at[hash_token(f"{r.id}-agent")] -= Tokens.TTL_S
+
+    async def lookups() -> list[Any]:
+        return await asyncio.gather(*(tokens.lookup(f"{r.id}-agent") for r in stale))
+
+    assert asyncio.run(lookups()) == [(stale[0], Role.AGENT), None, (ended, Role.AGENT)]
+    assert reads == [sorted(hash_token(f"{r.id}-agent") for r in stale), "b-agent"]
