@@ -37,7 +37,6 @@ from agl.store.schema import (
     READ_ROLLOUT,
     calls,
     events,
-    fleet,
     fleet_of,
     gateways,
     make_engine,
@@ -74,8 +73,7 @@ _LIVE_GATEWAYS = (
 )
 # The fleet's row and how many other gateways are alive: what every gateway reads ten times a
 # second (`gateway/fleet.py`), in one round trip.
-_FLEET_AND_PEERS = sa.select(
-    *fleet.c,
+_LIVE_PEERS = (
     sa.select(sa.func.count())
     .select_from(gateways)
     .where(
@@ -83,8 +81,8 @@ _FLEET_AND_PEERS = sa.select(
         gateways.c.id != sa.bindparam("gateway_id"),
     )
     .scalar_subquery()
-    .label("peers"),
-).where(fleet.c.id == 1)
+)
+_FLEET_AND_PEERS = FLEET.add_columns(_LIVE_PEERS.label("peers"))
 # The rollout a token's hash belongs to.
 _TOKEN_HOLDER = sa.select(rollouts).where(
     sa.or_(
@@ -444,13 +442,10 @@ class Store(contextlib.AbstractContextManager["Store"]):
     def resume_fleet(self, version: int | None = None) -> Future[Fleet]:
         return self._writer.submit(writes.resume_fleet, version)
 
-    def fleet(self) -> Fleet:
-        """What every gateway follows: paused or not, the pause's epoch, the version served."""
-        return fleet_of(self._read(FLEET)[0])
-
     def fleet_and_peers(self, gateway_id: str, *, alive_since: float) -> tuple[Fleet, int]:
-        """`fleet`, and how many registered gateways but `gateway_id` have a heartbeat not older
-        than `alive_since`: one read."""
+        """What every gateway follows (paused or not, the pause's epoch, the version served), and
+        how many registered gateways but `gateway_id` have a heartbeat not older than
+        `alive_since`: one read."""
         values = {"gateway_id": gateway_id, "alive_since": alive_since}
         [row] = self._read(_FLEET_AND_PEERS, values)
         return fleet_of(row), int(row.peers)
