@@ -514,6 +514,9 @@ async def test_a_request_aborted_while_waiting_gets_sglangs_waiting_queue_answer
     second = {**first, "rid": "second", "return_logprob": True}
     async with httpx.AsyncClient(base_url=narrow, timeout=60) as http:
         running = asyncio.create_task(http.post("/generate", json=first))
+        # the first runs before the second is sent: two connections may reach the server in
+        # either order, and the test aborts the one that waits
+        await loads_until(http, running=1, waiting=0)
         waiting = asyncio.create_task(http.post("/generate", json=second))
         await loads_until(http, running=1, waiting=1)
         await http.post("/abort_request", json={"rid": "second"})
