@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sqlite3
 import threading
 import time
 from array import array
+from contextlib import closing
 from dataclasses import replace
 
 import pytest
@@ -574,6 +576,16 @@ def test_concurrent_writers_lose_nothing(store):
     assert sum(len(kinds(store, rid, "harness")) for rid in rids) == (8 + 16) * 50
 
 
+def _checkpointed_calls(db) -> int:
+    """The calls the database file itself holds, its write-ahead log unread: what checkpoints have
+    copied. 0 while a checkpoint is halfway through the pages it copies."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?immutable=1", uri=True)) as conn:
+            return conn.execute("SELECT count(*) FROM calls").fetchone()[0]
+    except sqlite3.DatabaseError:
+        return 0
+
+
 @pytest.mark.parametrize("every_s", [0.05, 0.0])
 def test_sqlite_checkpoints_beside_the_writer(tmp_path, every_s):
     """The write-ahead log is copied into the database by the store's checkpoint thread, not
@@ -591,10 +603,13 @@ def test_sqlite_checkpoints_beside_the_writer(tmp_path, every_s):
                 start = (round_ * 20 + i) * 4096
                 call = replace(make_call(rid), prompt_ids=array("i", range(start, start + 4096)))
                 store.append_call(call).result()
+            written = (round_ + 1) * 20
             deadline = time.monotonic() + 10
-            while every_s and db.stat().st_size == before and time.monotonic() < deadline:
+            while every_s and _checkpointed_calls(db) < written and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert (db.stat().st_size > before) == bool(every_s)
+            # with the thread, the next round starts once a checkpoint has caught up with this one
+            assert (_checkpointed_calls(db) == written) == bool(every_s)
             wal_sizes.append(wal.stat().st_size)
         assert len(store.calls_for([rid])[rid]) == 80
     if every_s:
