@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from agl.store import Created, IllegalTransition, Store, hash_token, token_expired
+from agl.store import Created, Store, hash_token, token_expired
 from agl.types import Rollout, Status
 
 
@@ -224,13 +224,8 @@ class Auth:
 
     async def _start(self, rollout: Rollout) -> Rollout:
         """A queued rollout, started by its first model call (or as someone else left it)."""
-        started = self.store.transition(rollout.id, Status.RUNNING, reason="first model call")
-        try:
-            rollout = await asyncio.wrap_future(started)
-            self.tokens.changed(rollout.id, rollout)
-        except IllegalTransition:  # started (or ended) by someone else meanwhile
-            self.tokens.changed(rollout.id)
-            rollout = await asyncio.to_thread(self.store.get_rollout, rollout.id)
+        rollout = await asyncio.wrap_future(self.store.start(rollout.id, "first model call"))
+        self.tokens.changed(rollout.id, rollout)
         return rollout
 
     async def rollout(self, request: Request, rollout_id: str) -> Rollout:

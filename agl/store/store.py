@@ -208,6 +208,10 @@ class Store(contextlib.AbstractContextManager["Store"]):
             raise IllegalTransition(str(e)) from e
         return self._writer.submit(writes.transition, rollout_id, target, kind, reason, attempt)
 
+    def start(self, rollout_id: str, reason: str) -> Future[Rollout]:
+        """Start a queued rollout; one already started or ended resolves as it is."""
+        return self._writer.submit(writes.start, rollout_id, reason)
+
     def append_call(
         self, call: Call, charge: Charge | None = None, *, follows: Call | None = None
     ) -> Future[Call]:

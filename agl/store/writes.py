@@ -127,9 +127,29 @@ def transition(
     reason: str,
     attempt: int | None,
 ) -> Rollout:
-    """Move the rollout to `to`, as `_check_transition` allows: a lifecycle event, and its columns
-    (a retry starts attempt + 1 afresh; an end takes the next `end_seq`)."""
+    """Move the rollout to `to`, as `_check_transition` allows."""
+    return _move(conn, _rollout_row(conn, rollout_id), to, failure_kind, reason, attempt)
+
+
+def start(conn: Connection, rollout_id: str, reason: str) -> Rollout:
+    """A queued rollout moved to running by its first model call. A rollout already started (its
+    first calls reached several gateway replicas at once) or ended stays as it is."""
     row = _rollout_row(conn, rollout_id)
+    if row.status != Status.QUEUED:
+        return rollout_of(row)
+    return _move(conn, row, Status.RUNNING, None, reason, None)
+
+
+def _move(
+    conn: Connection,
+    row: Any,
+    to: Status,
+    failure_kind: FailureKind | None,
+    reason: str,
+    attempt: int | None,
+) -> Rollout:
+    """Move the rollout (its locked `row`) to `to`: a lifecycle event, and its columns (a retry
+    starts attempt + 1 afresh; an end takes the next `end_seq`)."""
     _check_transition(row, to, failure_kind, attempt)
     if to is Status.TIMED_OUT:  # a time-out is the policy's failure, named or not
         failure_kind = FailureKind.TASK
@@ -145,7 +165,7 @@ def transition(
         data["reason"] = reason
     if Status(to).terminal:
         _serialize_ends(conn)
-    event = _insert_event(conn, rollout_id, row.attempt, "lifecycle", data)
+    event = _insert_event(conn, row.id, row.attempt, "lifecycle", data)
     if to is Status.QUEUED:  # a fresh attempt
         values.update(attempt=attempt_after, started_at=None, failure_kind=None, reward=None)
     elif to is Status.RUNNING:

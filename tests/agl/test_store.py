@@ -140,6 +140,26 @@ def test_transition_guards(store):
     assert store.transition(rid, Status.TIMED_OUT).result().failure_kind is FailureKind.TASK
 
 
+def test_a_start_moves_only_a_queued_rollout_and_leaves_one_started_or_ended_as_it_is(store):
+    """The first model calls of a rollout may reach two gateway replicas at once: the second
+    start finds it running and is no refused write (which would undo the writer's whole group)."""
+    rid = _drive_to(store, Status.QUEUED)
+    started = store.start(rid, "first model call").result()
+    assert started.status is Status.RUNNING and started.started_at is not None
+    before = (store.get_rollout(rid), counts(store))
+    again = [store.start(rid, "first model call"), store.append_call(make_call(rid))]
+    assert again[0].result() == before[0]
+    assert again[1].result().seq == 0
+    assert [e.data.get("reason") for e in kinds(store, rid, "lifecycle")] == [
+        None,
+        "first model call",
+    ]
+    ended = store.transition(rid, Status.SUCCEEDED).result()
+    assert store.start(rid, "first model call").result() == ended
+    with pytest.raises(NotFound):
+        store.start("missing", "first model call").result()
+
+
 def test_a_time_out_is_a_task_failure_and_one_of_another_kind_is_refused(store):
     """Naming no kind names the time-out's own; naming infra is refused, not rewritten."""
     rid = _drive_to(store, Status.RUNNING)
