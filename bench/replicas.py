@@ -47,7 +47,6 @@ from bench.quick import parse_args
 from bench.soak import Tally, call, create, harness, reconcile, session
 from bench.stack import ADMIN_HEADERS, Balanced, balanced
 
-
 # the throughput phases' configurations: (replicas, sticky by token)
 CONFIGS = ((1, False), (2, False), (2, True))
 # a fresh stack's first calls, not counted: its processes' first requests import and warm caches
@@ -94,7 +93,8 @@ class Phase:
     seconds: float = 0.0
     gateway_cpu_s: float = 0.0
     database_cpu_s: float = 0.0
-    added_s: list[float] = field(default_factory=list)  # a call through the balancer minus a direct one
+    # each latency call through the balancer minus its direct call to the stand-in
+    added_s: list[float] = field(default_factory=list)
 
     def cpu_ms(self) -> float:
         """Gateways' and PostgreSQL's CPU per call."""
@@ -204,6 +204,8 @@ def main() -> None:
                 asyncio.run(added_latency(stack, args.latency_calls, phase))
     for (replicas, sticky), phase in figures.items():
         balance = "sticky by token" if sticky else "round-robin"
+        if replicas == 1:
+            balance = "alone"
         print(
             f"{replicas} replica(s), {balance}: {phase.calls / phase.seconds:.0f} calls/s with "
             f"{args.clients} conversations, p50 added "
