@@ -96,6 +96,9 @@ class Phase:
     # each latency call through the balancer minus its direct call to the stand-in
     added_s: list[float] = field(default_factory=list)
 
+    def calls_per_s(self) -> float:
+        return self.calls / self.seconds
+
     def cpu_ms(self) -> float:
         """Gateways' and PostgreSQL's CPU per call."""
         return (self.gateway_cpu_s + self.database_cpu_s) * 1e3 / self.calls
@@ -207,7 +210,7 @@ def main() -> None:
         if replicas == 1:
             balance = "alone"
         print(
-            f"{replicas} replica(s), {balance}: {phase.calls / phase.seconds:.0f} calls/s with "
+            f"{replicas} replica(s), {balance}: {phase.calls_per_s():.0f} calls/s with "
             f"{args.clients} conversations, p50 added "
             f"{statistics.median(phase.added_s) * 1e3:.2f} ms; CPU per call: gateways "
             f"{phase.gateway_cpu_s * 1e3 / phase.calls:.2f} ms, PostgreSQL "
@@ -219,9 +222,9 @@ def main() -> None:
         print(f"replica SIGKILL under {args.kill_rollouts} harnesses: {kill}", flush=True)
         drained = asyncio.run(pause_drains_all(stack, args.clients))
         print(f"pause through the balancer: every replica paused and idle: {drained}", flush=True)
-    one = figures[1, False].calls / figures[1, False].seconds
-    round_robin = figures[2, False].calls / figures[2, False].seconds
-    sticky = figures[2, True].calls / figures[2, True].seconds
+    one = figures[1, False].calls_per_s()
+    round_robin = figures[2, False].calls_per_s()
+    sticky = figures[2, True].calls_per_s()
     cpu = {config: phase.cpu_ms() for config, phase in figures.items()}
     print(
         f"2 replicas / 1: {round_robin / one:.2f}x calls/s round-robin, {sticky / one:.2f}x "
