@@ -129,7 +129,7 @@ def _loads(data: bytes) -> Any:
 
 def _check_depth(raw: JSON) -> None:
     """Refuses JSON deeper than MAX_DEPTH, which could not be stored with the call; each nesting
-    level in turn."""
+    level in turn, until one holds nothing (a harness's body: five or six levels)."""
     level: list[Any] = [raw]
     for _ in range(MAX_DEPTH):
         level = [
@@ -138,8 +138,9 @@ def _check_depth(raw: JSON) -> None:
             if isinstance(v, dict | list)
             for x in (v.values() if isinstance(v, dict) else v)
         ]
-    if level:
-        raise RenderError(f"the request body nests deeper than {MAX_DEPTH} levels")
+        if not level:
+            return
+    raise RenderError(f"the request body nests deeper than {MAX_DEPTH} levels")
 
 
 def _jsonable(record: Any) -> JSON:
