@@ -8,7 +8,7 @@ import asyncio
 import dataclasses
 import json
 from asyncio import wrap_future
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Annotated, Any
 
 import orjson
@@ -280,15 +280,18 @@ async def _next_part(live: Live, serving: "asyncio.Task[list[Completion]]") -> P
     return part
 
 
-def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
-    """The model calls, each with a live rollout's agent token; every reply is recorded first."""
-    router = APIRouter()
-    Agent = Annotated[Rollout, Depends(auth.agent)]
+ModelCall = Callable[[Request], Awaitable[Response]]
+
+
+def model_calls(proxy: Proxy, auth: Auth) -> dict[str, ModelCall]:
+    """The model calls by path, each with a live rollout's agent token; every reply is recorded
+    first. `Admission` (gateway/app.py) serves them itself, ahead of FastAPI's routing."""
 
     def chat(
         api: str, schema: type[wire.ChatRequest | wire.ResponsesRequest | wire.AnthropicRequest]
-    ) -> Any:
-        async def route(request: Request, rollout: Agent) -> Response:
+    ) -> ModelCall:
+        async def call(request: Request) -> Response:
+            rollout = await auth.agent(request)
             charge = await proxy.charge(rollout, len(await request.body()))
             req = await body(request, schema)
             messages, tools, params = req.parse(proxy.renderer.thinking_switch)
@@ -299,14 +302,10 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
 
             return await _answer(request, proxy, req, serve)
 
-        return route
+        return call
 
-    router.post("/v1/chat/completions")(chat("chat", wire.ChatRequest))
-    router.post("/v1/responses")(chat("responses", wire.ResponsesRequest))
-    router.post("/v1/messages")(chat("messages", wire.AnthropicRequest))
-
-    @router.post("/v1/completions")
-    async def completions(request: Request, rollout: Agent) -> Response:
+    async def completions(request: Request) -> Response:
+        rollout = await auth.agent(request)
         charge = await proxy.charge(rollout, len(await request.body()))
         req = await body(request, wire.CompletionRequest)
         if isinstance(req.prompt, str):
@@ -320,6 +319,28 @@ def harness_routes(proxy: Proxy, auth: Auth) -> APIRouter:
             return await proxy.complete(asked, ids, params, live)
 
         return await _answer(request, proxy, req, serve)
+
+    return {
+        "/v1/chat/completions": chat("chat", wire.ChatRequest),
+        "/v1/responses": chat("responses", wire.ResponsesRequest),
+        "/v1/messages": chat("messages", wire.AnthropicRequest),
+        "/v1/completions": completions,
+    }
+
+
+def model_routes(calls: dict[str, ModelCall]) -> APIRouter:
+    """The model calls as FastAPI's routes, for its OpenAPI schema: `Admission` serves their
+    requests before FastAPI's routing would."""
+    router = APIRouter()
+    for path, call in calls.items():
+        router.post(path)(call)
+    return router
+
+
+def harness_routes(auth: Auth) -> APIRouter:
+    """The harness's other route, the model list, with a live rollout's agent token."""
+    router = APIRouter()
+    Agent = Annotated[Rollout, Depends(auth.agent)]
 
     @router.get("/v1/models")
     async def models(_: Agent) -> Any:

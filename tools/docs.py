@@ -213,9 +213,10 @@ def fields_table(cls: Any, path: str, first: str) -> list[str]:
 
 # ---------------------------------------------------------------------------- HTTP API
 
-# The routers gateway/app.py mounts, in its order, and the credential it mounts each with (None: the
-# routes' own dependencies say it).
+# The routers gateway/app.py mounts, in its order, and the credential each asks for (None: the
+# routes' own dependencies say it; the model calls check the agent token themselves).
 ROUTERS = {
+    "model_routes": "the rollout's agent token",
     "harness_routes": None,
     "admin_routes": "admin key",
     "rollout_routes": None,
@@ -354,7 +355,8 @@ def routers() -> list[tuple[str, Any]]:
     auth = Auth("docs", none)
     proxy: Any = SimpleNamespace(store=none)
     factories: dict[str, Callable[[], Any]] = {
-        "harness_routes": lambda: routes.harness_routes(proxy, auth),
+        "model_routes": lambda: routes.model_routes(routes.model_calls(proxy, auth)),
+        "harness_routes": lambda: routes.harness_routes(auth),
         "admin_routes": lambda: routes.admin_routes(none, none, proxy, none, auth),
         "rollout_routes": lambda: routes.rollout_routes(proxy, auth),
         "open_routes": lambda: routes.open_routes(none, proxy, none),
