@@ -1,7 +1,9 @@
-"""The gateway's routes as FastAPI routers: model calls (`/v1`), a rollout's own records, the
-admin API, `/healthz` and `/metrics`, with auth as a dependency. Routes parse their bodies
-themselves (`body`) to answer bad input in the caller's wire format, so the OpenAPI schema shows
-no request bodies. They do not sample, record (`proxy.py`) or answer errors (`app.py`).
+"""The gateway's routes: the model calls (`/v1`), which `Admission` serves ahead of FastAPI's
+routing and which check their token themselves, and as FastAPI routers, with auth as a dependency,
+the model list, a rollout's own records, the admin API, `/healthz` and `/metrics`. Routes parse
+their bodies themselves (`body`) to answer bad input in the caller's wire format, so the OpenAPI
+schema shows no request bodies. They do not sample, record (`proxy.py`) or answer errors
+(`app.py`).
 """
 
 import asyncio
